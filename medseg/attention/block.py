@@ -1,0 +1,81 @@
+"""The transformer block that wraps every attention slot (RMT's ``RetBlock`` layout)."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+import torch
+from monai.networks.layers import DropPath
+from torch import nn
+from torch.utils.checkpoint import checkpoint
+
+from medseg.attention.common import SpatialAttention, depthwise_conv, to_spatial, to_tokens
+
+CPE_KERNEL = 3
+"""Kernel of the conditional position encoding ``x + DWConv(x)`` in front of the attention."""
+
+
+class LayerScale(nn.Module):
+    """Per-channel learnable scale (CaiT): ``(..., C) -> (..., C)``."""
+
+    def __init__(self, dim: int, init_value: float) -> None:
+        super().__init__()
+        self.scale = nn.Parameter(torch.full((dim,), float(init_value)))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return x * self.scale
+
+
+class TransformerBlock(nn.Module):
+    """``x + DWConv3(x)`` -> ``x + DropPath(LS(Attn(LN(x))))`` -> ``x + DropPath(LS(FFN(LN(x))))``.
+
+    Maps ``(B, C, *spatial) -> (B, C, *spatial)``; the attention and FFN run on ``(B, N, C)`` tokens.
+
+    Args:
+        attention: the attention module (its ``dim`` and ``spatial_dims`` set the block's).
+        mlp_ratio: FFN hidden width as a multiple of ``C``.
+        drop_path: stochastic-depth rate of both residual branches.
+        layer_scale: initial per-channel layer scale; None disables it.
+        checkpointing: recompute attention and FFN in the backward pass (saves activation memory) while
+            training.
+    """
+
+    def __init__(
+        self,
+        attention: SpatialAttention,
+        mlp_ratio: float = 4.0,
+        drop_path: float = 0.0,
+        layer_scale: float | None = None,
+        checkpointing: bool = False,
+    ) -> None:
+        super().__init__()
+        dim = attention.dim
+        hidden = int(round(dim * float(mlp_ratio)))
+        self.cpe = depthwise_conv(dim, attention.spatial_dims, CPE_KERNEL)
+        self.attention_norm = nn.LayerNorm(dim)
+        self.attention = attention
+        self.ffn_norm = nn.LayerNorm(dim)
+        self.ffn = nn.Sequential(nn.Linear(dim, hidden), nn.GELU(), nn.Linear(hidden, dim))
+        self.drop_path = DropPath(float(drop_path)) if drop_path else nn.Identity()
+        self.attention_scale = LayerScale(dim, layer_scale) if layer_scale is not None else nn.Identity()
+        self.ffn_scale = LayerScale(dim, layer_scale) if layer_scale is not None else nn.Identity()
+        self.checkpointing = checkpointing
+
+    def _run(self, fn: Callable[..., torch.Tensor], *args: object) -> torch.Tensor:
+        if self.checkpointing and self.training and torch.is_grad_enabled():
+            return checkpoint(fn, *args, use_reentrant=False)
+        return fn(*args)
+
+    def _attend(self, x: torch.Tensor, spatial_shape: tuple[int, ...]) -> torch.Tensor:
+        return self.attention.attend(self.attention_norm(x), spatial_shape)
+
+    def _feed_forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.ffn(self.ffn_norm(x))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        """``(B, C, *spatial) -> (B, C, *spatial)``."""
+        spatial_shape = tuple(x.shape[2:])
+        x = to_tokens(x + self.cpe(x))
+        x = x + self.drop_path(self.attention_scale(self._run(self._attend, x, spatial_shape)))
+        x = x + self.drop_path(self.ffn_scale(self._run(self._feed_forward, x)))
+        return to_spatial(x, spatial_shape)

@@ -1,0 +1,62 @@
+"""Focused linear attention from FLatten Transformer (Han et al., ICCV 2023)."""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+from einops import rearrange
+from torch import nn
+
+from medseg.attention import functional
+from medseg.attention.common import SpatialAttention, TokenDepthwiseConv, to_tokens
+from medseg.attention.position import resize_grid
+
+
+class FocusedLinearAttention(SpatialAttention):
+    """Focused linear attention with a learned positional term on k and depthwise-conv rank restoration.
+
+    ``out = proj(FLA(q, k + pos, v; softplus(scale)) + DWConv_k(v))`` where FLA is
+    :func:`medseg.attention.functional.focused_linear`. The depthwise conv works per head with weights
+    shared across heads (as in FLatten). The positional term is stored on a ``reference_size`` grid and
+    interpolated to the actual grid. Cost linear in the token count. Maps ``(B, C, *sp) -> (B, C, *sp)``.
+
+    Args:
+        dim: channel width ``C``.
+        spatial_dims: 2 or 3.
+        num_heads: attention heads; must divide ``dim``.
+        focusing_factor: the focusing power ``p``.
+        kernel_size: rank-restoration depthwise-conv kernel.
+        reference_size: side of the grid the positional term is stored on.
+    """
+
+    def __init__(
+        self,
+        dim: int,
+        spatial_dims: int,
+        num_heads: int = 4,
+        focusing_factor: float = 3.0,
+        kernel_size: int = 5,
+        reference_size: int = 8,
+    ) -> None:
+        super().__init__(dim, spatial_dims, num_heads)
+        self.focusing_factor = float(focusing_factor)
+        self.scale = nn.Parameter(torch.zeros(1, 1, dim))
+        self.positional = nn.Parameter(torch.zeros(1, dim, *(reference_size,) * spatial_dims))
+        nn.init.trunc_normal_(self.positional, std=0.02)
+        self.rank_restoration = TokenDepthwiseConv(self.head_dim, spatial_dims, kernel_size)
+
+    def mix(
+        self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, spatial_shape: tuple[int, ...]
+    ) -> torch.Tensor:
+        k = k + to_tokens(resize_grid(self.positional, spatial_shape))
+        out = functional.focused_linear(
+            q, k, v, self.num_heads, self.focusing_factor, scale=F.softplus(self.scale)
+        )
+        per_head = rearrange(v, "b n (h d) -> (b h) n d", h=self.num_heads)
+        restored = rearrange(
+            self.rank_restoration(per_head, spatial_shape), "(b h) n d -> b n (h d)", h=self.num_heads
+        )
+        return out + restored
+
+    def extra_repr(self) -> str:
+        return f"dim={self.dim}, num_heads={self.num_heads}, focusing_factor={self.focusing_factor}"

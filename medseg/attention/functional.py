@@ -1,0 +1,305 @@
+"""Pure tensor attention ops: no parameters, so the math is testable on its own.
+
+``q, k, v`` are ``(B, heads, N, head_dim)`` unless stated otherwise, with ``N = prod(spatial_shape)`` and
+tokens in row-major (C-order) over ``(D, H, W)`` or ``(H, W)``. The softmax scale is ``1 / sqrt(head_dim)``.
+
+A decay ``gamma`` is a float (one decay for all heads) or a ``(heads,)`` tensor / sequence. MaSA's decay
+``gamma ** dist`` enters as the additive logit bias ``log(gamma) * dist``, which is exactly the paper's
+``softmax(q k^T / sqrt(d)) * gamma ** dist`` with rows renormalised, and runs on fused kernels.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable, Sequence
+from functools import cache, lru_cache
+
+import torch
+import torch.nn.functional as F
+from einops import rearrange
+
+from medseg.attention.common import merge_heads, split_heads
+from medseg.attention.position import axis_scales, manhattan_distance
+
+try:
+    from torch.nn.attention.flex_attention import flex_attention
+except ImportError:  # torch < 2.5
+    flex_attention = None
+
+Gamma = float | Sequence[float] | torch.Tensor
+
+GAMMA_FLOOR = 1e-12
+"""Decays are clamped to at least this, so ``gamma -> 0`` gives a large finite negative bias, not ``-inf``."""
+
+LINEAR_EPS = 1e-6
+"""Focused linear attention: added to the normaliser ``q_i . mean_j k_j`` (as official FLatten does)."""
+
+KERNEL_EPS = 1e-6
+"""Focused linear attention: added after the ReLU kernel so every feature is strictly positive."""
+
+
+def log_gammas(gamma: Gamma, num_heads: int) -> tuple[float, ...]:
+    """``log(gamma)`` per head, as a hashable tuple of length 1 (shared decay) or ``num_heads``."""
+    values = torch.as_tensor(gamma, dtype=torch.float64).flatten().tolist()
+    if len(values) not in (1, num_heads):
+        raise ValueError(f"gamma needs 1 or num_heads={num_heads} values, got {len(values)}")
+    if not all(0.0 <= g <= 1.0 for g in values):
+        raise ValueError(f"gamma must lie in [0, 1], got {values}")
+    return tuple(math.log(max(g, GAMMA_FLOOR)) for g in values)
+
+
+@lru_cache(maxsize=8)
+def decay_bias(
+    spatial_shape: tuple[int, ...],
+    scales: tuple[float, ...],
+    log_gamma: tuple[float, ...],
+    device: torch.device,
+    dtype: torch.dtype,
+) -> torch.Tensor:
+    """MaSA's additive bias ``log(gamma_h) * dist``: ``(G, N, N)``, ``G = len(log_gamma)`` (1 or heads).
+
+    Cached per (grid, scales, decays, device, dtype), so training at a fixed patch size builds it once,
+    directly in the attention dtype. Use :func:`clear_cache` to release it.
+    """
+    work = torch.promote_types(dtype, torch.float32)
+    dist = manhattan_distance(spatial_shape, scales, device, work)
+    if len(log_gamma) == 1:
+        bias = dist.mul_(log_gamma[0]).unsqueeze(0)
+    else:
+        bias = dist * torch.tensor(log_gamma, device=device, dtype=work).view(-1, 1, 1)
+    return bias.to(dtype)
+
+
+def _check_tokens(q: torch.Tensor, spatial_shape: Sequence[int]) -> tuple[int, ...]:
+    shape = tuple(int(s) for s in spatial_shape)
+    if q.shape[-2] != math.prod(shape):
+        raise ValueError(f"{q.shape[-2]} tokens do not match the grid {shape} ({math.prod(shape)} tokens)")
+    return shape
+
+
+def masa(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    spatial_shape: Sequence[int],
+    gamma: Gamma,
+    *,
+    spacing: Sequence[float] | None = None,
+) -> torch.Tensor:
+    """Manhattan self-attention (RMT): ``softmax(q k^T / sqrt(d) + log(gamma) * dist) v``.
+
+    ``dist`` is the Manhattan distance between token positions, summed over all spatial axes, each axis
+    step counting ``spacing_a / min(spacing)`` (1 when ``spacing`` is None).
+
+    On CUDA with FlexAttention available it runs :func:`masa_flex` (no ``N x N`` tensor at all); elsewhere
+    fused SDPA with the cached bias from :func:`decay_bias`.
+
+    Returns:
+        ``(B, heads, N, head_dim)``.
+    """
+    shape = _check_tokens(q, spatial_shape)
+    if q.is_cuda and flex_attention is not None:
+        return masa_flex(q, k, v, shape, gamma, spacing=spacing)
+    bias = decay_bias(
+        shape, axis_scales(len(shape), spacing), log_gammas(gamma, q.shape[1]), q.device, q.dtype
+    )
+    return F.scaled_dot_product_attention(q, k, v, attn_mask=bias)
+
+
+@lru_cache(maxsize=8)
+def _manhattan_score_mod(
+    spatial_shape: tuple[int, ...],
+    scales: tuple[float, ...],
+    log_gamma: tuple[float, ...],
+    device: torch.device,
+) -> Callable:
+    strides = [math.prod(spatial_shape[axis + 1 :]) for axis in range(len(spatial_shape))]
+    axes = list(zip(spatial_shape, strides, scales))
+    decay = torch.tensor(log_gamma, device=device, dtype=torch.float32)
+
+    def score_mod(
+        score: torch.Tensor,
+        batch: torch.Tensor,
+        head: torch.Tensor,
+        q_idx: torch.Tensor,
+        kv_idx: torch.Tensor,
+    ) -> torch.Tensor:
+        dist = sum(
+            ((q_idx // stride) % size - (kv_idx // stride) % size).abs() * scale
+            for size, stride, scale in axes
+        )
+        return score + decay[head] * dist
+
+    return score_mod
+
+
+@cache
+def _compiled_flex_attention() -> Callable:
+    return torch.compile(flex_attention, dynamic=False)
+
+
+def masa_flex(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    spatial_shape: Sequence[int],
+    gamma: Gamma,
+    *,
+    spacing: Sequence[float] | None = None,
+    compile: bool = True,
+) -> torch.Tensor:
+    """:func:`masa` through FlexAttention: the ``score_mod`` recomputes the distance from token indices.
+
+    The score_mod is cached per (grid, scales, decays, device) and the compiled kernel is built once.
+    ``compile=False`` runs FlexAttention's unfused eager reference (forward only; for tests on CPU, where
+    FlexAttention has no backward).
+
+    Returns:
+        ``(B, heads, N, head_dim)``.
+    """
+    if flex_attention is None:
+        raise RuntimeError("FlexAttention needs torch >= 2.5")
+    shape = _check_tokens(q, spatial_shape)
+    log_gamma = log_gammas(gamma, q.shape[1])
+    if len(log_gamma) == 1:
+        log_gamma = log_gamma * q.shape[1]
+    score_mod = _manhattan_score_mod(shape, axis_scales(len(shape), spacing), log_gamma, q.device)
+    attention = _compiled_flex_attention() if compile else flex_attention
+    return attention(q, k, v, score_mod=score_mod)
+
+
+def _axes(ndim: int) -> list[str]:
+    return [f"s{axis}" for axis in range(ndim)]
+
+
+def masa_decomposed(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    spatial_shape: Sequence[int],
+    gamma: Gamma,
+    *,
+    spacing: Sequence[float] | None = None,
+) -> torch.Tensor:
+    """Decomposed MaSA (RMT ``VisionRetentionChunk``, generalised to 3D): axial attention with 1-D decays.
+
+    Along each axis in turn, last to first (W, then H, then D), every line of tokens attends within itself
+    with ``softmax(q k^T / sqrt(d) + log(gamma) * |i - j| * scale_axis)``; ``q`` and ``k`` stay fixed and the
+    values are replaced by each pass's output. Cost ~ ``N * (D + H + W)``.
+
+    Returns:
+        ``(B, heads, N, head_dim)``.
+    """
+    shape = _check_tokens(q, spatial_shape)
+    scales = axis_scales(len(shape), spacing)
+    log_gamma = log_gammas(gamma, q.shape[1])
+    names = _axes(len(shape))
+    grid = f"b h {' '.join(names)} d"
+    sizes = dict(zip(names, shape))
+    q, k, out = (t.unflatten(2, shape) for t in (q, k, v))
+    for axis in reversed(range(len(shape))):
+        others = " ".join(n for i, n in enumerate(names) if i != axis)
+        lines = f"(b {others}) h {names[axis]} d"
+        bias = decay_bias((shape[axis],), (scales[axis],), log_gamma, q.device, q.dtype)
+        ql, kl, vl = (rearrange(t, f"{grid} -> {lines}") for t in (q, k, out))
+        out = rearrange(
+            F.scaled_dot_product_attention(ql, kl, vl, attn_mask=bias), f"{lines} -> {grid}", **sizes
+        )
+    return out.flatten(2, -2)
+
+
+def stripe_attention(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    spatial_shape: Sequence[int],
+    axis: int,
+    width: int,
+) -> torch.Tensor:
+    """CSWin stripe attention: each token attends to the tokens of its stripe.
+
+    A stripe runs the full length of ``axis`` and is ``width`` tokens wide along every other axis (stripes
+    start at index 0; a width larger than an axis is clamped to it). Axes that are not a multiple of the
+    width are zero-padded, and the padded tokens are masked out as keys, so they never receive weight;
+    padded queries are cropped away.
+
+    Returns:
+        ``(B, heads, N, head_dim)``.
+    """
+    shape = _check_tokens(q, spatial_shape)
+    widths = tuple(size if a == axis else min(width, size) for a, size in enumerate(shape))
+    padded = tuple(math.ceil(size / w) * w for size, w in zip(shape, widths))
+    pad = [0, 0] + [p for size, full in zip(reversed(shape), reversed(padded)) for p in (0, full - size)]
+    window = " ".join(f"(n{a} w{a})" for a in range(len(shape)))
+    counts = " ".join(f"n{a}" for a in range(len(shape)))
+    stripe = f"(b {counts}) h ({' '.join(f'w{a}' for a in range(len(shape)))}) d"
+    sizes = {f"w{a}": w for a, w in enumerate(widths)}
+
+    def partition(t: torch.Tensor) -> torch.Tensor:  # (b, h, N, d) -> (b * stripes, h, tokens per stripe, d)
+        return rearrange(F.pad(t.unflatten(2, shape), pad), f"b h {window} d -> {stripe}", **sizes)
+
+    mask = None
+    if padded != shape:
+        valid = torch.ones(1, 1, math.prod(shape), 1, device=q.device)
+        mask = partition(valid).transpose(-1, -2).bool().repeat(q.shape[0], 1, 1, 1)  # (b * stripes, 1, 1, T)
+    out = F.scaled_dot_product_attention(partition(q), partition(k), partition(v), attn_mask=mask)
+    out = rearrange(
+        out,
+        f"{stripe} -> b h {window} d",
+        **sizes,
+        **{f"n{a}": p // w for a, (p, w) in enumerate(zip(padded, widths))},
+    )
+    return out[(..., *(slice(0, size) for size in shape), slice(None))].flatten(2, -2)
+
+
+def _focus(x: torch.Tensor, focusing_factor: float, scale: torch.Tensor | None) -> torch.Tensor:
+    """FLatten's focused feature map on ``(B, N, C)``: ReLU kernel, scale, then ``x**p / |x**p| * |x|``."""
+    x = F.relu(x) + KERNEL_EPS
+    if scale is not None:
+        x = x / scale.to(x.dtype)
+    norm = x.norm(dim=-1, keepdim=True)
+    x = x**focusing_factor
+    return x / x.norm(dim=-1, keepdim=True) * norm
+
+
+def focused_linear(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    num_heads: int,
+    focusing_factor: float,
+    scale: torch.Tensor | None = None,
+) -> torch.Tensor:
+    """Focused linear attention (FLatten).
+
+    ``q, k -> relu(.) + 1e-6``, divided by ``scale``; focusing ``x -> x**p / |x**p| * |x|`` with norms over
+    all ``C`` channels per token (before the head split); then per head
+    ``out_i = q_i (sum_j k_j v_j^T) / (q_i . sum_j k_j + N * 1e-6)`` (computed with means, as FLatten does).
+    The focusing and the sums run in at least float32 with autocast disabled; the result is cast back to
+    ``v``'s dtype.
+
+    Args:
+        q, k, v: ``(B, N, C)``.
+        num_heads: heads; must divide ``C``.
+        focusing_factor: the power ``p``.
+        scale: positive divisor broadcastable to ``(1, 1, C)``, or None.
+
+    Returns:
+        ``(B, N, C)``.
+    """
+    out_dtype = v.dtype
+    work = torch.promote_types(q.dtype, torch.float32)
+    with torch.autocast(device_type=q.device.type, enabled=False):
+        q = _focus(q.to(work), focusing_factor, scale)
+        k = _focus(k.to(work), focusing_factor, scale)
+        q, k, v = (split_heads(t, num_heads) for t in (q, k, v.to(work)))
+        context = k.transpose(-1, -2) @ v / k.shape[-2]  # (B, h, d, d): mean_j k_j v_j^T
+        normaliser = q @ k.mean(dim=-2, keepdim=True).transpose(-1, -2) + LINEAR_EPS  # (B, h, N, 1)
+        out = q @ context / normaliser
+    return merge_heads(out).to(out_dtype)
+
+
+def clear_cache() -> None:
+    """Release the cached MaSA biases and FlexAttention score_mods."""
+    decay_bias.cache_clear()
+    _manhattan_score_mod.cache_clear()

@@ -1,0 +1,79 @@
+"""Manhattan self-attention (MaSA) from RMT (Fan et al., CVPR 2024): full and decomposed forms."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import torch
+
+from medseg.attention import functional
+from medseg.attention.common import SpatialAttention, TokenDepthwiseConv, merge_heads, split_heads
+from medseg.attention.position import axis_scales
+
+
+def head_gammas(gamma: float, heads_range: float, num_heads: int) -> float | tuple[float, ...]:
+    """Per-head decays ``gamma_h = 1 - (1 - gamma) * 2 ** (-heads_range * h / num_heads)``.
+
+    ``heads_range = 0`` returns the single float ``gamma`` (one decay shared by all heads);
+    ``gamma = 0.75, heads_range = 4`` reproduces official RMT's multi-scale decays.
+    """
+    if not 0.0 < gamma <= 1.0:
+        raise ValueError(f"gamma must lie in (0, 1], got {gamma}")
+    if heads_range == 0:
+        return gamma
+    return tuple(1.0 - (1.0 - gamma) * 2.0 ** (-heads_range * h / num_heads) for h in range(num_heads))
+
+
+class MaSA(SpatialAttention):
+    """Full Manhattan self-attention with the local context enhancement (LCE) of RMT.
+
+    ``out = proj(MaSA(q, k, v) + DWConv_k(v))``; see :func:`medseg.attention.functional.masa`.
+    Maps ``(B, C, *spatial) -> (B, C, *spatial)``.
+
+    Args:
+        dim: channel width ``C``.
+        spatial_dims: 2 or 3.
+        num_heads: attention heads; must divide ``dim``.
+        gamma: decay base in (0, 1].
+        heads_range: 0 for one decay; > 0 for RMT's per-head decays (:func:`head_gammas`).
+        spacing: voxel spacing per spatial axis at this feature level; distances become physical
+            (in units of the smallest spacing). None: distances in voxels.
+        kernel_size: LCE depthwise-conv kernel.
+    """
+
+    attention = staticmethod(functional.masa)
+    """The functional op (``q, k, v, spatial_shape, gamma, spacing=...``); subclasses swap it."""
+
+    def __init__(
+        self,
+        dim: int,
+        spatial_dims: int,
+        num_heads: int = 4,
+        gamma: float = 0.9,
+        heads_range: float = 0.0,
+        spacing: Sequence[float] | None = None,
+        kernel_size: int = 5,
+    ) -> None:
+        super().__init__(dim, spatial_dims, num_heads)
+        self.gamma = head_gammas(float(gamma), float(heads_range), num_heads)
+        self.spacing = None if spacing is None else axis_scales(spatial_dims, spacing)
+        self.lce = TokenDepthwiseConv(dim, spatial_dims, kernel_size)
+
+    def mix(
+        self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, spatial_shape: tuple[int, ...]
+    ) -> torch.Tensor:
+        q, k, vh = (split_heads(t, self.num_heads) for t in (q, k, v))
+        out = self.attention(q, k, vh, spatial_shape, self.gamma, spacing=self.spacing)
+        return merge_heads(out) + self.lce(v, spatial_shape)
+
+    def extra_repr(self) -> str:
+        return f"dim={self.dim}, num_heads={self.num_heads}, gamma={self.gamma}, spacing={self.spacing}"
+
+
+class MaSADecomposed(MaSA):
+    """Decomposed MaSA: axial attention along W, then H (then D) with 1-D decays, plus LCE.
+
+    Same arguments as :class:`MaSA`; see :func:`medseg.attention.functional.masa_decomposed`.
+    """
+
+    attention = staticmethod(functional.masa_decomposed)

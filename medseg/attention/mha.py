@@ -1,0 +1,70 @@
+"""Standard multi-head self-attention (Vaswani et al., 2017) on fused SDPA, with 2D/3D position encodings."""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from medseg.attention.common import SpatialAttention, merge_heads, split_heads
+from medseg.attention.position import relative_bias, sincos_embedding
+
+PE_CHOICES = ("sincos", "relative", "none")
+
+DEFAULT_RELATIVE_SIZE = 16
+"""``max_relative_size = 0``: the table holds exact per-offset entries for grids up to this many tokens per
+axis (cropped to the actual grid); larger grids interpolate it."""
+
+
+class MultiHeadAttention(SpatialAttention):
+    """Global multi-head attention with a selectable position encoding.
+
+    * ``sincos``: fixed 2D/3D sin/cos absolute embedding of the actual grid, added to the tokens before
+      the q/k/v projection (any width: leftover channels get zeros).
+    * ``relative``: a learned bias per head and offset ``(dd, dh, dw)`` (Shaw et al., 2018; Swin's relative
+      position bias), added to the logits; the table is cropped / interpolated to the actual grid.
+    * ``none``: no position information (permutation-equivariant).
+
+    Maps ``(B, C, *spatial) -> (B, C, *spatial)``.
+
+    Args:
+        dim: channel width ``C``.
+        spatial_dims: 2 or 3.
+        num_heads: attention heads; must divide ``dim``.
+        pe: ``sincos`` | ``relative`` | ``none``.
+        max_relative_size: tokens per axis the relative table covers; 0 uses ``DEFAULT_RELATIVE_SIZE``.
+    """
+
+    def __init__(
+        self,
+        dim: int,
+        spatial_dims: int,
+        num_heads: int = 4,
+        pe: str = "sincos",
+        max_relative_size: int = 0,
+    ) -> None:
+        super().__init__(dim, spatial_dims, num_heads)
+        if pe not in PE_CHOICES:
+            raise ValueError(f"pe={pe!r} is not one of {list(PE_CHOICES)}")
+        self.pe = pe
+        if pe == "relative":
+            extent = 2 * (int(max_relative_size) or DEFAULT_RELATIVE_SIZE) - 1
+            self.relative_table = nn.Parameter(torch.zeros(num_heads, *(extent,) * spatial_dims))
+            nn.init.trunc_normal_(self.relative_table, std=0.02)
+
+    def attend(self, x: torch.Tensor, spatial_shape: tuple[int, ...]) -> torch.Tensor:
+        if self.pe == "sincos":
+            x = x + sincos_embedding(spatial_shape, self.dim, x.device, x.dtype)
+        return super().attend(x, spatial_shape)
+
+    def mix(
+        self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, spatial_shape: tuple[int, ...]
+    ) -> torch.Tensor:
+        q, k, v = (split_heads(t, self.num_heads) for t in (q, k, v))
+        bias = (
+            relative_bias(self.relative_table, spatial_shape).to(q.dtype) if self.pe == "relative" else None
+        )
+        return merge_heads(F.scaled_dot_product_attention(q, k, v, attn_mask=bias))
+
+    def extra_repr(self) -> str:
+        return f"dim={self.dim}, num_heads={self.num_heads}, pe={self.pe!r}"

@@ -1,0 +1,128 @@
+"""Position helpers shared by the blocks: token distances, sin/cos embeddings, relative-bias tables.
+
+Every grid is row-major (C-order) over ``(D, H, W)`` or ``(H, W)``, matching
+:func:`medseg.attention.common.to_tokens`.
+"""
+
+from __future__ import annotations
+
+import math
+import warnings
+from collections.abc import Sequence
+from functools import lru_cache
+
+import torch
+import torch.nn.functional as F
+from monai.networks.blocks.pos_embed_utils import build_sincos_position_embedding
+
+_INTERPOLATION = {1: "linear", 2: "bilinear", 3: "trilinear"}
+
+
+def axis_scales(ndim: int, spacing: Sequence[float] | None) -> tuple[float, ...]:
+    """Per-axis distance units: ``spacing / min(spacing)``, or all ones when ``spacing`` is None.
+
+    With them one step along the finest axis counts 1 and a step along a coarser axis counts its
+    physical length in units of the finest spacing.
+    """
+    if spacing is None:
+        return (1.0,) * ndim
+    values = tuple(float(s) for s in spacing)
+    if len(values) != ndim:
+        raise ValueError(f"spacing {values} needs one entry per spatial axis ({ndim})")
+    if min(values) <= 0:
+        raise ValueError(f"spacing must be positive, got {values}")
+    smallest = min(values)
+    return tuple(s / smallest for s in values)
+
+
+def manhattan_distance(
+    spatial_shape: Sequence[int],
+    scales: Sequence[float],
+    device: torch.device | None = None,
+    dtype: torch.dtype = torch.float32,
+) -> torch.Tensor:
+    """Scaled Manhattan distance between all token pairs: ``(N, N)``, ``sum_a |i_a - j_a| * scales[a]``.
+
+    Built by broadcasting one ``(size_a, size_a)`` table per axis, so the only ``N x N`` allocation is the
+    result itself.
+    """
+    ndim = len(spatial_shape)
+    dist = torch.zeros((), device=device, dtype=dtype)
+    for axis, (size, scale) in enumerate(zip(spatial_shape, scales)):
+        index = torch.arange(size, device=device, dtype=dtype)
+        view = [1] * (2 * ndim)
+        view[axis] = view[ndim + axis] = size
+        dist = dist + ((index[:, None] - index[None, :]).abs() * scale).view(view)
+    n = math.prod(spatial_shape)
+    return dist.reshape(n, n)
+
+
+def grid_coordinates(spatial_shape: Sequence[int]) -> torch.Tensor:
+    """Integer coordinates of every token: ``(N, ndim)``, row-major."""
+    axes = [torch.arange(s) for s in spatial_shape]
+    return torch.stack(torch.meshgrid(*axes, indexing="ij"), dim=-1).reshape(-1, len(spatial_shape))
+
+
+@lru_cache(maxsize=16)
+def _sincos_table(spatial_shape: tuple[int, ...], dim: int) -> torch.Tensor:
+    ndim = len(spatial_shape)
+    usable = dim - dim % (2 * ndim)  # MONAI needs dim % 4 == 0 (2D) / dim % 6 == 0 (3D)
+    table = torch.zeros(1, math.prod(spatial_shape), dim)
+    if usable:
+        with warnings.catch_warnings():  # MONAI calls torch.meshgrid without `indexing` (defaults to "ij")
+            warnings.simplefilter("ignore", UserWarning)
+            table[..., :usable] = build_sincos_position_embedding(list(spatial_shape), usable, ndim).detach()
+    return table
+
+
+def sincos_embedding(
+    spatial_shape: Sequence[int], dim: int, device: torch.device, dtype: torch.dtype
+) -> torch.Tensor:
+    """Fixed 2D/3D sin/cos absolute position embedding for the actual grid: ``(1, N, dim)``.
+
+    Any ``dim`` works: MONAI's embedding fills the largest multiple of ``2 * ndim`` channels and the
+    leftover channels are zero.
+    """
+    return _sincos_table(tuple(spatial_shape), dim).to(device=device, dtype=dtype)
+
+
+@lru_cache(maxsize=16)
+def relative_position_index(spatial_shape: tuple[int, ...]) -> torch.Tensor:
+    """Index of offset ``(n - m)`` in a flattened ``(2*S_a - 1, ...)`` table, for all pairs: ``(N, N)``."""
+    sizes = torch.tensor(spatial_shape)
+    extents = 2 * sizes - 1
+    strides = torch.ones_like(extents)
+    for axis in range(len(spatial_shape) - 2, -1, -1):
+        strides[axis] = strides[axis + 1] * extents[axis + 1]
+    coords = grid_coordinates(spatial_shape)
+    offsets = coords[:, None, :] - coords[None, :, :] + (sizes - 1)
+    return (offsets * strides).sum(-1)
+
+
+def resize_grid(x: torch.Tensor, size: Sequence[int]) -> torch.Tensor:
+    """Interpolate a channels-first grid ``(B, C, *grid)`` to ``(B, C, *size)`` (identity when equal)."""
+    size = tuple(size)
+    if tuple(x.shape[2:]) == size:
+        return x
+    return F.interpolate(x, size=size, mode=_INTERPOLATION[len(size)], align_corners=False)
+
+
+def relative_bias(table: torch.Tensor, spatial_shape: Sequence[int]) -> torch.Tensor:
+    """Gather a learned relative-position bias for the actual grid.
+
+    Args:
+        table: ``(heads, *extent)``, one entry per offset; entry ``extent_a // 2`` is offset 0 on axis ``a``.
+        spatial_shape: the token grid ``S``; it needs offsets ``-(S_a - 1) .. S_a - 1``.
+
+    Returns:
+        ``(heads, N, N)``. Axes where the table is larger than ``2 * S_a - 1`` are cropped around offset 0
+        (exact per-offset parameters); if the grid still needs a larger table it is interpolated.
+    """
+    target = tuple(2 * s - 1 for s in spatial_shape)
+    crop = tuple(
+        slice((e - t) // 2, (e - t) // 2 + t) if e > t else slice(None)
+        for e, t in zip(table.shape[1:], target)
+    )
+    table = resize_grid(table[(slice(None), *crop)].unsqueeze(0), target).squeeze(0)
+    index = relative_position_index(tuple(spatial_shape)).to(table.device)
+    return table.flatten(1)[:, index]

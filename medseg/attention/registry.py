@@ -1,0 +1,102 @@
+"""Name -> attention class registry, and the builders the U-Net slots call."""
+
+from __future__ import annotations
+
+import inspect
+from collections.abc import Callable, Mapping
+from typing import Any, TypeVar
+
+from omegaconf import OmegaConf
+
+from medseg.attention.block import TransformerBlock
+from medseg.attention.common import SpatialAttention
+from medseg.attention.config import ATTENTION_KEYS
+from medseg.attention.cswin import CSWinAttention
+from medseg.attention.focused_linear import FocusedLinearAttention
+from medseg.attention.masa import MaSA, MaSADecomposed
+from medseg.attention.mha import MultiHeadAttention
+
+ATTENTION_BLOCKS: dict[str, type[SpatialAttention]] = {
+    "masa": MaSA,
+    "masa_decomposed": MaSADecomposed,
+    "focused_linear": FocusedLinearAttention,
+    "cswin": CSWinAttention,
+    "mha": MultiHeadAttention,
+}
+"""Every block a config string can name. ``none`` is not a block: the U-Net leaves such a slot empty."""
+
+RESERVED_NAMES = ("none",)
+
+Block = TypeVar("Block", bound=type[SpatialAttention])
+
+
+def register_attention(name: str) -> Callable[[Block], Block]:
+    """Class decorator adding an attention block to the registry under ``name``.
+
+    The class must subclass :class:`~medseg.attention.common.SpatialAttention` and take
+    ``(dim, spatial_dims, **keys)`` where every key is a field of
+    :class:`~medseg.attention.config.AttentionConfig`.
+    """
+
+    def register(cls: Block) -> Block:
+        if name in ATTENTION_BLOCKS or name in RESERVED_NAMES:
+            raise ValueError(f"attention block name {name!r} is already taken")
+        if not issubclass(cls, SpatialAttention):
+            raise TypeError(f"{cls.__name__} must subclass SpatialAttention")
+        ATTENTION_BLOCKS[name] = cls
+        return cls
+
+    return register
+
+
+def available_blocks() -> list[str]:
+    """Names accepted by :func:`build_attention`, in registration order."""
+    return list(ATTENTION_BLOCKS)
+
+
+def _plain(value: Any) -> Any:
+    """OmegaConf containers (e.g. a ``ListConfig`` spacing) -> plain Python containers."""
+    return OmegaConf.to_container(value) if OmegaConf.is_config(value) else value
+
+
+def _validated(attention_cfg: Mapping[str, Any]) -> dict[str, Any]:
+    unknown = sorted(set(attention_cfg) - set(ATTENTION_KEYS))
+    if unknown:
+        raise ValueError(f"unknown model.attention key(s) {unknown}; valid keys: {list(ATTENTION_KEYS)}")
+    return {key: _plain(value) for key, value in attention_cfg.items()}
+
+
+def _accepted(fn: Callable, cfg: Mapping[str, Any]) -> dict[str, Any]:
+    """The entries of ``cfg`` that ``fn`` takes as keyword parameters (the rest are other blocks' keys)."""
+    parameters = inspect.signature(fn).parameters
+    return {key: value for key, value in cfg.items() if key in parameters}
+
+
+def build_attention(name: str, dim: int, spatial_dims: int, **attention_cfg: Any) -> SpatialAttention:
+    """Build a registered attention block: ``(B, dim, *spatial) -> (B, dim, *spatial)``.
+
+    Args:
+        name: a name from :func:`available_blocks`.
+        dim: channel width.
+        spatial_dims: 2 or 3.
+        **attention_cfg: ``model.attention`` keys; the block takes the ones it uses and ignores the rest.
+
+    Raises:
+        ValueError: unknown ``name`` or unknown key (the message lists the valid ones).
+    """
+    if name not in ATTENTION_BLOCKS:
+        raise ValueError(f"unknown attention block {name!r}; valid blocks: {available_blocks()}")
+    cls = ATTENTION_BLOCKS[name]
+    return cls(dim, spatial_dims, **_accepted(cls, _validated(attention_cfg)))
+
+
+def build_transformer_block(
+    name: str, dim: int, spatial_dims: int, checkpointing: bool = False, **attention_cfg: Any
+) -> TransformerBlock:
+    """A :class:`TransformerBlock` around ``build_attention(name, ...)``.
+
+    ``mlp_ratio``, ``drop_path`` and ``layer_scale`` come from ``attention_cfg`` like the attention keys.
+    """
+    cfg = _validated(attention_cfg)
+    attention = build_attention(name, dim, spatial_dims, **cfg)
+    return TransformerBlock(attention, checkpointing=checkpointing, **_accepted(TransformerBlock, cfg))

@@ -1,0 +1,233 @@
+"""Dataset descriptions: MSD (Medical Segmentation Decathlon) and nnU-Net v2 raw folders, and folds.
+
+Both formats become one :class:`DatasetInfo`: a list of cases, each a dict with ``case`` (id),
+``image`` (a path, or a list of paths for one file per channel) and ``label`` (training cases only),
+plus the class names and channel names. ``num_classes`` and ``in_channels`` come from here, never
+typed twice in a config.
+"""
+
+from __future__ import annotations
+
+import json
+import random
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from monai.data import load_decathlon_datalist
+
+from medseg.data.demo import ensure_demo_dataset
+from medseg.io import atomic_write_json
+
+DATASET_FORMATS = ("msd", "nnunet")
+NIFTI_ENDINGS = (".nii.gz", ".nii", ".nrrd", ".mha", ".mhd")
+
+
+class DatasetError(ValueError):
+    """A dataset folder or ``dataset.json`` that medseg cannot use; the message names the file."""
+
+
+@dataclass
+class DatasetInfo:
+    """One dataset, whatever its on-disk format."""
+
+    root: Path
+    format: str
+    name: str
+    labels: dict[int, str]
+    """Class index -> name, including 0 (background)."""
+    channel_names: list[str]
+    """One entry per input channel, e.g. ``["CT"]`` or ``["T2", "ADC"]``."""
+    training: list[dict[str, Any]]
+    test: list[dict[str, Any]] = field(default_factory=list)
+    validation: list[dict[str, Any]] | None = None
+    """An explicit validation list from the dataset file; it wins over folds."""
+
+    @property
+    def num_classes(self) -> int:
+        """Number of output classes, background included."""
+        return len(self.labels)
+
+    @property
+    def in_channels(self) -> int:
+        return len(self.channel_names)
+
+    @property
+    def is_ct(self) -> bool:
+        """True when every channel is CT (Hounsfield units), which selects CT normalisation."""
+        return all(name.strip().upper() == "CT" for name in self.channel_names)
+
+
+def case_id(path: str | Path, file_ending: str | None = None) -> str:
+    """The case id of an image or label path: its file name without the image ending."""
+    name = Path(path).name
+    for ending in ((file_ending,) if file_ending else ()) + NIFTI_ENDINGS:
+        if name.endswith(ending):
+            return name[: -len(ending)]
+    return Path(name).stem
+
+
+def _read_json(path: Path) -> dict[str, Any]:
+    if not path.is_file():
+        raise DatasetError(f"{path}: dataset.json not found (data.root must be a dataset folder)")
+    try:
+        return json.loads(path.read_text())
+    except json.JSONDecodeError as err:
+        raise DatasetError(f"{path}: not valid JSON ({err})") from err
+
+
+def _require(meta: dict[str, Any], key: str, path: Path) -> Any:
+    if key not in meta:
+        raise DatasetError(f"{path}: missing key {key!r}")
+    return meta[key]
+
+
+def _int_keyed(mapping: dict[str, Any], key: str, path: Path) -> dict[int, Any]:
+    try:
+        return {int(k): v for k, v in mapping.items()}
+    except (TypeError, ValueError) as err:
+        raise DatasetError(f"{path}: {key!r} keys must be integers, got {list(mapping)}") from err
+
+
+def _ordered_labels(labels: dict[int, str], path: Path) -> dict[int, str]:
+    if sorted(labels) != list(range(len(labels))):
+        raise DatasetError(f"{path}: label values must be 0..{len(labels) - 1}, got {sorted(labels)}")
+    return dict(sorted(labels.items()))
+
+
+def _load_msd(root: Path) -> DatasetInfo:
+    path = root / "dataset.json"
+    meta = _read_json(path)
+    labels = _ordered_labels(_int_keyed(_require(meta, "labels", path), "labels", path), path)
+    modality = _int_keyed(_require(meta, "modality", path), "modality", path)
+    channel_names = [modality[i] for i in sorted(modality)]
+
+    def cases(key: str) -> list[dict[str, Any]]:
+        if not meta.get(key):
+            return []
+        entries = load_decathlon_datalist(path, is_segmentation=True, data_list_key=key, base_dir=root)
+        for entry in entries:
+            first = entry["image"][0] if isinstance(entry["image"], list) else entry["image"]
+            entry["case"] = case_id(first)
+        return entries
+
+    return DatasetInfo(
+        root=root,
+        format="msd",
+        name=str(meta.get("name", root.name)),
+        labels=labels,
+        channel_names=channel_names,
+        training=cases("training"),
+        test=cases("test"),
+        validation=cases("validation") or None,
+    )
+
+
+def _nnunet_cases(folder: Path, num_channels: int, file_ending: str, with_labels: bool) -> list[dict[str, Any]]:
+    """Cases of an nnU-Net ``imagesTr``/``imagesTs`` folder: ``CASE_0000<ending>`` ... per channel."""
+    if not folder.is_dir():
+        return []
+    suffix = f"_0000{file_ending}"
+    ids = sorted(p.name[: -len(suffix)] for p in folder.iterdir() if p.name.endswith(suffix))
+    label_dir = folder.parent / folder.name.replace("images", "labels")
+    entries = []
+    for cid in ids:
+        images = [str(folder / f"{cid}_{c:04d}{file_ending}") for c in range(num_channels)]
+        entry: dict[str, Any] = {"case": cid, "image": images if num_channels > 1 else images[0]}
+        if with_labels:
+            entry["label"] = str(label_dir / f"{cid}{file_ending}")
+        entries.append(entry)
+    return entries
+
+
+def _load_nnunet(root: Path) -> DatasetInfo:
+    path = root / "dataset.json"
+    meta = _read_json(path)
+    channels = _int_keyed(_require(meta, "channel_names", path), "channel_names", path)
+    raw_labels = _require(meta, "labels", path)
+    try:
+        labels = {int(v): str(k) for k, v in raw_labels.items()}
+    except (TypeError, ValueError) as err:
+        raise DatasetError(
+            f"{path}: 'labels' must map names to integer values (region-based labels are not supported)"
+        ) from err
+    labels = _ordered_labels(labels, path)
+    file_ending = str(meta.get("file_ending", ".nii.gz"))
+    channel_names = [channels[i] for i in sorted(channels)]
+    training = _nnunet_cases(root / "imagesTr", len(channel_names), file_ending, with_labels=True)
+    if not training:
+        raise DatasetError(f"{root / 'imagesTr'}: no training images named CASE_0000{file_ending}")
+    return DatasetInfo(
+        root=root,
+        format="nnunet",
+        name=str(meta.get("name", root.name)),
+        labels=labels,
+        channel_names=channel_names,
+        training=training,
+        test=_nnunet_cases(root / "imagesTs", len(channel_names), file_ending, with_labels=False),
+    )
+
+
+def load_dataset(root: str | Path, format: str = "msd") -> DatasetInfo:
+    """Read the dataset at ``root`` (a folder holding ``dataset.json``) in the given format.
+
+    Raises:
+        DatasetError: the folder, its ``dataset.json`` or its layout is unusable; the message names it.
+    """
+    root = Path(root).expanduser().resolve()
+    if not root.is_dir():
+        raise DatasetError(f"data.root={root}: folder not found")
+    loaders = {"msd": _load_msd, "nnunet": _load_nnunet}
+    if format not in loaders:
+        raise DatasetError(f"data.format={format!r}: expected one of {list(loaders)}")
+    info = loaders[format](root)
+    if not info.training:
+        raise DatasetError(f"{root / 'dataset.json'}: the training list is empty")
+    return info
+
+
+def split_cases(
+    info: DatasetInfo, fold: int | str, num_folds: int = 5, seed: int = 12345, splits_file: Path | None = None
+) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
+    """Split the training cases into (train, validation) for ``fold``.
+
+    An explicit validation list in the dataset file wins. ``fold="all"`` trains on every case and
+    validates on them too (nnU-Net's convention). Otherwise the cases are shuffled with ``seed`` and
+    dealt into ``num_folds`` folds; the split is stored in ``splits_file`` (if given) and reused, so
+    a fold means the same cases across runs.
+    """
+    if info.validation:
+        return info.training, info.validation
+    if fold == "all":
+        return info.training, info.training
+    fold = int(fold)
+    if not 0 <= fold < num_folds:
+        raise DatasetError(f"data.fold={fold}: expected 0..{num_folds - 1} or 'all'")
+    ids = sorted(entry["case"] for entry in info.training)
+    if splits_file is not None and splits_file.is_file():
+        splits = json.loads(splits_file.read_text())
+    else:
+        shuffled = ids.copy()
+        random.Random(seed).shuffle(shuffled)
+        splits = [{"train": sorted(set(shuffled) - set(shuffled[i::num_folds])),
+                   "val": sorted(shuffled[i::num_folds])} for i in range(num_folds)]
+        if splits_file is not None:
+            atomic_write_json(splits_file, splits)
+    if len(splits) != num_folds or set(splits[fold]["train"]) | set(splits[fold]["val"]) != set(ids):
+        raise DatasetError(f"{splits_file}: stored splits do not match this dataset's cases; delete it")
+    val_ids = set(splits[fold]["val"])
+    return ([e for e in info.training if e["case"] not in val_ids],
+            [e for e in info.training if e["case"] in val_ids])
+
+
+def dataset_from_config(data_cfg: Mapping[str, Any]) -> DatasetInfo:
+    """The :class:`DatasetInfo` of a ``data`` config (``format``: demo | msd | nnunet, ``root``).
+
+    ``demo`` is an MSD folder at ``root``, generated (``num_cases`` cases) when missing.
+    """
+    fmt, root = str(data_cfg["format"]), Path(str(data_cfg["root"])).expanduser()
+    if fmt == "demo":
+        ensure_demo_dataset(root, num_cases=int(data_cfg.get("num_cases", 40)))
+        fmt = "msd"
+    return load_dataset(root, fmt)

@@ -1,0 +1,95 @@
+"""Built-in demo data: synthetic MRI-like volumes with two foreground classes, as an MSD-style folder.
+
+The volumes come from MONAI's ``create_test_image_3d`` with a fixed seed (spheres of two intensity
+classes in noise), saved as ``.nii.gz`` with a realistic geometry: LPS orientation, anisotropic
+0.8 x 0.8 x 2.0 mm spacing and a non-zero origin. They go through exactly the loader path of real
+data, so the demo exercises orientation and spacing handling too.
+"""
+
+from __future__ import annotations
+
+import gzip
+import json
+from pathlib import Path
+
+import nibabel as nib
+import numpy as np
+from monai.data import create_test_image_3d
+from tqdm import tqdm
+
+from medseg.io import atomic_write, atomic_write_json
+
+DEMO_SPACING = (0.8, 0.8, 2.0)
+"""Voxel spacing in mm along the voxel axes (i, j, k)."""
+DEMO_SHAPE = (64, 64, 32)
+DEMO_LABELS = {"0": "background", "1": "dim sphere", "2": "bright sphere"}
+
+
+def lps_affine(spacing: tuple[float, float, float], origin: tuple[float, float, float]) -> np.ndarray:
+    """A (4, 4) voxel-to-RAS affine whose voxel axes point Left, Posterior, Superior (DICOM's LPS)."""
+    affine = np.diag([-spacing[0], -spacing[1], spacing[2], 1.0])
+    affine[:3, 3] = origin
+    return affine
+
+
+def _save_nifti(path: Path, array: np.ndarray, affine: np.ndarray) -> None:
+    image = nib.Nifti1Image(array, affine)
+    image.set_qform(affine, code=1)
+    image.set_sform(affine, code=1)
+    data = image.to_bytes()
+    if path.suffix == ".gz":
+        data = gzip.compress(data, compresslevel=1)
+    atomic_write(path, lambda handle: handle.write(data))
+
+
+def generate_demo_dataset(
+    root: str | Path,
+    num_cases: int = 40,
+    shape: tuple[int, int, int] = DEMO_SHAPE,
+    seed: int = 0,
+    progress: bool = True,
+) -> Path:
+    """Write ``num_cases`` synthetic cases and an MSD ``dataset.json`` under ``root``; returns ``root``.
+
+    Images are float32 in an arbitrary MRI-like scale (0..1000); labels are uint8 in {0, 1, 2}.
+    The same seed always gives the same data. ``dataset.json`` is written last, so a folder that
+    holds it is complete.
+    """
+    root = Path(root)
+    rng = np.random.RandomState(seed)
+    rad_max = max(2, min(shape) // 4)
+    training = []
+    for index in tqdm(range(num_cases), desc="demo data", disable=not progress):
+        image, label = create_test_image_3d(
+            *shape, num_objs=6, rad_max=rad_max, rad_min=max(1, rad_max // 2 - 1), noise_max=0.25,
+            num_seg_classes=2, random_state=rng,
+        )
+        origin = tuple(float(v) for v in rng.uniform(-100.0, 100.0, size=3))
+        affine = lps_affine(DEMO_SPACING, origin)
+        name = f"demo_{index:03d}.nii.gz"
+        _save_nifti(root / "imagesTr" / name, (image * 1000.0).astype(np.float32), affine)
+        _save_nifti(root / "labelsTr" / name, label.astype(np.uint8), affine)
+        training.append({"image": f"./imagesTr/{name}", "label": f"./labelsTr/{name}"})
+    atomic_write_json(root / "dataset.json", {
+        "name": "medseg-demo",
+        "description": f"Synthetic spheres from monai.data.create_test_image_3d (seed {seed}), LPS, "
+                       f"{DEMO_SPACING} mm spacing",
+        "tensorImageSize": "3D",
+        "modality": {"0": "MRI"},
+        "labels": DEMO_LABELS,
+        "numTraining": num_cases,
+        "numTest": 0,
+        "training": training,
+        "test": [],
+    })
+    return root
+
+
+def ensure_demo_dataset(root: str | Path, num_cases: int = 40, seed: int = 0) -> Path:
+    """Generate the demo dataset at ``root`` unless a complete one (with ``dataset.json``) is there."""
+    root = Path(root)
+    if (root / "dataset.json").is_file():
+        meta = json.loads((root / "dataset.json").read_text())
+        if meta.get("numTraining") == num_cases:
+            return root
+    return generate_demo_dataset(root, num_cases=num_cases, seed=seed)

@@ -1,0 +1,625 @@
+"""Automatic planning in the spirit of nnU-Net, done lightly: a dataset fingerprint, then a plan.
+
+Axis convention: every per-axis value here (spacing in mm, shape in voxels, patch, strides) is in
+**RAS voxel-axis order**, the order MONAI's ``Orientationd(axcodes="RAS")`` produces: axis 0 runs
+left -> right (R), axis 1 posterior -> anterior (A), axis 2 inferior -> superior (S). Files stored in
+another orientation (DICOM's LPS, or permuted axes) are reoriented on reading.
+
+1. :func:`compute_fingerprint` reads every training case once (:func:`read_case`) and records its
+   spacing, shape, orientation, class voxel counts and foreground intensity statistics; a sample of
+   foreground voxels per case is pooled into dataset-level statistics. The result is JSON, cached
+   and reused while the case files are unchanged.
+2. :func:`make_plan` turns the fingerprint into a :class:`Plan` (target spacing, patch size,
+   per-level strides, normalisation) with nnU-Net's rules; :func:`apply_plan` fills the ``null``
+   keys of the data and model configs from it.
+"""
+
+from __future__ import annotations
+
+import copy
+import hashlib
+import json
+import os
+import warnings
+from collections.abc import Mapping, Sequence
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Any
+
+import nibabel as nib
+import numpy as np
+from nibabel.filebasedimages import ImageFileError
+from nibabel.orientations import apply_orientation, axcodes2ornt, io_orientation, ornt_transform
+from tqdm import tqdm
+
+from medseg.data.datalist import DatasetError, DatasetInfo
+from medseg.io import atomic_write_json
+
+FINGERPRINT_VERSION = 1
+"""Bumped when the fingerprint's content changes, which invalidates every cache."""
+FINGERPRINT_FILE = "fingerprint.json"
+SAMPLES_PER_CASE = 10_000
+"""Foreground voxels sampled per case (all of them when a case has fewer) for the pooled statistics."""
+SAMPLING_SEED = 1234
+ANISO_THRESHOLD = 3.0
+"""nnU-Net's anisotropy threshold: thick-axis spacing / other spacing, and other size / thick size."""
+PERCENTILES = (0.5, 99.5)
+BASE_VOXEL_BUDGET = {3: 48**3, 2: 256**2}
+"""Patch voxels for a network whose first level has ``BASE_CHANNELS`` feature maps."""
+BASE_CHANNELS = 32
+AXIS_NAMES = ("R", "A", "S")
+_RAS = axcodes2ornt("RAS")
+
+
+class PlanError(ValueError):
+    """A planning request that cannot be met (e.g. a user-set value with the wrong number of axes)."""
+
+
+# ---------------------------------------------------------------------------------------------------
+# Reading
+# ---------------------------------------------------------------------------------------------------
+
+
+@dataclass
+class CaseVolume:
+    """One case as read from disk, reoriented to RAS voxel order."""
+
+    image: np.ndarray
+    """(C, X, Y, Z) in the file's dtype (e.g. int16 for CT); cast before arithmetic."""
+    label: np.ndarray | None
+    """(X, Y, Z) integer class indices, or None for a case without label."""
+    spacing: tuple[float, float, float]
+    """Voxel size in mm along X, Y, Z (RAS order)."""
+    orientation: str
+    """The file's axis codes before reorientation, e.g. ``"LPS"``."""
+
+
+def image_paths(entry: Mapping[str, Any]) -> list[str]:
+    """The image file(s) of a datalist entry: one path, or one per channel (nnU-Net layout)."""
+    image = entry["image"]
+    return [str(p) for p in image] if isinstance(image, list | tuple) else [str(image)]
+
+
+def _load_ras(path: str | Path) -> tuple[np.ndarray, np.ndarray, str]:
+    """Load a NIfTI file reoriented to RAS.
+
+    Returns:
+        array: (X, Y, Z) or (X, Y, Z, C), a view of the file's data in its own dtype;
+        spacing: (3,) mm along X, Y, Z from the affine (as MONAI computes it);
+        axcodes: the file's orientation codes, e.g. ``"LPS"``.
+    """
+    try:
+        img = nib.load(str(path))
+    except FileNotFoundError as err:
+        raise DatasetError(f"{path}: file not found") from err
+    except ImageFileError as err:
+        raise DatasetError(f"{path}: not readable by nibabel (planning reads NIfTI): {err}") from err
+    if len(img.shape) not in (3, 4):
+        raise DatasetError(f"{path}: expected a 3D image (or 4D, channels last), got shape {img.shape}")
+    ornt = io_orientation(img.affine)
+    array = apply_orientation(np.asanyarray(img.dataobj), ornt_transform(ornt, _RAS))
+    spacing = np.empty(3)
+    spacing[ornt[:, 0].astype(int)] = nib.affines.voxel_sizes(img.affine)
+    return array, spacing, "".join(nib.aff2axcodes(img.affine))
+
+
+def _read_label(path: str, shape: tuple[int, ...]) -> np.ndarray:
+    """(X, Y, Z) non-negative integer label map in RAS order, checked against the image ``shape``."""
+    label, _, _ = _load_ras(path)
+    if label.ndim == 4 and label.shape[3] == 1:
+        label = label[..., 0]
+    if label.shape != shape:
+        raise DatasetError(f"{path}: label shape {label.shape} (RAS) differs from the image's {shape}")
+    if label.dtype.kind not in "iu" or label.dtype == np.uint64:  # bincount needs a safe cast to intp
+        label = np.rint(label).astype(np.int64)
+    if label.size and label.min() < 0:
+        raise DatasetError(f"{path}: negative label values")
+    return label
+
+
+def read_case(entry: Mapping[str, Any]) -> CaseVolume:
+    """Read a datalist entry (``image`` path or per-channel paths, optional ``label``) in RAS order.
+
+    An MSD multi-channel file is 4D with channels last; nnU-Net's are one 3D file per channel.
+    """
+    volumes = [_load_ras(path) for path in image_paths(entry)]
+    spacing, orientation = volumes[0][1], volumes[0][2]
+    if len(volumes) == 1:
+        array = volumes[0][0]
+        image = np.moveaxis(array, -1, 0) if array.ndim == 4 else array[None]
+    else:
+        shapes = {v[0].shape for v in volumes}
+        if len(shapes) > 1 or volumes[0][0].ndim != 3:
+            raise DatasetError(f"case {entry['case']}: channel files differ in shape or are not 3D: {shapes}")
+        image = np.stack([v[0] for v in volumes])
+    label = _read_label(str(entry["label"]), image.shape[1:]) if entry.get("label") else None
+    return CaseVolume(image=image, label=label, spacing=tuple(float(s) for s in spacing),
+                      orientation=orientation)
+
+
+# ---------------------------------------------------------------------------------------------------
+# Fingerprint
+# ---------------------------------------------------------------------------------------------------
+
+
+def _intensity_stats(values: np.ndarray) -> dict[str, float] | None:
+    """Statistics of 1D float64 intensities: mean, std, min, max, 0.5 and 99.5 percentiles (None if empty)."""
+    if values.size == 0:
+        return None
+    low, high = np.percentile(values, PERCENTILES)
+    return {"mean": float(values.mean()), "std": float(values.std()), "min": float(values.min()),
+            "max": float(values.max()), "percentile_00_5": float(low), "percentile_99_5": float(high)}
+
+
+def _case_fingerprint(
+    entry: Mapping[str, Any], num_channels: int, num_classes: int, samples_per_case: int
+) -> tuple[dict[str, Any], list[np.ndarray]]:
+    """One case's fingerprint entry, and up to ``samples_per_case`` foreground intensities per channel."""
+    volume = read_case(entry)
+    if volume.label is None:
+        raise DatasetError(f"case {entry['case']}: a training case without label")
+    if volume.image.shape[0] != num_channels:
+        raise DatasetError(f"case {entry['case']}: {volume.image.shape[0]} channels, "
+                           f"dataset.json names {num_channels}")
+    counts = np.bincount(volume.label.ravel(), minlength=num_classes)
+    if counts.size > num_classes:
+        raise DatasetError(f"{entry['label']}: label value {counts.size - 1} is not in dataset.json's "
+                           f"{num_classes} classes")
+    mask = volume.label > 0
+    foreground = [channel[mask].astype(np.float64) for channel in volume.image]
+    size = foreground[0].size
+    pick = (np.random.default_rng(SAMPLING_SEED).choice(size, samples_per_case, replace=False)
+            if size > samples_per_case else slice(None))
+    summary = {
+        "case": entry["case"],
+        "spacing": list(volume.spacing),
+        "shape": [int(n) for n in volume.image.shape[1:]],
+        "orientation": volume.orientation,
+        "class_voxels": [int(n) for n in counts],
+        "intensity": [_intensity_stats(values) for values in foreground],
+    }
+    return summary, [values[pick] for values in foreground]
+
+
+def _cache_key(info: DatasetInfo, samples_per_case: int) -> str:
+    """Hash of the fingerprint settings, classes, channels and each case's files (path, size, mtime)."""
+    digest = hashlib.sha256(json.dumps(
+        [FINGERPRINT_VERSION, samples_per_case, info.channel_names, sorted(info.labels.items())]
+    ).encode())
+    for entry in info.training:
+        for path in [*image_paths(entry), *([str(entry["label"])] if entry.get("label") else [])]:
+            try:
+                stat = os.stat(path)
+            except OSError as err:
+                raise DatasetError(f"case {entry['case']}: {path} not found") from err
+            digest.update(f"{entry['case']}|{path}|{stat.st_size}|{stat.st_mtime_ns}\n".encode())
+    return digest.hexdigest()
+
+
+def _load_cached(cache_file: Path | None, key: str) -> dict[str, Any] | None:
+    """The cached fingerprint if ``cache_file`` holds one for ``key``, else None."""
+    if cache_file is None or not cache_file.is_file():
+        return None
+    try:
+        cached = json.loads(cache_file.read_text())
+    except (OSError, json.JSONDecodeError):
+        return None
+    return cached if isinstance(cached, dict) and cached.get("cache_key") == key else None
+
+
+def _case_array(fingerprint: Mapping[str, Any], key: str) -> np.ndarray:
+    """(N, 3) per-case ``spacing`` (mm) or ``shape`` (voxels), RAS order."""
+    return np.asarray([case[key] for case in fingerprint["cases"]], dtype=float)
+
+
+def _resampled_shapes(fingerprint: Mapping[str, Any], target: Sequence[float],
+                      keep_axis: int | None = None) -> np.ndarray:
+    """(N, 3) case shapes in voxels after resampling to ``target`` (3,) mm; ``keep_axis`` is not resampled."""
+    factors = _case_array(fingerprint, "spacing") / np.asarray(target, dtype=float)
+    if keep_axis is not None:
+        factors[:, keep_axis] = 1.0
+    return np.maximum(np.round(_case_array(fingerprint, "shape") * factors), 1).astype(np.int64)
+
+
+def _dataset_bytes(fingerprint: Mapping[str, Any], shapes: np.ndarray) -> int:
+    """Bytes of the dataset at ``shapes`` (N, 3): all channels and the label as float32 (as MONAI holds them)."""
+    return int(shapes.prod(axis=1).sum()) * (len(fingerprint["channel_names"]) + 1) * 4
+
+
+def compute_fingerprint(
+    info: DatasetInfo,
+    cache_file: Path | None = None,
+    progress: bool = True,
+    samples_per_case: int = SAMPLES_PER_CASE,
+) -> dict[str, Any]:
+    """The dataset fingerprint of ``info.training`` (JSON-serialisable), cached in ``cache_file``.
+
+    Keys: ``cases`` (per case: ``case``, ``spacing`` mm and ``shape`` voxels in RAS order, the
+    file's ``orientation`` codes, ``class_voxels`` indexed by class, foreground ``intensity`` stats
+    per channel), ``intensity`` (per channel, from the pooled foreground samples: mean, std, min, max,
+    percentile_00_5, percentile_99_5; None without foreground), ``class_voxels`` (totals),
+    ``median_spacing``, ``median_shape`` (raw voxels), ``dataset_bytes`` (float32 images and labels
+    resampled to the median spacing), ``num_cases``, ``channel_names``, ``labels``, ``is_ct``.
+
+    The cache is reused while its key matches (fingerprint version, sampling, classes, channels,
+    and each case's file paths, sizes and mtimes); otherwise the fingerprint is recomputed and the
+    cache rewritten atomically. Intensities are cast to float64 first (int16 CT cannot overflow).
+    """
+    cache_file = Path(cache_file) if cache_file is not None else None
+    key = _cache_key(info, samples_per_case)
+    cached = _load_cached(cache_file, key)
+    if cached is not None:
+        return cached
+    cases, pooled = [], [[] for _ in info.channel_names]
+    for entry in tqdm(info.training, desc="fingerprint", disable=not progress):
+        summary, samples = _case_fingerprint(entry, info.in_channels, info.num_classes, samples_per_case)
+        cases.append(summary)
+        for channel, values in zip(pooled, samples):
+            channel.append(values)
+    fingerprint: dict[str, Any] = {
+        "version": FINGERPRINT_VERSION, "cache_key": key, "name": info.name,
+        "channel_names": list(info.channel_names), "labels": {str(k): v for k, v in info.labels.items()},
+        "is_ct": info.is_ct, "num_cases": len(cases), "samples_per_case": samples_per_case, "cases": cases,
+    }
+    median_spacing = np.median(_case_array(fingerprint, "spacing"), axis=0)
+    fingerprint.update({
+        "intensity": [_intensity_stats(np.concatenate(channel)) for channel in pooled],
+        "class_voxels": [int(n) for n in np.sum([c["class_voxels"] for c in cases], axis=0)],
+        "median_spacing": median_spacing.tolist(),
+        "median_shape": np.median(_case_array(fingerprint, "shape"), axis=0).tolist(),
+        "dataset_bytes": _dataset_bytes(fingerprint, _resampled_shapes(fingerprint, median_spacing)),
+    })
+    if cache_file is not None:
+        try:
+            atomic_write_json(cache_file, fingerprint)
+        except OSError as err:
+            warnings.warn(f"{cache_file}: fingerprint cache not written ({err})", stacklevel=2)
+    return fingerprint
+
+
+# ---------------------------------------------------------------------------------------------------
+# Plan
+# ---------------------------------------------------------------------------------------------------
+
+
+@dataclass
+class Plan:
+    """Planned preprocessing and network geometry; per-axis lists follow the RAS axes in use.
+
+    In 3D every per-axis list has 3 entries (R, A, S). In 2D they have 2: the in-plane axes, i.e.
+    the RAS axes other than ``slice_axis``, in increasing order.
+    """
+
+    target_spacing: list[float]
+    """Resampling target in mm per axis."""
+    patch_size: list[int]
+    """Training patch in voxels; each entry divisible by the product of its axis's strides."""
+    strides: list[list[int]]
+    """One entry per down-sampling level, each the per-axis stride (1 or 2)."""
+    normalization: dict[str, Any]
+    """``{"scheme": "ct", "clip": [lo, hi], "mean": m, "std": s}`` (HU) or ``{"scheme": "zscore"}``."""
+    median_shape: list[int]
+    """Median case shape in voxels after resampling (the slice axis is not resampled in 2D)."""
+    slice_axis: int
+    """The RAS axis with the largest target spacing (0, 1 or 2); 2D slices are cut across it."""
+    dataset_bytes: int
+    """Estimated bytes of the resampled dataset (images and labels as float32)."""
+
+    @property
+    def spatial_dims(self) -> int:
+        return len(self.patch_size)
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+    @classmethod
+    def from_dict(cls, data: Mapping[str, Any]) -> Plan:
+        return cls(**data)
+
+
+def full_resolution_spacing(fingerprint: Mapping[str, Any]) -> np.ndarray:
+    """nnU-Net's 3D target spacing (3,) mm: the per-axis median spacing, except on strongly anisotropic data.
+
+    When the thickest median spacing exceeds ``ANISO_THRESHOLD`` x every other axis's and the median
+    size along that axis is below 1/``ANISO_THRESHOLD`` of every other, that axis takes the 10th
+    percentile of its spacings instead (never finer than the other axes), so that few thick-slice
+    cases are not up-sampled into heavy interpolation.
+    """
+    spacings = _case_array(fingerprint, "spacing")
+    target = np.median(spacings, axis=0)
+    median_shape = np.median(_case_array(fingerprint, "shape"), axis=0)
+    thick = int(np.argmax(target))
+    others = [axis for axis in range(3) if axis != thick]
+    if (target[thick] > ANISO_THRESHOLD * target[others].max()
+            and median_shape[thick] * ANISO_THRESHOLD < median_shape[others].min()):
+        finer = float(np.percentile(spacings[:, thick], 10))
+        target[thick] = finer if finer >= target[others].max() else target[others].max() + 1e-5
+    return target
+
+
+def thick_axis(spacing: Sequence[float]) -> int:
+    """The axis with the largest spacing; among (near-)ties the last one, so isotropic data slices along S."""
+    spacing = np.asarray(spacing, dtype=float)
+    return int(np.flatnonzero(spacing >= spacing.max() * (1 - 1e-3))[-1])
+
+
+def plan_strides(
+    spacing: Sequence[float], patch_size: Sequence[int], num_levels: int, min_feature_size: int = 4
+) -> list[list[int]]:
+    """nnU-Net's anisotropic pooling: ``num_levels`` levels of per-axis strides (2 or 1).
+
+    At each level an axis is pooled when its current feature size (voxels) is at least
+    ``2 * min_feature_size`` and its current spacing (mm) is at most twice the smallest current spacing
+    among such axes; pooling doubles the axis's spacing and halves its size.
+    """
+    spacing, size = [float(s) for s in spacing], [float(n) for n in patch_size]
+    strides = []
+    for _ in range(num_levels):
+        eligible = [axis for axis, n in enumerate(size) if n >= 2 * min_feature_size]
+        finest = min((spacing[axis] for axis in eligible), default=0.0)
+        level = [2 if axis in eligible and spacing[axis] <= 2 * finest * (1 + 1e-6) else 1
+                 for axis in range(len(size))]
+        for axis, stride in enumerate(level):
+            spacing[axis] *= stride
+            size[axis] /= stride
+        strides.append(level)
+    return strides
+
+
+def total_stride(strides: Sequence[Sequence[int]], dims: int) -> np.ndarray:
+    """(dims,) product of the per-level strides per axis: what the patch must be divisible by."""
+    return np.prod(np.asarray(strides, dtype=np.int64).reshape(-1, dims), axis=0)
+
+
+def _fit_patch(
+    spacing: np.ndarray, median_shape: np.ndarray, voxel_budget: int, num_levels: int,
+    min_feature_size: int, strides: list[list[int]] | None,
+) -> tuple[list[int], list[list[int]]]:
+    """Patch (voxels) and strides: the median shape, shrunk until it fits ``voxel_budget``.
+
+    Each round derives the strides (unless fixed), rounds the patch up to a multiple of the total
+    stride, and, while over budget, shrinks by one total stride the axis with the largest
+    patch / median-shape ratio (nnU-Net's rule; ties go to the larger extent in mm).
+    """
+    dims = len(spacing)
+    patch = np.maximum(median_shape.astype(np.int64), 1)
+    while True:
+        level_strides = strides or plan_strides(spacing, patch, num_levels, min_feature_size)
+        total = total_stride(level_strides, dims)
+        rounded = -(-patch // total) * total
+        if rounded.prod() <= voxel_budget:
+            break
+        shrinkable = [a for a in range(dims) if rounded[a] > total[a] or (strides is None and patch[a] > 1)]
+        if not shrinkable:
+            warnings.warn(f"patch {rounded.tolist()} exceeds the voxel budget {voxel_budget} with the "
+                          f"given strides", stacklevel=3)
+            break
+        axis = max(shrinkable, key=lambda a: (rounded[a] / median_shape[a], rounded[a] * spacing[a]))
+        patch[axis] = max(rounded[axis] - total[axis], 1)
+    return [int(n) for n in rounded], [list(map(int, level)) for level in level_strides]
+
+
+def _per_axis(values: Sequence[Any], axes: list[int], name: str) -> list[Any]:
+    """``values`` for ``axes``: as given when it has one entry per axis, else picked from 3 RAS entries."""
+    values = list(values)
+    if len(values) == len(axes):
+        return values
+    if len(values) == 3:
+        return [values[axis] for axis in axes]
+    raise PlanError(f"{name}={values}: expected {len(axes)} entries (or 3 in RAS order)")
+
+
+def _normalize_strides(strides: Sequence[Any], num_levels: int, dims: int) -> list[list[int]]:
+    """User strides (per level an int or one int per axis) as ``num_levels`` lists of ``dims`` ints."""
+    levels = [[int(s)] * dims if isinstance(s, int) else [int(v) for v in s] for s in strides]
+    if len(levels) != num_levels or any(len(level) != dims for level in levels):
+        raise PlanError(f"model.strides={list(strides)}: expected {num_levels} levels of {dims} axes")
+    return levels
+
+
+def plan_normalization(fingerprint: Mapping[str, Any], is_ct: bool) -> dict[str, Any]:
+    """CT: clip to the pooled foreground 0.5-99.5 percentiles, then z-score with the foreground mean/std.
+
+    Other modalities: per-image z-score. Multi-channel CT gives per-channel lists for clip/mean/std.
+    """
+    if not is_ct:
+        return {"scheme": "zscore"}
+    stats = fingerprint["intensity"]
+    if any(s is None for s in stats):
+        raise DatasetError("no foreground voxels in the training labels: CT normalisation cannot be planned")
+    clip = [[s["percentile_00_5"], s["percentile_99_5"]] for s in stats]
+    mean, std = [s["mean"] for s in stats], [s["std"] for s in stats]
+    if len(stats) == 1:
+        return {"scheme": "ct", "clip": clip[0], "mean": mean[0], "std": std[0]}
+    return {"scheme": "ct", "clip": clip, "mean": mean, "std": std}
+
+
+def make_plan(
+    fingerprint: Mapping[str, Any],
+    spatial_dims: int = 3,
+    num_levels: int = 4,
+    voxel_budget: int | None = None,
+    min_feature_size: int = 4,
+    is_ct: bool | None = None,
+    target_spacing: Sequence[float] | None = None,
+    patch_size: Sequence[int] | None = None,
+    strides: Sequence[Any] | None = None,
+) -> Plan:
+    """Plan spacing, patch, strides and normalisation from a fingerprint.
+
+    Args:
+        spatial_dims: 3, or 2 for slices across the thick axis (per-axis values then cover the two
+            in-plane axes).
+        num_levels: down-sampling steps of the network (``len(channels) - 1``).
+        voxel_budget: most patch voxels; default ``BASE_VOXEL_BUDGET[spatial_dims]`` (48**3 / 256**2).
+        min_feature_size: smallest feature-map size (voxels) an axis may be pooled down to.
+        is_ct: selects CT normalisation; default the fingerprint's ``is_ct``.
+        target_spacing, patch_size, strides: user-set values to keep (e.g. non-null config keys);
+            the rest is planned around them. In 2D, 3-entry spacing/patch are read in RAS order.
+    """
+    if spatial_dims not in (2, 3):
+        raise PlanError(f"spatial_dims={spatial_dims}: expected 2 or 3")
+    full = full_resolution_spacing(fingerprint)
+    if target_spacing is not None and len(target_spacing) == 3:
+        full = np.asarray(list(target_spacing), dtype=float)
+    slice_axis = thick_axis(full)
+    axes = [0, 1, 2] if spatial_dims == 3 else [a for a in range(3) if a != slice_axis]
+    if target_spacing is not None:
+        full[axes] = _per_axis(target_spacing, axes, "spacing")
+    shapes = _resampled_shapes(fingerprint, full, keep_axis=slice_axis if spatial_dims == 2 else None)
+    median_shape = np.round(np.median(shapes, axis=0)).astype(np.int64)[axes]
+    fixed_strides = None if strides is None else _normalize_strides(strides, num_levels, spatial_dims)
+    if patch_size is not None:
+        patch = [int(n) for n in _per_axis(patch_size, axes, "patch_size")]
+        level_strides = fixed_strides or plan_strides(full[axes], patch, num_levels, min_feature_size)
+    else:
+        budget = voxel_budget or BASE_VOXEL_BUDGET[spatial_dims]
+        patch, level_strides = _fit_patch(full[axes], median_shape, budget, num_levels, min_feature_size,
+                                          fixed_strides)
+    return Plan(
+        target_spacing=[float(s) for s in full[axes]],
+        patch_size=patch,
+        strides=level_strides,
+        normalization=plan_normalization(fingerprint, fingerprint["is_ct"] if is_ct is None else is_ct),
+        median_shape=[int(n) for n in median_shape],
+        slice_axis=slice_axis,
+        dataset_bytes=_dataset_bytes(fingerprint, shapes),
+    )
+
+
+# ---------------------------------------------------------------------------------------------------
+# Configs
+# ---------------------------------------------------------------------------------------------------
+
+
+def voxel_budget_for(model_cfg: Mapping[str, Any]) -> int:
+    """Patch voxel budget for a model: ``BASE_VOXEL_BUDGET`` scaled by ``BASE_CHANNELS / channels[0]``.
+
+    The first level's activations (channels[0] x patch voxels) dominate memory, so halving the width
+    doubles the patch: 3D with channels[0]=32 -> 48**3 voxels, with 16 -> 2 * 48**3.
+    """
+    return int(BASE_VOXEL_BUDGET[int(model_cfg["spatial_dims"])] * BASE_CHANNELS / model_cfg["channels"][0])
+
+
+def plan_from_config(
+    fingerprint: Mapping[str, Any], data_cfg: Mapping[str, Any], model_cfg: Mapping[str, Any]
+) -> Plan:
+    """:func:`make_plan` for a model config, keeping the user-set (non-null) spacing, patch and strides."""
+    return make_plan(
+        fingerprint,
+        spatial_dims=int(model_cfg["spatial_dims"]),
+        num_levels=len(model_cfg["channels"]) - 1,
+        voxel_budget=voxel_budget_for(model_cfg),
+        target_spacing=data_cfg.get("spacing"),
+        patch_size=data_cfg.get("patch_size"),
+        strides=model_cfg.get("strides"),
+    )
+
+
+def default_cache_dir(info: DatasetInfo, data_cfg: Mapping[str, Any]) -> Path:
+    """``data.cache_dir`` if set, else ``<root>/.medseg_cache``."""
+    return Path(data_cfg.get("cache_dir") or info.root / ".medseg_cache")
+
+
+def plan_for(
+    info: DatasetInfo,
+    data_cfg: Mapping[str, Any],
+    model_cfg: Mapping[str, Any],
+    cache_dir: str | Path | None = None,
+    progress: bool = True,
+) -> Plan:
+    """Fingerprint ``info`` (cached in ``<cache_dir>/fingerprint.json``; none if None) and plan for the configs."""
+    cache_file = Path(cache_dir) / FINGERPRINT_FILE if cache_dir is not None else None
+    return plan_from_config(compute_fingerprint(info, cache_file, progress), data_cfg, model_cfg)
+
+
+def apply_plan(
+    data_cfg: Mapping[str, Any], model_cfg: Mapping[str, Any], plan: Plan
+) -> tuple[dict[str, Any], dict[str, Any]]:
+    """Copies of the configs with null ``data.spacing/patch_size/normalization`` and ``model.strides`` planned.
+
+    User-set (non-null) values are left untouched; ``normalization`` becomes the plan's dict.
+    """
+    data, model = copy.deepcopy(data_cfg), copy.deepcopy(model_cfg)
+    planned = {"spacing": plan.target_spacing, "patch_size": plan.patch_size,
+               "normalization": plan.normalization}
+    for key, value in planned.items():
+        if data.get(key) is None:
+            data[key] = copy.deepcopy(value)
+    if model.get("strides") is None:
+        model["strides"] = copy.deepcopy(plan.strides)
+    return data, model
+
+
+# ---------------------------------------------------------------------------------------------------
+# Report
+# ---------------------------------------------------------------------------------------------------
+
+
+def _bytes_text(size: float) -> str:
+    for unit in ("B", "KiB", "MiB", "GiB"):
+        if size < 1024 or unit == "GiB":
+            return f"{size:.1f} {unit}" if unit != "B" else f"{int(size)} B"
+        size /= 1024
+    raise AssertionError("unreachable")
+
+
+def _table(header: Sequence[str], rows: Sequence[Sequence[Any]], indent: str = "  ") -> list[str]:
+    """Left-aligned first column, right-aligned others."""
+    cells = [[str(c) for c in row] for row in [header, *rows]]
+    widths = [max(len(row[i]) for row in cells) for i in range(len(header))]
+    return [indent + "  ".join(c.ljust(w) if i == 0 else c.rjust(w)
+                               for i, (c, w) in enumerate(zip(row, widths))).rstrip() for row in cells]
+
+
+def _num(value: Any) -> str:
+    """Compact text of a number or a nested list of numbers."""
+    if isinstance(value, list | tuple):
+        return "[" + ", ".join(_num(v) for v in value) + "]"
+    return f"{value:.4g}" if isinstance(value, float) else str(value)
+
+
+def format_plan(plan: Plan, fingerprint: Mapping[str, Any]) -> str:
+    """A readable report (text) of the key fingerprint statistics and the plan."""
+    spacings, shapes = _case_array(fingerprint, "spacing"), _case_array(fingerprint, "shape")
+    orientations: dict[str, int] = {}
+    for case in fingerprint["cases"]:
+        orientations[case["orientation"]] = orientations.get(case["orientation"], 0) + 1
+    lines = [f"dataset {fingerprint['name']}: {fingerprint['num_cases']} cases, channels "
+             f"{', '.join(fingerprint['channel_names'])}; files "
+             f"{', '.join(f'{k} x{n}' for k, n in orientations.items())}", "", "fingerprint (RAS axes)"]
+    lines += _table(["", *AXIS_NAMES], [
+        ["spacing median (mm)", *map(_num, np.median(spacings, axis=0))],
+        ["spacing min (mm)", *map(_num, spacings.min(axis=0))],
+        ["spacing max (mm)", *map(_num, spacings.max(axis=0))],
+        ["shape median (voxels)", *(int(n) for n in np.median(shapes, axis=0))],
+        ["shape min (voxels)", *(int(n) for n in shapes.min(axis=0))],
+        ["shape max (voxels)", *(int(n) for n in shapes.max(axis=0))],
+    ])
+    lines += ["", "foreground intensity"]
+    lines += _table(["channel", "mean", "std", "min", "max", "p0.5", "p99.5"], [
+        [name, *(("-",) * 6 if s is None else map(_num, (s["mean"], s["std"], s["min"], s["max"],
+                                                         s["percentile_00_5"], s["percentile_99_5"])))]
+        for name, s in zip(fingerprint["channel_names"], fingerprint["intensity"])
+    ])
+    total = max(sum(fingerprint["class_voxels"]), 1)
+    lines += ["", "classes"]
+    lines += _table(["class", "voxels", "share"], [
+        [f"{k} {fingerprint['labels'].get(str(k), '')}", n, f"{100 * n / total:.2f}%"]
+        for k, n in enumerate(fingerprint["class_voxels"])
+    ])
+    axes = [0, 1, 2] if plan.spatial_dims == 3 else [a for a in range(3) if a != plan.slice_axis]
+    lines += ["", f"plan ({plan.spatial_dims}D; thick axis {AXIS_NAMES[plan.slice_axis]})"]
+    lines += _table(["", *(AXIS_NAMES[a] for a in axes)], [
+        ["target spacing (mm)", *map(_num, plan.target_spacing)],
+        ["median shape (resampled)", *plan.median_shape],
+        ["patch size (voxels)", *plan.patch_size],
+        *[[f"stride level {i + 1}", *level] for i, level in enumerate(plan.strides)],
+        ["total stride", *total_stride(plan.strides, plan.spatial_dims)],
+    ])
+    norm = plan.normalization
+    details = ", ".join(f"{k}={_num(v)}" for k, v in norm.items() if k != "scheme")
+    lines += ["", f"normalization: {norm['scheme']}" + (f" ({details})" if details else ""),
+              f"patch voxels: {int(np.prod(plan.patch_size))}",
+              f"resampled dataset: {_bytes_text(plan.dataset_bytes)} (float32 images and labels)"]
+    return "\n".join(lines)

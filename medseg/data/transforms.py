@@ -1,0 +1,106 @@
+"""MONAI transform chains for training, validation and inference, built from the resolved data config.
+
+Every chain loads, puts channels first, reorients to RAS, resamples to the target spacing and
+normalises. Training then pads volumes smaller than the patch, samples foreground-balanced patches
+and augments. In 2D mode the training patches are single slices across the thick axis, squeezed to
+2D; validation and inference keep whole 3D volumes and run the 2D network slice by slice.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from itertools import combinations
+from typing import Any
+
+import numpy as np
+from monai import transforms as mt
+
+IMAGE, LABEL = "image", "label"
+
+
+def slice_axis(spacing: Sequence[float]) -> int:
+    """The thick axis (largest spacing; the last one on ties): 2D mode slices across it."""
+    spacing = list(spacing)
+    return len(spacing) - 1 - int(np.argmax(spacing[::-1]))
+
+
+def patch_size_3d(patch_size: Sequence[int], spatial_dims: int, axis: int) -> list[int]:
+    """The 3D crop size: the patch itself in 3D; in 2D the in-plane patch with size 1 along ``axis``.
+
+    In 2D, ``patch_size`` may hold two in-plane sizes or three sizes (the one along ``axis`` is dropped).
+    """
+    sizes = [int(s) for s in patch_size]
+    if spatial_dims == 3:
+        if len(sizes) != 3:
+            raise ValueError(f"data.patch_size={sizes}: a 3D model needs three sizes")
+        return sizes
+    if len(sizes) == 3:
+        sizes = [s for a, s in enumerate(sizes) if a != axis]
+    sizes.insert(axis, 1)
+    return sizes
+
+
+def normalization_transform(normalization: str | Mapping[str, Any]) -> list[mt.Transform]:
+    """``zscore``: per image and channel. ``ct`` dict: clip to ``clip`` then ``(x - mean) / std``."""
+    scheme = normalization if isinstance(normalization, str) else normalization["scheme"]
+    if scheme == "zscore":
+        return [mt.NormalizeIntensityd(keys=IMAGE, channel_wise=True)]
+    if scheme == "none":
+        return []
+    if scheme == "ct":
+        if isinstance(normalization, str):
+            raise ValueError("data.normalization=ct needs dataset statistics; leave it null so planning fills them")
+        low, high = normalization["clip"]
+        mean, std = normalization["mean"], max(normalization["std"], 1e-8)
+        # a linear map of [low, high] onto [(low-mean)/std, (high-mean)/std], with clipping, is clip + z-score
+        return [mt.ScaleIntensityRanged(keys=IMAGE, a_min=low, a_max=high, b_min=(low - mean) / std,
+                                        b_max=(high - mean) / std, clip=True)]
+    raise ValueError(f"data.normalization={scheme!r}: expected zscore, ct or none")
+
+
+def preprocessing(spacing: Sequence[float], normalization: str | Mapping[str, Any],
+                  keys: Sequence[str] = (IMAGE, LABEL)) -> list[mt.Transform]:
+    """Load, channel-first, RAS, resample to ``spacing`` (mm), normalise: shared by every chain."""
+    interpolation = ["bilinear" if key == IMAGE else "nearest" for key in keys]
+    return [
+        mt.LoadImaged(keys=list(keys), ensure_channel_first=True, image_only=False),
+        mt.EnsureTyped(keys=list(keys), dtype=np.float32, track_meta=True),
+        mt.Orientationd(keys=list(keys), axcodes="RAS", labels=(("L", "R"), ("P", "A"), ("I", "S"))),
+        mt.Spacingd(keys=list(keys), pixdim=list(spacing), mode=interpolation),
+        *normalization_transform(normalization),
+    ]
+
+
+def train_transforms(data_cfg: Mapping[str, Any], spatial_dims: int) -> mt.Compose:
+    """The training chain; ``data_cfg`` must have ``spacing``, ``patch_size`` and ``normalization`` resolved."""
+    axis = slice_axis(data_cfg["spacing"])
+    crop = patch_size_3d(data_cfg["patch_size"], spatial_dims, axis)
+    pos = float(data_cfg["pos_fraction"])
+    chain: list[mt.Transform] = [
+        *preprocessing(data_cfg["spacing"], data_cfg["normalization"]),
+        mt.SpatialPadd(keys=[IMAGE, LABEL], spatial_size=crop),
+        mt.RandCropByPosNegLabeld(
+            keys=[IMAGE, LABEL], label_key=LABEL, spatial_size=crop, pos=pos, neg=1.0 - pos,
+            num_samples=int(data_cfg["samples_per_volume"]), allow_smaller=False,
+        ),
+    ]
+    if spatial_dims == 2:
+        chain.append(mt.SqueezeDimd(keys=[IMAGE, LABEL], dim=axis + 1))
+    if data_cfg["augment"]:
+        chain += [mt.RandFlipd(keys=[IMAGE, LABEL], prob=0.5, spatial_axis=a) for a in range(spatial_dims)]
+        shape = crop if spatial_dims == 3 else [s for a, s in enumerate(crop) if a != axis]
+        square = next(((a, b) for a, b in combinations(range(spatial_dims), 2) if shape[a] == shape[b]), None)
+        if square is not None:
+            chain.append(mt.RandRotate90d(keys=[IMAGE, LABEL], prob=0.5, spatial_axes=square))
+        chain += [
+            mt.RandScaleIntensityd(keys=IMAGE, factors=0.1, prob=0.5),
+            mt.RandShiftIntensityd(keys=IMAGE, offsets=0.1, prob=0.5),
+        ]
+    chain.append(mt.EnsureTyped(keys=[IMAGE, LABEL], track_meta=False))
+    return mt.Compose(chain)
+
+
+def eval_transforms(data_cfg: Mapping[str, Any], with_label: bool = True) -> mt.Compose:
+    """Whole-volume chain for validation and inference (3D volumes in both 2D and 3D mode)."""
+    keys = (IMAGE, LABEL) if with_label else (IMAGE,)
+    return mt.Compose([*preprocessing(data_cfg["spacing"], data_cfg["normalization"], keys)])

@@ -1,0 +1,189 @@
+"""Segmentation metrics on binary masks in physical units: Dice, HD95, normalised surface Dice, volumes.
+
+Pure functions: numpy arrays (or tensors) in, Python floats out. Spacing is the voxel size in mm
+along each array axis (for a NIfTI file: the column norms of its affine, :func:`voxel_spacing`).
+Distances come from MONAI (``compute_hausdorff_distance``, ``compute_surface_dice``): surfaces are
+the mask voxels removed by one binary erosion, distances are exact Euclidean distances between
+surface-voxel centres, in mm.
+
+Empty masks (per case and class), nnU-Net style but free of NaN in Dice:
+
+==============================  ======  ======  =====  ==============
+reference / prediction          Dice    NSD     HD95   flag
+==============================  ======  ======  =====  ==============
+both empty                      1.0     1.0     NaN    ``both_empty``
+reference empty, prediction not 0.0     0.0     inf    ``ref_empty``
+prediction empty, reference not 0.0     0.0     inf    ``pred_empty``
+==============================  ======  ======  =====  ==============
+
+Means (:func:`aggregate`) average Dice and NSD over every case; HD95 means skip NaN and inf and
+report how many values they skipped (``hd95_excluded``).
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import asdict, dataclass
+from typing import Any
+
+import numpy as np
+import torch
+from monai.metrics import compute_hausdorff_distance, compute_surface_dice
+
+BOTH_EMPTY, REF_EMPTY, PRED_EMPTY = "both_empty", "ref_empty", "pred_empty"
+METRIC_NAMES = ("dice", "hd95_mm", "nsd", "pred_ml", "ref_ml")
+
+
+@dataclass(frozen=True)
+class ClassMetrics:
+    """The metrics of one foreground class in one case."""
+
+    dice: float
+    hd95_mm: float
+    """95th-percentile symmetric Hausdorff distance in mm (NaN when both masks are empty, inf when one is)."""
+    nsd: float
+    """Normalised surface Dice at the tolerance, in [0, 1]."""
+    pred_ml: float
+    ref_ml: float
+    flag: str = ""
+    """``""``, ``both_empty``, ``ref_empty`` or ``pred_empty``."""
+
+    def as_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+def voxel_spacing(affine: np.ndarray) -> tuple[float, ...]:
+    """Voxel size in mm along each array axis: the column norms of a ``(4, 4)`` voxel-to-world affine."""
+    matrix = np.asarray(affine, dtype=np.float64)[:3, :3]
+    return tuple(float(s) for s in np.linalg.norm(matrix, axis=0))
+
+
+def _binary(mask: np.ndarray | torch.Tensor) -> np.ndarray:
+    array = mask.detach().cpu().numpy() if isinstance(mask, torch.Tensor) else np.asarray(mask)
+    return array.astype(bool, copy=False)
+
+
+def _check_pair(pred: np.ndarray, ref: np.ndarray, spacing: Sequence[float]) -> None:
+    if pred.shape != ref.shape:
+        raise ValueError(f"prediction shape {pred.shape} differs from reference shape {ref.shape}")
+    if len(spacing) != pred.ndim:
+        raise ValueError(f"spacing {tuple(spacing)} needs one entry per axis of shape {pred.shape}")
+
+
+def empty_flag(pred: np.ndarray | torch.Tensor, ref: np.ndarray | torch.Tensor) -> str:
+    """Which of the masks is empty: ``both_empty``, ``ref_empty``, ``pred_empty`` or ``""``."""
+    has_pred, has_ref = bool(_binary(pred).any()), bool(_binary(ref).any())
+    if not has_pred and not has_ref:
+        return BOTH_EMPTY
+    if not has_ref:
+        return REF_EMPTY
+    return "" if has_pred else PRED_EMPTY
+
+
+def volume_ml(mask: np.ndarray | torch.Tensor, spacing: Sequence[float]) -> float:
+    """Volume of a binary mask in mL: voxel count x voxel volume (mm³, product of ``spacing``) / 1000."""
+    return float(_binary(mask).sum()) * float(np.prod(spacing)) / 1000.0
+
+
+def dice(pred: np.ndarray | torch.Tensor, ref: np.ndarray | torch.Tensor) -> float:
+    """Dice ``2|P∩R| / (|P| + |R|)`` of two binary masks of the same shape; 1.0 when both are empty."""
+    pred, ref = _binary(pred), _binary(ref)
+    if pred.shape != ref.shape:
+        raise ValueError(f"prediction shape {pred.shape} differs from reference shape {ref.shape}")
+    total = int(pred.sum()) + int(ref.sum())
+    return 1.0 if total == 0 else 2.0 * float(np.logical_and(pred, ref).sum()) / total
+
+
+def _one_hot_pair(pred: np.ndarray, ref: np.ndarray) -> tuple[torch.Tensor, torch.Tensor]:
+    """``(1, 1, *spatial)`` float tensors, the batch/channel layout MONAI's metrics take."""
+    return (torch.from_numpy(pred[None, None].astype(np.float32)),
+            torch.from_numpy(ref[None, None].astype(np.float32)))
+
+
+def hd95(pred: np.ndarray | torch.Tensor, ref: np.ndarray | torch.Tensor, spacing: Sequence[float]) -> float:
+    """Symmetric 95th-percentile Hausdorff distance in mm between two binary masks.
+
+    The larger of the two directed 95th percentiles of surface-to-surface distances (MONAI's
+    definition). NaN when both masks are empty, inf when exactly one is.
+    """
+    pred, ref = _binary(pred), _binary(ref)
+    _check_pair(pred, ref, spacing)
+    flag = empty_flag(pred, ref)
+    if flag:
+        return math.nan if flag == BOTH_EMPTY else math.inf
+    y_pred, y = _one_hot_pair(pred, ref)
+    value = compute_hausdorff_distance(y_pred, y, include_background=True, percentile=95,
+                                       spacing=[float(s) for s in spacing])
+    return float(value[0, 0])
+
+
+def surface_dice(pred: np.ndarray | torch.Tensor, ref: np.ndarray | torch.Tensor, spacing: Sequence[float],
+                 tolerance_mm: float) -> float:
+    """Normalised surface Dice: the share of both surfaces lying within ``tolerance_mm`` of the other.
+
+    1.0 when both masks are empty, 0.0 when exactly one is.
+    """
+    pred, ref = _binary(pred), _binary(ref)
+    _check_pair(pred, ref, spacing)
+    flag = empty_flag(pred, ref)
+    if flag:
+        return 1.0 if flag == BOTH_EMPTY else 0.0
+    y_pred, y = _one_hot_pair(pred, ref)
+    value = compute_surface_dice(y_pred, y, class_thresholds=[float(tolerance_mm)], include_background=True,
+                                 spacing=[float(s) for s in spacing])
+    return float(value[0, 0])
+
+
+def class_metrics(pred: np.ndarray | torch.Tensor, ref: np.ndarray | torch.Tensor, spacing: Sequence[float],
+                  tolerance_mm: float) -> ClassMetrics:
+    """All metrics of one binary prediction against its binary reference (same shape, ``spacing`` in mm)."""
+    pred, ref = _binary(pred), _binary(ref)
+    return ClassMetrics(
+        dice=dice(pred, ref), hd95_mm=hd95(pred, ref, spacing), nsd=surface_dice(pred, ref, spacing, tolerance_mm),
+        pred_ml=volume_ml(pred, spacing), ref_ml=volume_ml(ref, spacing), flag=empty_flag(pred, ref),
+    )
+
+
+def case_metrics(pred: np.ndarray | torch.Tensor, ref: np.ndarray | torch.Tensor, classes: Iterable[int],
+                 spacing: Sequence[float], tolerance_mm: float) -> dict[int, ClassMetrics]:
+    """Per-class metrics of two integer label maps of the same shape, for each class index in ``classes``."""
+    pred_labels = pred.detach().cpu().numpy() if isinstance(pred, torch.Tensor) else np.asarray(pred)
+    ref_labels = ref.detach().cpu().numpy() if isinstance(ref, torch.Tensor) else np.asarray(ref)
+    return {int(c): class_metrics(pred_labels == c, ref_labels == c, spacing, tolerance_mm) for c in classes}
+
+
+def _finite_mean(values: Sequence[float]) -> tuple[float, int]:
+    """Mean of the finite values (NaN if none) and how many values were not finite."""
+    finite = [v for v in values if math.isfinite(v)]
+    return (float(np.mean(finite)) if finite else math.nan), len(values) - len(finite)
+
+
+def aggregate(per_class: Mapping[str, Sequence[ClassMetrics]]) -> dict[str, Any]:
+    """Means over cases per class, and over classes.
+
+    Args:
+        per_class: class name -> that class's metrics in every evaluated case.
+
+    Returns:
+        ``{"classes": {name: {"dice", "hd95_mm", "hd95_excluded", "nsd", "pred_ml", "ref_ml", "num_cases"}},
+        "foreground_mean": {"dice", "hd95_mm", "nsd"}}``. Class means of Dice, NSD and volumes use every
+        case; HD95 means skip non-finite values (``hd95_excluded`` counts them). The foreground mean is
+        the mean of the class means (classes whose HD95 mean is NaN are skipped for HD95).
+    """
+    classes: dict[str, dict[str, Any]] = {}
+    for name, items in per_class.items():
+        hd_mean, excluded = _finite_mean([m.hd95_mm for m in items])
+        classes[name] = {
+            "dice": float(np.mean([m.dice for m in items])) if items else math.nan,
+            "hd95_mm": hd_mean,
+            "hd95_excluded": excluded,
+            "nsd": float(np.mean([m.nsd for m in items])) if items else math.nan,
+            "pred_ml": float(np.mean([m.pred_ml for m in items])) if items else math.nan,
+            "ref_ml": float(np.mean([m.ref_ml for m in items])) if items else math.nan,
+            "num_cases": len(items),
+        }
+    foreground = {
+        key: _finite_mean([c[key] for c in classes.values()])[0] for key in ("dice", "hd95_mm", "nsd")
+    }
+    return {"classes": classes, "foreground_mean": foreground}

@@ -1,0 +1,445 @@
+"""Sweep reports: one table, one CSV and one plot for a Hydra multirun directory.
+
+A sweep directory (``multirun/<date>/<time>/``) holds one folder per job, each with the overrides Hydra
+applied (``.hydra/overrides.yaml``) and, once the job ends, medseg's ``metrics.json``. The parameters whose
+values differ between jobs are the *swept* parameters; they become the leading columns of the report.
+Jobs that differ only in ``trainer.seed`` are one *setting*, summarised as mean ± std over the seeds.
+
+:func:`summarize_sweep` writes ``summary.md``, ``summary.csv`` and ``summary.png`` into the sweep directory
+(atomically) and returns a :class:`SweepSummary`; ``scripts/summarize.py`` and the Hydra callback in
+:mod:`medseg.engine.callbacks` are thin wrappers around it.
+"""
+
+from __future__ import annotations
+
+import csv
+import io
+import json
+import math
+import re
+import statistics
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from medseg.engine.report import format_value, markdown_table, text_table
+from medseg.io import atomic_write, atomic_write_text
+
+SEED_KEY = "trainer.seed"
+BLOCK_KEY = "model.bottleneck"
+RESULT_COLUMNS = ("best_val_dice", "best_epoch", "train_seconds", "params", "peak_memory_mb")
+"""Columns copied from ``metrics.json`` into every row, after the per-class Dice."""
+DISPLAY_DIGITS = {"train_seconds": 1, "peak_memory_mb": 0}
+"""Decimals shown in the markdown and terminal tables (4 for every other float; the CSV keeps full precision)."""
+
+
+@dataclass
+class Job:
+    """One job folder of a sweep: its overrides, and its metrics if it has finished."""
+
+    name: str
+    """The folder relative to the sweep directory (Hydra's job number by default)."""
+    overrides: dict[str, str]
+    """``key -> value`` as typed on the command line (``+``/``++``/``~`` prefixes dropped)."""
+    metrics: dict[str, Any] | None
+    """The parsed ``metrics.json``; None while the job is running, or if it was killed."""
+    block: str = "default"
+    """The bottleneck block (``model.bottleneck``) the job trained, or "default" when unknown."""
+    read_error: str | None = None
+    """Why ``metrics.json`` could not be read, if it exists but is unreadable."""
+
+    @property
+    def status(self) -> str:
+        """``completed`` or ``failed`` (from ``metrics.json``), else ``missing`` (running or killed)."""
+        if self.metrics is None:
+            return "missing"
+        return str(self.metrics.get("status", "completed"))
+
+    @property
+    def reason(self) -> str:
+        """Why the job did not complete; empty for completed jobs."""
+        if self.metrics is None:
+            return self.read_error or "no metrics.json: still running, or killed"
+        return str(self.metrics.get("reason", "")) if self.status != "completed" else ""
+
+    def value(self, metric: str) -> float:
+        """A numeric result of the job (``metrics.json`` key or ``dice_<class>``); NaN when absent."""
+        if self.status != "completed":
+            return math.nan
+        value = self.metrics.get(metric) if self.metrics else None
+        if value is None and metric.startswith("dice_"):
+            value = self.dice_per_class().get(metric)
+        return float(value) if isinstance(value, (int, float)) and not isinstance(value, bool) else math.nan
+
+    def dice_per_class(self) -> dict[str, float]:
+        """Best-epoch validation Dice per class, keyed ``dice_<class name with underscores>``."""
+        per_class = (self.metrics or {}).get("val_dice_per_class") or {}
+        return {dice_column(name): float(value) for name, value in per_class.items()}
+
+
+@dataclass
+class SweepSummary:
+    """The tables of a sweep report, and its best setting."""
+
+    sweep_dir: Path
+    metric: str
+    higher_is_better: bool
+    jobs: list[Job]
+    swept: list[str]
+    headers: list[str]
+    rows: list[list[Any]]
+    seed_headers: list[str] = field(default_factory=list)
+    seed_rows: list[list[Any]] = field(default_factory=list)
+    best: str = ""
+    counts: dict[str, int] = field(default_factory=dict)
+
+    def text(self) -> str:
+        """The report for a terminal: the job table, the seed table if any, and the best setting."""
+        parts = [text_table(*display_table(self.headers, self.rows))]
+        if self.seed_rows:
+            parts.append(text_table(self.seed_headers, self.seed_rows))
+        parts.append(self.best)
+        return "\n\n".join(parts)
+
+
+def dice_column(class_name: str) -> str:
+    """The report column of one class's Dice (``dim sphere`` -> ``dice_dim_sphere``, as in TensorBoard)."""
+    return "dice_" + re.sub(r"\s+", "_", class_name.strip())
+
+
+def parse_overrides(lines: Sequence[str]) -> dict[str, str]:
+    """``["model.bottleneck=masa", "+x=1", "~y"]`` -> ``{"model.bottleneck": "masa", "x": "1", "y": "~"}``."""
+    out: dict[str, str] = {}
+    for line in lines:
+        key, sep, value = str(line).partition("=")
+        deleted = key.startswith("~")
+        out[key.lstrip("+~")] = value if sep else ("~" if deleted else "")
+    return out
+
+
+def _natural_key(name: str) -> list[Any]:
+    """Sort ``2`` before ``10`` (Hydra numbers jobs without padding)."""
+    return [int(part) if part.isdigit() else part for part in re.split(r"(\d+)", name)]
+
+
+def _read_yaml(path: Path) -> Any:
+    return yaml.safe_load(path.read_text()) if path.is_file() else None
+
+
+def _job_block(overrides: dict[str, str], job_dir: Path) -> str:
+    """The bottleneck block: the override, else the job's composed config, else "default"."""
+    if BLOCK_KEY in overrides:
+        return overrides[BLOCK_KEY]
+    try:
+        config = _read_yaml(job_dir / ".hydra" / "config.yaml") or {}
+    except yaml.YAMLError:
+        return "default"
+    block = (config.get("model") or {}).get("bottleneck") if isinstance(config, dict) else None
+    return str(block) if isinstance(block, str) else "default"
+
+
+def read_job(job_dir: Path, sweep_dir: Path) -> Job:
+    """Read one job folder (one that holds ``.hydra/overrides.yaml``)."""
+    overrides = parse_overrides(_read_yaml(job_dir / ".hydra" / "overrides.yaml") or [])
+    metrics, error = None, None
+    metrics_path = job_dir / "metrics.json"
+    if metrics_path.is_file():
+        try:
+            metrics = json.loads(metrics_path.read_text())
+        except (OSError, ValueError) as err:
+            error = f"metrics.json unreadable: {err}"
+    name = job_dir.relative_to(sweep_dir).as_posix()
+    return Job(name=name, overrides=overrides, metrics=metrics, block=_job_block(overrides, job_dir), read_error=error)
+
+
+def collect_jobs(sweep_dir: str | Path) -> list[Job]:
+    """Every job of a sweep directory, in job order; raises FileNotFoundError when there is none."""
+    sweep_dir = Path(sweep_dir)
+    if not sweep_dir.is_dir():
+        raise FileNotFoundError(f"sweep directory {sweep_dir} does not exist")
+    job_dirs = {path.parent.parent for path in sweep_dir.glob("**/.hydra/overrides.yaml")} - {sweep_dir}
+    if not job_dirs:
+        raise FileNotFoundError(f"{sweep_dir} holds no Hydra job folders (no */.hydra/overrides.yaml)")
+    ordered = sorted(job_dirs, key=lambda path: _natural_key(path.relative_to(sweep_dir).as_posix()))
+    return [read_job(path, sweep_dir) for path in ordered]
+
+
+def swept_keys(jobs: Sequence[Job]) -> list[str]:
+    """The override keys whose value differs between jobs (absent counts as a value), in first-seen order."""
+    keys = list(dict.fromkeys(key for job in jobs for key in job.overrides))
+    return [key for key in keys if len({job.overrides.get(key) for job in jobs}) > 1]
+
+
+def as_number(text: str | None) -> float | None:
+    """The override value as a number, or None for anything else (names, lists, booleans, null)."""
+    if text is None or text.strip().lower() in ("true", "false", "nan", "inf", "-inf"):
+        return None
+    try:
+        return float(text)
+    except ValueError:
+        return None
+
+
+def numeric_keys(jobs: Sequence[Job], keys: Sequence[str]) -> list[str]:
+    """The swept keys (but ``trainer.seed``) whose values are all numbers: the x axes of the plot."""
+    return [
+        key for key in keys if key != SEED_KEY and all(as_number(job.overrides.get(key)) is not None for job in jobs)
+    ]
+
+
+def class_columns(jobs: Sequence[Job]) -> list[str]:
+    """The per-class Dice columns, in the order the classes first appear."""
+    return list(dict.fromkeys(column for job in jobs for column in job.dice_per_class()))
+
+
+def job_rows(jobs: Sequence[Job], swept: Sequence[str], metric: str) -> tuple[list[str], list[list[Any]]]:
+    """The per-job table: swept parameters, Dice per class and mean, results, status and failure reason."""
+    results = list(RESULT_COLUMNS) if metric in RESULT_COLUMNS else [RESULT_COLUMNS[0], metric, *RESULT_COLUMNS[1:]]
+    classes = class_columns(jobs)
+    headers = ["job", *swept, *classes, *results, "status", "reason"]
+    rows = []
+    for job in jobs:
+        completed = job.status == "completed"
+        values = [_result(job, column) if completed else None for column in (*classes, *results)]
+        rows.append([job.name, *(job.overrides.get(key) for key in swept), *values, job.status, job.reason])
+    return headers, rows
+
+
+def _result(job: Job, column: str) -> Any:
+    """A result cell: ints stay ints (params, epochs), the rest are floats."""
+    raw = (job.metrics or {}).get(column)
+    if isinstance(raw, int) and not isinstance(raw, bool):
+        return raw
+    value = job.value(column)
+    return None if math.isnan(value) else value
+
+
+def setting_of(job: Job, keys: Sequence[str]) -> tuple[str | None, ...]:
+    """The job's values of ``keys``: jobs with equal settings differ only in the other swept keys."""
+    return tuple(job.overrides.get(key) for key in keys)
+
+
+def group_by_setting(jobs: Sequence[Job], keys: Sequence[str]) -> dict[tuple[str | None, ...], list[Job]]:
+    """Jobs grouped by their values of ``keys``, in first-seen order."""
+    groups: dict[tuple[str | None, ...], list[Job]] = {}
+    for job in jobs:
+        groups.setdefault(setting_of(job, keys), []).append(job)
+    return groups
+
+
+def mean_std(values: Sequence[float]) -> tuple[float, float]:
+    """Mean and sample standard deviation of the finite values (std 0 for one value, NaN for none)."""
+    finite = [v for v in values if not math.isnan(v)]
+    if not finite:
+        return math.nan, math.nan
+    return statistics.fmean(finite), statistics.stdev(finite) if len(finite) > 1 else 0.0
+
+
+def format_mean_std(values: Sequence[float], digits: int = 4) -> str:
+    """``"0.8123 ± 0.0101"``, or ``"nan"`` when no value is finite."""
+    mean, std = mean_std(values)
+    return "nan" if math.isnan(mean) else f"{mean:.{digits}f} ± {std:.{digits}f}"
+
+
+def seed_rows(jobs: Sequence[Job], swept: Sequence[str], metric: str) -> tuple[list[str], list[list[Any]]]:
+    """The per-setting table over seeds (empty when ``trainer.seed`` is not swept)."""
+    if SEED_KEY not in swept:
+        return [], []
+    keys = [key for key in swept if key != SEED_KEY]
+    columns = list(dict.fromkeys([*class_columns(jobs), RESULT_COLUMNS[0], metric, "train_seconds"]))
+    headers = [*keys, "seeds", "completed", *columns]
+    rows = []
+    for setting, group in group_by_setting(jobs, keys).items():
+        done = [job for job in group if job.status == "completed"]
+        seeds = ",".join(str(job.overrides.get(SEED_KEY)) for job in group)
+        stats = [format_mean_std([job.value(column) for job in done]) for column in columns]
+        rows.append([*setting, seeds, f"{len(done)}/{len(group)}", *stats])
+    return headers, rows
+
+
+def setting_label(setting: Sequence[str | None], keys: Sequence[str]) -> str:
+    """``"model.bottleneck=masa model.attention.gamma=0.8"``; ``"(all jobs)"`` when nothing is swept."""
+    return " ".join(f"{key}={value}" for key, value in zip(keys, setting)) or "(all jobs)"
+
+
+def best_setting(jobs: Sequence[Job], swept: Sequence[str], metric: str, higher_is_better: bool = True) -> str:
+    """One line naming the best setting (mean over seeds when ``trainer.seed`` is swept)."""
+    keys = [key for key in swept if key != SEED_KEY]
+    scored = []
+    for setting, group in group_by_setting(jobs, keys).items():
+        mean, std = mean_std([job.value(metric) for job in group])
+        if not math.isnan(mean):
+            scored.append((mean, std, setting, group))
+    if not scored:
+        return f"best setting: none (no completed job reports {metric})"
+    mean, std, setting, group = (max if higher_is_better else min)(scored, key=lambda item: item[0])
+    done = [job.name for job in group if job.status == "completed"]
+    spread = f" ± {std:.4f} over {len(done)} seeds" if SEED_KEY in swept else ""
+    return (
+        f"best setting: {setting_label(setting, keys)} -> {metric} {mean:.4f}{spread} "
+        f"(job{'s' if len(done) > 1 else ''} {', '.join(done)})"
+    )
+
+
+def build_summary(sweep_dir: str | Path, metric: str = "best_val_dice", higher_is_better: bool = True) -> SweepSummary:
+    """Read a sweep directory into a :class:`SweepSummary` (writes nothing)."""
+    jobs = collect_jobs(sweep_dir)
+    swept = swept_keys(jobs)
+    headers, rows = job_rows(jobs, swept, metric)
+    s_headers, s_rows = seed_rows(jobs, swept, metric)
+    counts = {status: sum(job.status == status for job in jobs) for status in ("completed", "failed", "missing")}
+    return SweepSummary(
+        sweep_dir=Path(sweep_dir),
+        metric=metric,
+        higher_is_better=higher_is_better,
+        jobs=jobs,
+        swept=swept,
+        headers=headers,
+        rows=rows,
+        seed_headers=s_headers,
+        seed_rows=s_rows,
+        best=best_setting(jobs, swept, metric, higher_is_better),
+        counts=counts,
+    )
+
+
+def _blank_none(rows: Sequence[Sequence[Any]]) -> list[list[Any]]:
+    """CSV cells: None (a result a failed job does not have) becomes an empty cell."""
+    return [["" if value is None else value for value in row] for row in rows]
+
+
+def display_table(headers: Sequence[str], rows: Sequence[Sequence[Any]]) -> tuple[list[str], list[list[str]]]:
+    """Table cells for people: Dice to 4 decimals, seconds to 0.1, MB to 1; no reason column if none failed."""
+    keep = [i for i, header in enumerate(headers) if header != "reason" or any(row[i] for row in rows)]
+    cells = [[_cell(row[i], headers[i]) for i in keep] for row in rows]
+    return [headers[i] for i in keep], cells
+
+
+def _cell(value: Any, header: str) -> str:
+    if value is None:
+        return ""
+    return format_value(value, DISPLAY_DIGITS.get(header, 4))
+
+
+def render_markdown(summary: SweepSummary) -> str:
+    """The text of ``summary.md``."""
+    counts = ", ".join(f"{n} {status}" for status, n in summary.counts.items() if n)
+    direction = "higher" if summary.higher_is_better else "lower"
+    swept = ", ".join(f"`{key}`" for key in summary.swept) or "nothing"
+    parts = [
+        f"# Sweep summary: `{summary.sweep_dir}`",
+        f"{len(summary.rows)} jobs ({counts}). Swept: {swept}. Metric: `{summary.metric}` ({direction} is better).",
+        "## Jobs",
+        markdown_table(*display_table(summary.headers, summary.rows)),
+    ]
+    if summary.seed_rows:
+        parts += [f"## Over seeds (`{SEED_KEY}`): mean ± std", markdown_table(summary.seed_headers, summary.seed_rows)]
+    parts += [f"**{summary.best}**", "![summary](summary.png)"]
+    return "\n\n".join(parts) + "\n"
+
+
+def render_csv(summary: SweepSummary) -> str:
+    """The text of ``summary.csv``: the job table at full precision, empty cells for missing results."""
+    buffer = io.StringIO()
+    writer = csv.writer(buffer, lineterminator="\n")
+    writer.writerow(summary.headers)
+    writer.writerows(_blank_none(summary.rows))
+    return buffer.getvalue()
+
+
+def _short(key: str) -> str:
+    """``model.attention.gamma`` -> ``gamma``, for plot labels."""
+    return key.rsplit(".", 1)[-1]
+
+
+def _plot_lines(ax: Any, jobs: Sequence[Job], key: str, metric: str) -> None:
+    """``metric`` against the numeric parameter ``key``: one line per block, mean ± std where values repeat."""
+    for block, group in _by_block(jobs).items():
+        by_x: dict[float, list[float]] = {}
+        for job in group:
+            by_x.setdefault(as_number(job.overrides.get(key)), []).append(job.value(metric))  # type: ignore[arg-type]
+        points = sorted((x, *mean_std(values)) for x, values in by_x.items())
+        points = [p for p in points if not math.isnan(p[1])]
+        if points:
+            xs, means, stds = zip(*points)
+            ax.errorbar(xs, means, yerr=stds, marker="o", capsize=3, label=block)
+    values = [as_number(job.overrides.get(key)) or 0.0 for job in jobs]
+    if min(values) > 0 and max(values) / min(values) >= 100:
+        ax.set_xscale("log")
+    ax.set_xlabel(key)
+    ax.set_ylabel(metric)
+    ax.grid(alpha=0.3)
+    if ax.get_legend_handles_labels()[0]:
+        ax.legend(title="block", fontsize="small")
+
+
+def _by_block(jobs: Sequence[Job]) -> dict[str, list[Job]]:
+    groups: dict[str, list[Job]] = {}
+    for job in jobs:
+        groups.setdefault(job.block, []).append(job)
+    return groups
+
+
+def _plot_bars(ax: Any, jobs: Sequence[Job], swept: Sequence[str], metric: str) -> None:
+    """One bar per setting (mean ± std over seeds); settings without a result are marked "failed"."""
+    keys = [key for key in swept if key != SEED_KEY]
+    groups = group_by_setting(jobs, keys)
+    labels = ["\n".join(f"{_short(k)}={v}" for k, v in zip(keys, setting)) or "(all jobs)" for setting in groups]
+    stats = [mean_std([job.value(metric) for job in group]) for group in groups.values()]
+    heights = [0.0 if math.isnan(mean) else mean for mean, _ in stats]
+    errors = [0.0 if math.isnan(std) else std for _, std in stats]
+    bars = ax.bar(range(len(heights)), heights, yerr=errors, capsize=3, color="tab:blue")
+    for bar, (mean, _) in zip(bars, stats):
+        text = "failed" if math.isnan(mean) else f"{mean:.3f}"
+        ax.annotate(
+            text,
+            (bar.get_x() + bar.get_width() / 2, bar.get_height()),
+            ha="center",
+            va="bottom",
+            fontsize="small",
+            xytext=(0, 2),
+            textcoords="offset points",
+        )
+    ax.set_xticks(range(len(labels)), labels, fontsize="small")
+    ax.set_ylabel(metric)
+    ax.grid(axis="y", alpha=0.3)
+
+
+def render_plot(jobs: Sequence[Job], swept: Sequence[str], metric: str) -> Any:
+    """A matplotlib Figure (Agg canvas, no pyplot state): lines per numeric swept parameter, else bars."""
+    from matplotlib.backends.backend_agg import FigureCanvasAgg
+    from matplotlib.figure import Figure
+
+    axes_keys = numeric_keys(jobs, swept)
+    panels = max(1, len(axes_keys))
+    fig = Figure(figsize=(5.5 * panels, 4.2) if axes_keys else (max(5.5, 1.3 * len(jobs)), 4.2), layout="constrained")
+    FigureCanvasAgg(fig)
+    for index in range(panels):
+        ax = fig.add_subplot(1, panels, index + 1)
+        if axes_keys:
+            _plot_lines(ax, jobs, axes_keys[index], metric)
+        else:
+            _plot_bars(ax, jobs, swept, metric)
+    fig.suptitle(f"{metric} over {len(jobs)} jobs", fontsize="medium")
+    return fig
+
+
+def summarize_sweep(
+    sweep_dir: str | Path, metric: str = "best_val_dice", higher_is_better: bool = True, plot: bool = True
+) -> SweepSummary:
+    """Write ``summary.md``, ``summary.csv`` and (if ``plot``) ``summary.png`` into ``sweep_dir``; return the summary.
+
+    Raises:
+        FileNotFoundError: ``sweep_dir`` does not exist or holds no Hydra job folder.
+    """
+    sweep_dir = Path(sweep_dir)
+    summary = build_summary(sweep_dir, metric, higher_is_better)
+    atomic_write_text(sweep_dir / "summary.csv", render_csv(summary))
+    atomic_write_text(sweep_dir / "summary.md", render_markdown(summary))
+    if plot:
+        fig = render_plot(summary.jobs, summary.swept, metric)
+        atomic_write(sweep_dir / "summary.png", lambda handle: fig.savefig(handle, format="png", dpi=110))
+    return summary

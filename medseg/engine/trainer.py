@@ -1,0 +1,357 @@
+"""The training loop: one readable class that trains, validates, checkpoints and logs.
+
+Randomness is a function of ``(seed, epoch)``: every epoch reseeds torch, numpy and the MONAI
+transforms, so a run resumed from ``last.pt`` replays exactly what an uninterrupted run would have done.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+import random
+import resource
+import signal
+import time
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+from monai.data.utils import set_rnd
+from monai.losses import DeepSupervisionLoss, DiceCELoss
+from monai.metrics import DiceMetric
+from monai.networks.utils import one_hot
+from torch import nn
+from tqdm import tqdm
+
+from medseg.engine.checkpoint import load_checkpoint, load_model_state, save_checkpoint, unwrap_model
+from medseg.engine.data import PreparedData
+from medseg.engine.distributed import DistInfo, gather_objects
+from medseg.engine.inference import autocast_context, predict_volume
+from medseg.engine.report import text_table
+from medseg.engine.tensorboard import TensorBoardLogger
+from medseg.io import atomic_write_json
+
+log = logging.getLogger("medseg")
+
+
+class TrainingError(RuntimeError):
+    """Training cannot go on (e.g. the loss stays non-finite); the message says what to do."""
+
+
+class TrainingInterrupted(RuntimeError):
+    """SIGINT/SIGTERM stopped training after saving ``last.pt``; ``exit_code`` is 128 + the signal."""
+
+    def __init__(self, message: str, exit_code: int) -> None:
+        super().__init__(message)
+        self.exit_code = exit_code
+
+
+def resolve_device(name: str) -> torch.device:
+    """``auto`` is CUDA when available, else the CPU."""
+    if name == "auto":
+        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    device = torch.device(name)
+    if device.type == "cuda" and not torch.cuda.is_available():
+        raise ValueError(f"trainer.device={name}: CUDA is not available on this machine")
+    return device
+
+
+def amp_dtype(precision: str, device: torch.device) -> torch.dtype | None:
+    """Autocast dtype for ``trainer.precision``: ``auto`` is bf16 on CUDA and fp32 (None) on the CPU."""
+    if precision == "auto":
+        return torch.bfloat16 if device.type == "cuda" else None
+    return {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": None}[precision]
+
+
+def seed_everything(seed: int) -> None:
+    random.seed(seed)
+    np.random.seed(seed % 2**32)
+    torch.manual_seed(seed)
+
+
+def epoch_seed(seed: int, epoch: int) -> int:
+    """The seed of one epoch: distinct per (seed, epoch), the same on every resume."""
+    return (seed * 1_000_003 + epoch * 7919) % 2**31
+
+
+def lr_factor(schedule: str, epoch: int, max_epochs: int, warmup: int) -> float:
+    """Multiplier of the base lr at ``epoch``: linear warm-up, then cosine, poly (0.9) or constant."""
+    if epoch < warmup:
+        return (epoch + 1) / warmup
+    progress = (epoch - warmup) / max(1, max_epochs - warmup)
+    if schedule == "cosine":
+        return 0.5 * (1.0 + math.cos(math.pi * progress))
+    if schedule == "poly":
+        return (1.0 - progress) ** 0.9
+    return 1.0
+
+
+def peak_memory_mb(device: torch.device) -> float:
+    """Peak GPU memory allocated on CUDA; peak resident memory of the process on the CPU."""
+    if device.type == "cuda":
+        return torch.cuda.max_memory_allocated(device) / 2**20
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+
+
+class Trainer:
+    """Trains one model on prepared data and writes checkpoints, metrics.json and TensorBoard logs.
+
+    Args:
+        cfg: the whole resolved config as plain types (planned values filled in).
+        data: loaders and datasets from :func:`medseg.engine.data.prepare_data`.
+        model: the network (already on ``device``, possibly DDP-wrapped or compiled).
+        output_dir: the run directory.
+    """
+
+    def __init__(self, cfg: dict[str, Any], data: PreparedData, model: nn.Module, device: torch.device,
+                 output_dir: Path, dist_info: DistInfo) -> None:
+        self.cfg, self.data, self.model, self.device = cfg, data, model, device
+        self.tcfg = cfg["trainer"]
+        self.output_dir, self.dist = output_dir, dist_info
+        self.ckpt_dir = output_dir / "checkpoints"
+        self.amp_dtype = amp_dtype(self.tcfg["precision"], device)
+        self.class_names = [data.info.labels[i] for i in range(1, data.info.num_classes)]
+        params = [p for p in model.parameters() if p.requires_grad]
+        if self.tcfg["optimizer"] == "sgd":
+            self.optimizer: torch.optim.Optimizer = torch.optim.SGD(
+                params, lr=self.tcfg["lr"], momentum=self.tcfg["momentum"], nesterov=True,
+                weight_decay=self.tcfg["weight_decay"])
+        else:
+            self.optimizer = torch.optim.AdamW(params, lr=self.tcfg["lr"], weight_decay=self.tcfg["weight_decay"])
+        self.scheduler = torch.optim.lr_scheduler.LambdaLR(self.optimizer, lambda e: lr_factor(
+            self.tcfg["scheduler"], e, self.tcfg["max_epochs"], self.tcfg["warmup_epochs"]))
+        self.scaler = torch.amp.GradScaler(device.type, enabled=self.amp_dtype == torch.float16)
+        loss = DiceCELoss(to_onehot_y=True, softmax=True)
+        self.loss_fn = DeepSupervisionLoss(loss) if data.model_cfg.get("deep_supervision") else loss
+        self.epoch, self.start_step = 0, 0
+        self.best_dice, self.best_epoch, self.best_per_class = -1.0, -1, {}
+        self.history: list[dict[str, Any]] = []
+        self.nonfinite_total = 0
+        self.train_seconds = 0.0
+        self._stop_signal: int | None = None
+        self._resume_rng: torch.Tensor | None = None
+        self.tb = TensorBoardLogger(output_dir / "tensorboard") if dist_info.is_main else None
+
+    # --- checkpoints -------------------------------------------------------------------------
+    def state(self, step: int = 0) -> dict[str, Any]:
+        """Everything needed to resume; ``step`` > 0 marks a checkpoint written mid-epoch."""
+        return {
+            "model": unwrap_model(self.model).state_dict(),
+            "optimizer": self.optimizer.state_dict(),
+            "scheduler": self.scheduler.state_dict(),
+            "scaler": self.scaler.state_dict(),
+            "epoch": self.epoch,
+            "step": step,
+            "torch_rng": torch.get_rng_state(),
+            "best_metric": self.best_dice,
+            "best_epoch": self.best_epoch,
+            "best_per_class": self.best_per_class,
+            "history": self.history,
+            "nonfinite_total": self.nonfinite_total,
+            "train_seconds": self.train_seconds,
+            "config": self.cfg,
+            "dataset": {"labels": {str(k): v for k, v in self.data.info.labels.items()},
+                        "channel_names": self.data.info.channel_names, "slice_axis": self.data.slice_axis,
+                        "roi_size": self.data.roi_size},
+        }
+
+    def save(self, name: str, step: int = 0) -> Path | None:
+        if not self.dist.is_main:
+            return None
+        return save_checkpoint(self.ckpt_dir / name, self.state(step))
+
+    def resume(self, path: Path) -> None:
+        """Restore model, optimizer, scheduler, scaler, epoch/step, best metric and history from ``path``."""
+        state = load_checkpoint(path, map_location=self.device)
+        load_model_state(self.model, state["model"], path)
+        self.optimizer.load_state_dict(state["optimizer"])
+        self.scheduler.load_state_dict(state["scheduler"])
+        self.scaler.load_state_dict(state["scaler"])
+        self.epoch, self.start_step = state["epoch"], state["step"]
+        self.best_dice, self.best_epoch = state["best_metric"], state["best_epoch"]
+        self.best_per_class, self.history = state["best_per_class"], state["history"]
+        self.nonfinite_total, self.train_seconds = state["nonfinite_total"], state["train_seconds"]
+        self._resume_rng = state["torch_rng"] if self.start_step else None
+        if self.dist.is_main:
+            where = f"epoch {self.epoch}" + (f", step {self.start_step}" if self.start_step else "")
+            log.info("resumed from %s at %s (best val Dice %.4f)", path, where, self.best_dice)
+
+    # --- signals -----------------------------------------------------------------------------
+    def _request_stop(self, signum: int, _frame: Any) -> None:
+        self._stop_signal = signum
+        if self.dist.is_main:
+            log.warning("received %s: finishing the current step, then saving last.pt",
+                        signal.Signals(signum).name)
+
+    def _install_signal_handlers(self) -> dict[int, Any]:
+        return {sig: signal.signal(sig, self._request_stop) for sig in (signal.SIGINT, signal.SIGTERM)}
+
+    # --- training ----------------------------------------------------------------------------
+    def _seed_epoch(self) -> None:
+        seed = epoch_seed(self.tcfg["seed"], self.epoch)
+        seed_everything(seed)
+        set_rnd(self.data.train_dataset, seed)
+        if self.dist.enabled:  # different augmentations per rank, still a function of (seed, epoch)
+            set_rnd(self.data.train_dataset, seed + self.dist.rank)
+
+    def _train_step(self, batch: dict[str, torch.Tensor]) -> float | None:
+        image = batch["image"].to(self.device, non_blocking=True)
+        label = batch["label"].to(self.device, non_blocking=True)
+        with autocast_context(self.device, self.amp_dtype):
+            output = self.model(image)
+        loss = self.loss_fn([o.float() for o in output] if isinstance(output, list) else output.float(), label)
+        self.optimizer.zero_grad(set_to_none=True)
+        if not torch.isfinite(loss):
+            return None
+        self.scaler.scale(loss).backward()
+        if self.tcfg["grad_clip"]:
+            self.scaler.unscale_(self.optimizer)
+            nn.utils.clip_grad_norm_(self.model.parameters(), self.tcfg["grad_clip"])
+        self.scaler.step(self.optimizer)
+        self.scaler.update()
+        return loss.item()
+
+    def _last_good_checkpoint(self) -> str:
+        last = self.ckpt_dir / "last.pt"
+        return str(last) if last.is_file() else "none yet (no epoch completed)"
+
+    def train_epoch(self) -> float:
+        """One pass over the training loader; returns the mean finite loss."""
+        self.model.train()
+        self._seed_epoch()
+        losses, consecutive_bad = [], 0
+        bar = tqdm(self.data.train_loader, desc=f"epoch {self.epoch + 1}/{self.tcfg['max_epochs']}",
+                   disable=not (self.tcfg["progress"] and self.dist.is_main), leave=False, dynamic_ncols=True)
+        for step, batch in enumerate(bar):
+            if step < self.start_step:  # fast-forward through a mid-epoch resume, replaying the data RNG
+                if step == self.start_step - 1 and self._resume_rng is not None:
+                    torch.set_rng_state(self._resume_rng)
+                continue
+            loss = self._train_step(batch)
+            if loss is None:
+                consecutive_bad += 1
+                self.nonfinite_total += 1
+                log.warning("non-finite loss at epoch %d step %d: step skipped (%d in a row)",
+                            self.epoch + 1, step, consecutive_bad)
+                if consecutive_bad >= self.tcfg["max_nonfinite_steps"]:
+                    raise TrainingError(
+                        f"the loss was non-finite for {consecutive_bad} steps in a row at epoch {self.epoch + 1}; "
+                        f"stopping. Last good checkpoint: {self._last_good_checkpoint()}. Lower trainer.lr, "
+                        f"set trainer.grad_clip, or check the data (scripts/check_data.py)."
+                    )
+            else:
+                consecutive_bad = 0
+                losses.append(loss)
+                bar.set_postfix(loss=f"{loss:.4f}")
+            if self._stop_signal is not None:
+                self._interrupt(step + 1)
+        self.start_step, self._resume_rng = 0, None
+        mean = float(np.mean(losses)) if losses else float("nan")
+        return float(np.mean([m for m in gather_objects(mean, self.dist) if not math.isnan(m)] or [mean]))
+
+    def _interrupt(self, step: int) -> None:
+        path = self.save("last.pt", step=step)
+        name = signal.Signals(self._stop_signal).name
+        raise TrainingInterrupted(
+            f"stopped by {name} at epoch {self.epoch + 1}, step {step}; saved {path or 'last.pt (rank 0)'}. "
+            f"Resume with the same overrides plus: hydra.run.dir={self.output_dir} trainer.resume=true",
+            128 + int(self._stop_signal),
+        )
+
+    # --- validation --------------------------------------------------------------------------
+    def validate(self) -> tuple[float, dict[str, float]]:
+        """Sliding-window Dice per foreground class over this rank's validation cases, gathered over ranks."""
+        self.model.eval()
+        metric = DiceMetric(include_background=False, reduction="none", ignore_empty=True)
+        rows, first = [], None
+        for index in range(len(self.data.val_dataset)):
+            item = self.data.val_dataset[index]
+            image = item["image"].unsqueeze(0).to(self.device)
+            probs = predict_volume(
+                self.model, image, self.data.roi_size, self.data.model_cfg["spatial_dims"], self.data.slice_axis,
+                sw_batch_size=self.tcfg["sw_batch_size"], overlap=self.tcfg["sw_overlap"], device=self.device,
+                amp_dtype=self.amp_dtype)
+            pred = probs.argmax(1, keepdim=True)
+            label = item["label"].unsqueeze(0).to(pred.device).round().long()
+            num_classes = self.data.info.num_classes
+            rows.append(metric(one_hot(pred, num_classes), one_hot(label, num_classes))[0].tolist())
+            if first is None:
+                first = (image[0, 0].cpu(), label[0, 0].cpu(), pred[0, 0].cpu())
+        all_rows = [r for part in gather_objects(rows, self.dist) for r in part]
+        per_class = np.nanmean(np.asarray(all_rows, dtype=float), axis=0) if all_rows else []
+        named = {name: float(v) for name, v in zip(self.class_names, per_class)}
+        mean = float(np.nanmean(list(named.values()))) if named else float("nan")
+        if self.tb is not None and first is not None and self.tcfg["log_images"]:
+            self.tb.overlay("val/overlay", *first, axis=self.data.slice_axis, step=self.epoch)
+        return mean, named
+
+    # --- the loop ----------------------------------------------------------------------------
+    def fit(self) -> dict[str, Any]:
+        """Train to ``max_epochs`` (from a resumed epoch if any); returns the metrics written to metrics.json."""
+        previous = self._install_signal_handlers()
+        max_epochs, val_every = self.tcfg["max_epochs"], self.tcfg["val_every"]
+        try:
+            while self.epoch < max_epochs:
+                started = time.perf_counter()
+                loss = self.train_epoch()
+                self.scheduler.step()
+                self.epoch += 1  # from here on, the number of completed epochs
+                record: dict[str, Any] = {"epoch": self.epoch, "loss": loss,
+                                          "lr": self.optimizer.param_groups[0]["lr"]}
+                if self.epoch % val_every == 0 or self.epoch == max_epochs:
+                    dice, per_class = self.validate()
+                    record.update(val_dice=dice, val_dice_per_class=per_class)
+                    if dice > self.best_dice:  # never replace best.pt with a worse model
+                        self.best_dice, self.best_epoch, self.best_per_class = dice, self.epoch, per_class
+                        self.save("best.pt")
+                self.train_seconds += time.perf_counter() - started
+                self.history.append(record)
+                self.save("last.pt")
+                self._log_epoch(record)
+                if self._stop_signal is not None:
+                    self._interrupt(0)
+        finally:
+            for sig, handler in previous.items():
+                signal.signal(sig, handler)
+            if self.tb is not None:
+                self.tb.close()
+        return self.metrics()
+
+    def _log_epoch(self, record: dict[str, Any]) -> None:
+        if not self.dist.is_main:
+            return
+        msg = f"epoch {record['epoch']}/{self.tcfg['max_epochs']}  loss {record['loss']:.4f}"
+        if "val_dice" in record:
+            msg += f"  val Dice {record['val_dice']:.4f} (best {self.best_dice:.4f} @ {self.best_epoch})"
+        log.info(msg)
+        assert self.tb is not None
+        self.tb.scalars(record, nonfinite_steps=self.nonfinite_total)
+
+    def metrics(self) -> dict[str, Any]:
+        """The run's results, as written to ``metrics.json``."""
+        return {
+            "status": "completed",
+            "best_val_dice": self.best_dice,
+            "best_epoch": self.best_epoch,
+            "epochs": self.epoch,
+            "val_dice_per_class": self.best_per_class,
+            "train_seconds": round(self.train_seconds, 2),
+            "params": sum(p.numel() for p in unwrap_model(self.model).parameters()),
+            "peak_memory_mb": round(peak_memory_mb(self.device), 1),
+            "nonfinite_steps": self.nonfinite_total,
+            "history": self.history,
+        }
+
+    def write_metrics(self, metrics: dict[str, Any]) -> None:
+        if self.dist.is_main:
+            atomic_write_json(self.output_dir / "metrics.json", metrics)
+
+    def summary(self, metrics: dict[str, Any]) -> str:
+        """The end-of-run table printed to the terminal."""
+        rows = [["best val Dice (mean fg)", metrics["best_val_dice"]], ["best epoch", metrics["best_epoch"]]]
+        rows += [[f"  Dice {name}", value] for name, value in metrics["val_dice_per_class"].items()]
+        rows += [["epochs", metrics["epochs"]], ["train time (s)", metrics["train_seconds"]],
+                 ["parameters", f"{metrics['params']:,}"], ["peak memory (MB)", metrics["peak_memory_mb"]],
+                 ["checkpoints", str(self.ckpt_dir)]]
+        return text_table(["result", "value"], rows)

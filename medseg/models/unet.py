@@ -1,0 +1,159 @@
+"""The U-Net with attention slots, for 2D and 3D.
+
+Residual conv stages (MONAI ``UnetResBlock``) down, transposed-conv up stages with skip connections
+(MONAI ``UnetUpBlock``) back. Two kinds of slot take any attention block from the registry by name:
+
+* the **bottleneck**: ``bottleneck_depth`` transformer blocks at the lowest resolution;
+* the **decoder**: one transformer block after each of the ``decoder_levels`` lowest-resolution
+  decoder stages.
+
+``"none"`` in a slot leaves it a pure CNN. Inputs of any size work: they are padded up to a multiple
+of the total stride and the output is cropped back.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+import torch
+import torch.nn.functional as F
+from monai.networks.blocks import UnetOutBlock, UnetResBlock, UnetUpBlock
+from torch import nn
+
+from medseg.attention import build_transformer_block
+
+StrideSpec = int | Sequence[int]
+
+
+def per_axis_strides(strides: Sequence[StrideSpec], spatial_dims: int) -> list[tuple[int, ...]]:
+    """Normalise ``[2, (2, 2, 1), ...]`` to one tuple of ``spatial_dims`` ints per level."""
+    out = []
+    for stride in strides:
+        axes = (int(stride),) * spatial_dims if isinstance(stride, int) else tuple(int(s) for s in stride)
+        if len(axes) != spatial_dims:
+            raise ValueError(f"model.strides entry {stride} has {len(axes)} axes, expected {spatial_dims}")
+        out.append(axes)
+    return out
+
+
+def level_spacing(spacing: Sequence[float] | None, strides: list[tuple[int, ...]], level: int) -> list[float] | None:
+    """Physical spacing of the feature grid after ``level`` down-sampling steps (None stays None)."""
+    if spacing is None:
+        return None
+    factors = [math.prod(s[axis] for s in strides[:level]) for axis in range(len(spacing))]
+    return [float(sp) * f for sp, f in zip(spacing, factors)]
+
+
+class SlottedUNet(nn.Module):
+    """A residual U-Net whose bottleneck and low-resolution decoder stages hold attention blocks.
+
+    Args:
+        spatial_dims: 2 or 3.
+        in_channels: input channels (image modalities).
+        out_channels: output classes, background included.
+        channels: feature width per level, e.g. ``[16, 32, 64, 128]``; ``len(channels) - 1`` down-samplings.
+        strides: one per down-sampling, an int or a per-axis tuple (anisotropic pooling).
+        bottleneck: block name for the bottleneck slot, or ``"none"``.
+        bottleneck_depth: transformer blocks stacked in the bottleneck.
+        decoder: block name for the decoder slots, or ``"none"``.
+        decoder_levels: how many of the lowest-resolution decoder stages get a ``decoder`` block.
+        attention: the shared ``model.attention`` node; ``spacing`` in it is the input-level spacing
+            and is scaled to each slot's resolution.
+        deep_supervision: in training mode, also return logits of the lower decoder stages.
+        checkpointing: activation checkpointing inside the transformer blocks.
+
+    Shapes: ``(B, in_channels, *spatial) -> (B, out_channels, *spatial)``; with deep supervision in
+    training mode, a list of such tensors at full, 1/2, 1/4 ... resolution.
+    """
+
+    def __init__(
+        self,
+        spatial_dims: int,
+        in_channels: int,
+        out_channels: int,
+        channels: Sequence[int] = (16, 32, 64, 128),
+        strides: Sequence[StrideSpec] = (2, 2, 2),
+        kernel_size: int = 3,
+        norm: str = "instance",
+        dropout: float = 0.0,
+        deep_supervision: bool = False,
+        bottleneck: str = "none",
+        bottleneck_depth: int = 2,
+        decoder: str = "none",
+        decoder_levels: int = 1,
+        attention: Mapping[str, Any] | None = None,
+        checkpointing: bool = False,
+    ) -> None:
+        super().__init__()
+        if len(strides) != len(channels) - 1:
+            raise ValueError(f"model.strides needs {len(channels) - 1} entries for {len(channels)} channel levels")
+        self.spatial_dims = spatial_dims
+        self.strides = per_axis_strides(strides, spatial_dims)
+        self.total_stride = tuple(math.prod(s[a] for s in self.strides) for a in range(spatial_dims))
+        self.deep_supervision = deep_supervision
+        attention = dict(attention or {})
+        norm_name = (norm, {"affine": True}) if norm == "instance" else norm
+        conv = {"spatial_dims": spatial_dims, "kernel_size": kernel_size, "norm_name": norm_name, "dropout": dropout}
+
+        self.stem = UnetResBlock(in_channels=in_channels, out_channels=channels[0], stride=1, **conv)
+        self.down = nn.ModuleList(
+            UnetResBlock(in_channels=channels[i], out_channels=channels[i + 1], stride=self.strides[i], **conv)
+            for i in range(len(self.strides))
+        )
+        num_levels = len(self.strides)
+
+        def slot(name: str, level: int, depth: int) -> nn.Module:
+            if name == "none" or depth == 0:
+                return nn.Identity()
+            cfg = {**attention, "spacing": level_spacing(attention.get("spacing"), self.strides, level)}
+            return nn.Sequential(*(
+                build_transformer_block(name, channels[level], spatial_dims, checkpointing=checkpointing, **cfg)
+                for _ in range(depth)
+            ))
+
+        self.bottleneck = slot(bottleneck, num_levels, bottleneck_depth)
+        # up[i] takes level i+1 features to level i; decoder slot i follows it.
+        self.up = nn.ModuleList(
+            UnetUpBlock(in_channels=channels[i + 1], out_channels=channels[i], stride=self.strides[i],
+                        upsample_kernel_size=self.strides[i], **conv)
+            for i in range(num_levels)
+        )
+        self.decoder_slots = nn.ModuleList(
+            slot(decoder, i, 1 if i >= num_levels - decoder_levels else 0) for i in range(num_levels)
+        )
+        self.head = UnetOutBlock(spatial_dims, channels[0], out_channels)
+        self.deep_heads = nn.ModuleList(
+            UnetOutBlock(spatial_dims, channels[i], out_channels) for i in range(1, num_levels) if deep_supervision
+        )
+
+    def _pad(self, x: torch.Tensor) -> tuple[torch.Tensor, list[int]]:
+        """Pad the spatial axes of ``x`` up to a multiple of the total stride; return the original size."""
+        size = list(x.shape[2:])
+        extra = [(-s) % t for s, t in zip(size, self.total_stride)]
+        if any(extra):
+            pad = [p for e in reversed(extra) for p in (0, e)]
+            x = F.pad(x, pad)
+        return x, size
+
+    @staticmethod
+    def _crop(x: torch.Tensor, size: Sequence[int]) -> torch.Tensor:
+        return x[(..., *(slice(0, s) for s in size))]
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor | list[torch.Tensor]:
+        x, size = self._pad(x)
+        skips = [self.stem(x)]
+        for block in self.down:
+            skips.append(block(skips[-1]))
+        y = self.bottleneck(skips.pop())
+        decoded = []
+        for i in reversed(range(len(self.up))):
+            y = self.decoder_slots[i](self.up[i](y, skips[i]))
+            decoded.append(y)
+        logits = self._crop(self.head(y), size)
+        if not (self.deep_supervision and self.training):
+            return logits
+        # decoded[-2], decoded[-3], ...: levels 1, 2, ... (half, quarter ... resolution)
+        lower = [head(decoded[-2 - i]) for i, head in enumerate(self.deep_heads)]
+        return [logits, *lower]

@@ -1,0 +1,55 @@
+"""Shared test fixtures: paths, Hydra composition of the real configs, and a tiny demo dataset."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from collections.abc import Sequence
+from pathlib import Path
+
+import pytest
+import torch
+from hydra import compose, initialize_config_dir
+from omegaconf import DictConfig
+
+REPO = Path(__file__).resolve().parents[1]
+CONFIGS = REPO / "configs"
+
+# A demo run small enough for CI: 8 volumes of 32x32x16, a 3-level U-Net, 2 epochs.
+TINY_OVERRIDES = [
+    "data.num_cases=8", "data.patch_size=[32,32,16]", "data.samples_per_volume=1",
+    "model.channels=[8,16,32]", "model.strides=[2,2]", "model.attention.num_heads=4",
+    "trainer.max_epochs=2", "trainer.val_every=1", "trainer.batch_size=2", "trainer.progress=false",
+    "trainer.log_images=true",
+]
+
+
+def compose_config(overrides: Sequence[str] = (), config_name: str = "train") -> DictConfig:
+    """The real configs composed with Hydra's compose API (``hydra:`` interpolations are not available)."""
+    with initialize_config_dir(config_dir=str(CONFIGS), version_base="1.3"):
+        return compose(config_name=config_name, overrides=list(overrides))
+
+
+@pytest.fixture(scope="session")
+def tiny_demo_root(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A small demo dataset (8 cases of 32x32x16), generated once per test session."""
+    from medseg.data.demo import generate_demo_dataset
+
+    return generate_demo_dataset(tmp_path_factory.mktemp("demo") / "demo3d", num_cases=8, shape=(32, 32, 16),
+                                 progress=False)
+
+
+def run_script(script: str, args: Sequence[str], cwd: Path, timeout: float = 600,
+               env: dict[str, str] | None = None) -> subprocess.CompletedProcess:
+    """Run ``scripts/<script>`` with this interpreter; output captured as text."""
+    full_env = {**os.environ, "PYTHONUNBUFFERED": "1", "HYDRA_FULL_ERROR": "0", **(env or {})}
+    return subprocess.run([sys.executable, str(REPO / "scripts" / script), *args], cwd=cwd, env=full_env,
+                          capture_output=True, text=True, timeout=timeout)
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    skip_gpu = pytest.mark.skip(reason="needs CUDA")
+    for item in items:
+        if "gpu" in item.keywords and not torch.cuda.is_available():
+            item.add_marker(skip_gpu)

@@ -1,0 +1,200 @@
+"""Small, realistic NIfTI datasets for tests, written in MSD or nnU-Net v2 layout.
+
+Every generator builds its volumes in **RAS voxel order** (axis 0 = R, 1 = A, 2 = S): ``shape`` is
+in voxels and ``spacing`` in mm along those axes. Each file is then stored reoriented to
+``orientation`` (e.g. ``"LPS"``, DICOM's convention, or a permuted ``"PIR"``), so files carry a
+non-trivial affine while the values a reader should recover in RAS order are exactly those asked
+for. ``spacing`` may also be a list of per-case spacings (cycled), to make spacings vary.
+
+Generators are deterministic for a given ``seed``. Typical use::
+
+    from tests.data.realistic import write_ct_dataset
+    root = write_ct_dataset(tmp_path / "ct", fmt="nnunet", num_cases=6)
+    info = load_dataset(root, "nnunet")
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+import nibabel as nib
+import numpy as np
+from nibabel.orientations import axcodes2ornt, ornt_transform
+
+Spacing = tuple[float, float, float]
+Shape = tuple[int, int, int]
+FORMATS = ("msd", "nnunet")
+
+
+@dataclass
+class SyntheticCase:
+    """One generated case, in RAS voxel order."""
+
+    case: str
+    image: np.ndarray
+    """(C, X, Y, Z) intensities (int16 HU for CT, float32 otherwise)."""
+    label: np.ndarray
+    """(X, Y, Z) uint8 class indices."""
+    spacing: Spacing
+    """mm along X, Y, Z."""
+
+
+def save_nifti(path: str | Path, array: np.ndarray, spacing: Sequence[float], orientation: str = "RAS",
+               origin: Sequence[float] = (0.0, 0.0, 0.0)) -> Path:
+    """Write ``array`` ((X, Y, Z) or (X, Y, Z, C), RAS voxel order) stored in ``orientation`` axis codes.
+
+    The array keeps its dtype (int16 stays int16, no scaling); qform and sform are both set.
+    """
+    path = Path(path)
+    affine = np.diag([*map(float, spacing), 1.0])
+    affine[:3, 3] = origin
+    image = nib.Nifti1Image(array, affine)
+    image = image.as_reoriented(ornt_transform(axcodes2ornt("RAS"), axcodes2ornt(tuple(orientation))))
+    image.set_qform(image.affine, code=1)
+    image.set_sform(image.affine, code=1)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    nib.save(image, path)
+    return path
+
+
+def write_dataset(root: str | Path, cases: Sequence[SyntheticCase], channel_names: Sequence[str],
+                  labels: Sequence[str], fmt: str = "msd", orientation: str = "RAS",
+                  name: str = "synthetic") -> Path:
+    """Write ``cases`` and a ``dataset.json`` under ``root`` in ``fmt`` ("msd" or "nnunet"); returns root.
+
+    MSD: ``imagesTr/CASE.nii.gz`` (4D, channels last, when multi-channel). nnU-Net v2:
+    ``imagesTr/CASE_0000.nii.gz`` ... one file per channel. Labels: ``labelsTr/CASE.nii.gz``.
+    ``labels`` are the class names by index, background first.
+    """
+    if fmt not in FORMATS:
+        raise ValueError(f"fmt={fmt!r}: expected one of {FORMATS}")
+    root = Path(root)
+    training = []
+    for case in cases:
+        origin = tuple(-0.5 * n * s for n, s in zip(case.label.shape, case.spacing))
+        save_nifti(root / "labelsTr" / f"{case.case}.nii.gz", case.label, case.spacing, orientation, origin)
+        if fmt == "msd":
+            array = case.image[0] if len(case.image) == 1 else np.moveaxis(case.image, 0, -1)
+            save_nifti(root / "imagesTr" / f"{case.case}.nii.gz", array, case.spacing, orientation, origin)
+            training.append({"image": f"./imagesTr/{case.case}.nii.gz",
+                             "label": f"./labelsTr/{case.case}.nii.gz"})
+        else:
+            for channel, array in enumerate(case.image):
+                save_nifti(root / "imagesTr" / f"{case.case}_{channel:04d}.nii.gz", array, case.spacing,
+                           orientation, origin)
+    channels = {str(i): c for i, c in enumerate(channel_names)}
+    if fmt == "msd":
+        meta = {"name": name, "tensorImageSize": "4D" if len(channel_names) > 1 else "3D",
+                "modality": channels, "labels": {str(i): n for i, n in enumerate(labels)},
+                "numTraining": len(cases), "numTest": 0, "training": training, "test": []}
+    else:
+        meta = {"name": name, "channel_names": channels, "labels": {n: i for i, n in enumerate(labels)},
+                "numTraining": len(cases), "file_ending": ".nii.gz"}
+    (root / "dataset.json").write_text(json.dumps(meta, indent=2))
+    return root
+
+
+def _per_case(value: Sequence, index: int) -> tuple:
+    """``value`` if it is one spacing/shape, else its ``index``-th entry (cycled)."""
+    return tuple(value) if np.isscalar(value[0]) else tuple(value[index % len(value)])
+
+
+def _ellipsoid(shape: Shape, center: Sequence[float], radii: Sequence[float]) -> np.ndarray:
+    """(X, Y, Z) bool mask; ``center`` and ``radii`` are fractions of the field of view per axis."""
+    grids = np.meshgrid(*[(np.arange(n) + 0.5) / n for n in shape], indexing="ij", sparse=True)
+    return sum(((g - c) / r) ** 2 for g, c, r in zip(grids, center, radii)) <= 1.0
+
+
+def _cylinder(shape: Shape, center: Sequence[float], radii: Sequence[float]) -> np.ndarray:
+    """(X, Y, Z) bool elliptic cylinder along S; ``center``/``radii`` are in-plane FOV fractions."""
+    in_plane = _ellipsoid((shape[0], shape[1], 1), (*center, 0.5), (*radii, 1.0))
+    return np.broadcast_to(in_plane, shape)
+
+
+def ct_case(case: str, rng: np.random.Generator, shape: Shape, spacing: Spacing) -> SyntheticCase:
+    """An abdominal-CT-like int16 volume in HU: air -1000, soft tissue ~40, a vertebra ~700, an organ
+    ~60 HU (label 1) holding a darker lesion ~10 HU (label 2)."""
+    hu = np.full(shape, -1000.0) + rng.normal(0, 5, shape)
+    body = _cylinder(shape, (0.5, 0.5), (0.42, 0.32))
+    hu[body] = rng.normal(40, 15, int(body.sum()))
+    bone = _cylinder(shape, (0.5, 0.7), (0.06, 0.06))
+    hu[bone] = rng.normal(700, 120, int(bone.sum()))
+    center = (0.38 + rng.uniform(-0.03, 0.03), 0.45 + rng.uniform(-0.03, 0.03), 0.5)
+    radii = np.array([0.17, 0.15, 0.32]) * rng.uniform(0.85, 1.15)
+    organ = _ellipsoid(shape, center, radii)
+    lesion = _ellipsoid(shape, center, radii * 0.4)
+    hu[organ] = rng.normal(60, 10, int(organ.sum()))
+    hu[lesion] = rng.normal(10, 10, int(lesion.sum()))
+    label = organ.astype(np.uint8) + lesion.astype(np.uint8)
+    image = np.clip(np.rint(hu), -1024, 3071).astype(np.int16)[None]
+    return SyntheticCase(case, image, label, spacing)
+
+
+def mri_case(case: str, rng: np.random.Generator, shape: Shape, spacing: Spacing,
+             contrasts: Sequence[tuple[float, float]] = ((0.5, 0.85),)) -> SyntheticCase:
+    """An MRI-like float32 volume in an arbitrary scale: a head-like ellipsoid with a smooth bias
+    field and a structure (label 1), Rician-like background noise. ``contrasts`` gives, per
+    channel, the (tissue, structure) intensity relative to the case's random scale."""
+    head = _ellipsoid(shape, (0.5, 0.5, 0.5), (0.42, 0.45, 0.45))
+    center = 0.5 + rng.uniform(-0.05, 0.05, 3)
+    structure = _ellipsoid(shape, center, np.array([0.15, 0.13, 0.18]) * rng.uniform(0.85, 1.15))
+    bias = 1 + 0.2 * np.linspace(-1, 1, shape[0])[:, None, None] * rng.uniform(-1, 1)
+    channels = []
+    for tissue, target in contrasts:
+        scale = rng.uniform(200, 3000)
+        volume = np.where(head, tissue, 0.0) + np.where(structure & head, target - tissue, 0.0)
+        noisy = np.abs(volume * bias + rng.normal(0, 0.03, shape) + 1j * rng.normal(0, 0.03, shape))
+        channels.append((noisy * scale).astype(np.float32))
+    return SyntheticCase(case, np.stack(channels), (structure & head).astype(np.uint8), spacing)
+
+
+def _write(root: str | Path, fmt: str, num_cases: int, prefix: str, make, shape, spacing,
+           orientation: str, seed: int, channel_names: Sequence[str], labels: Sequence[str]) -> Path:
+    rng = np.random.default_rng(seed)
+    cases = [make(f"{prefix}_{i:03d}", rng, _per_case(shape, i), _per_case(spacing, i))
+             for i in range(num_cases)]
+    return write_dataset(root, cases, channel_names, labels, fmt, orientation, name=prefix)
+
+
+def write_ct_dataset(root: str | Path, fmt: str = "msd", num_cases: int = 10,
+                     shape: Shape | Sequence[Shape] = (64, 64, 20),
+                     spacing: Spacing | Sequence[Spacing] = (0.7, 0.7, 5.0),
+                     orientation: str = "LPS", seed: int = 0) -> Path:
+    """Anisotropic int16 CT (HU), stored LPS by default; classes background, organ, lesion."""
+    return _write(root, fmt, num_cases, "ct", ct_case, shape, spacing, orientation, seed,
+                  ["CT"], ["background", "organ", "lesion"])
+
+
+def write_mri_dataset(root: str | Path, fmt: str = "msd", num_cases: int = 6,
+                      shape: Shape | Sequence[Shape] = (48, 48, 40),
+                      spacing: Spacing | Sequence[Spacing] = (1.0, 1.0, 1.0),
+                      orientation: str = "RAS", seed: int = 0) -> Path:
+    """Isotropic float32 MRI-like data in an arbitrary per-case scale; classes background, structure."""
+    return _write(root, fmt, num_cases, "mri", mri_case, shape, spacing, orientation, seed,
+                  ["T1"], ["background", "structure"])
+
+
+def write_thin_dataset(root: str | Path, fmt: str = "msd", num_cases: int = 4,
+                       shape: Shape | Sequence[Shape] = (64, 64, 12),
+                       spacing: Spacing | Sequence[Spacing] = (0.9, 0.9, 3.0),
+                       orientation: str = "LPS", seed: int = 0) -> Path:
+    """MRI-like volumes of only 12 slices: thinner than a 32-slice patch."""
+    return _write(root, fmt, num_cases, "thin", mri_case, shape, spacing, orientation, seed,
+                  ["T2"], ["background", "structure"])
+
+
+def write_two_channel_dataset(root: str | Path, fmt: str = "msd", num_cases: int = 4,
+                              shape: Shape | Sequence[Shape] = (40, 40, 24),
+                              spacing: Spacing | Sequence[Spacing] = (0.6, 0.6, 3.0),
+                              orientation: str = "LPS", seed: int = 0) -> Path:
+    """Two MRI channels (T2, ADC) with different contrasts and scales: MSD stores them as one 4D
+    file (channels last), nnU-Net as two files per case."""
+
+    def make(case: str, rng: np.random.Generator, shape: Shape, spacing: Spacing) -> SyntheticCase:
+        return mri_case(case, rng, shape, spacing, contrasts=((0.5, 0.85), (0.7, 0.3)))
+
+    return _write(root, fmt, num_cases, "mc", make, shape, spacing, orientation, seed,
+                  ["T2", "ADC"], ["background", "structure"])

@@ -1,0 +1,108 @@
+"""MSD and nnU-Net dataset reading, and fold splits."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from medseg.data.datalist import DatasetError, DatasetInfo, case_id, load_dataset, split_cases
+
+
+def _write_msd(root: Path, ids: list[str], validation: list[str] | None = None) -> Path:
+    entry = lambda cid: {"image": f"./imagesTr/{cid}.nii.gz", "label": f"./labelsTr/{cid}.nii.gz"}  # noqa: E731
+    meta = {"name": "toy", "modality": {"0": "CT"}, "labels": {"0": "background", "1": "liver", "2": "tumour"},
+            "training": [entry(c) for c in ids], "test": [f"./imagesTs/t{i}.nii.gz" for i in range(2)]}
+    if validation:
+        meta["validation"] = [entry(c) for c in validation]
+    root.mkdir(parents=True, exist_ok=True)
+    (root / "dataset.json").write_text(json.dumps(meta))
+    return root
+
+
+def test_msd_reads_cases_labels_and_channels(tmp_path: Path) -> None:
+    info = load_dataset(_write_msd(tmp_path / "Task01", ["a_001", "a_002"]), "msd")
+    assert [e["case"] for e in info.training] == ["a_001", "a_002"]
+    assert info.training[0]["image"] == str(tmp_path / "Task01" / "imagesTr" / "a_001.nii.gz")
+    assert info.num_classes == 3 and info.in_channels == 1 and info.is_ct
+    assert info.labels == {0: "background", 1: "liver", 2: "tumour"}
+    assert [e["case"] for e in info.test] == ["t0", "t1"]
+
+
+def test_nnunet_reads_per_channel_files(tmp_path: Path) -> None:
+    root = tmp_path / "Dataset002_Prostate"
+    (root / "imagesTr").mkdir(parents=True)
+    for cid in ("p_01", "p_02"):
+        for ch in range(2):
+            (root / "imagesTr" / f"{cid}_{ch:04d}.nii.gz").touch()
+    (root / "dataset.json").write_text(json.dumps({
+        "channel_names": {"0": "T2", "1": "ADC"}, "labels": {"background": 0, "PZ": 1, "TZ": 2},
+        "numTraining": 2, "file_ending": ".nii.gz"}))
+    info = load_dataset(root, "nnunet")
+    assert info.channel_names == ["T2", "ADC"] and info.in_channels == 2 and not info.is_ct
+    assert info.labels == {0: "background", 1: "PZ", 2: "TZ"}
+    assert info.training[1]["image"] == [str(root / "imagesTr" / f"p_02_{c:04d}.nii.gz") for c in range(2)]
+    assert info.training[1]["label"] == str(root / "labelsTr" / "p_02.nii.gz")
+
+
+@pytest.mark.parametrize(
+    ("setup", "message"),
+    [
+        (lambda root: None, "folder not found"),
+        (lambda root: root.mkdir(), "dataset.json not found"),
+        (lambda root: (root.mkdir(), (root / "dataset.json").write_text("{oops")), "not valid JSON"),
+        (lambda root: (root.mkdir(), (root / "dataset.json").write_text('{"labels": {"0": "bg"}}')),
+         "missing key 'modality'"),
+    ],
+)
+def test_bad_dataset_folders_name_the_problem(tmp_path: Path, setup, message: str) -> None:
+    root = tmp_path / "ds"
+    setup(root)
+    with pytest.raises(DatasetError, match=message):
+        load_dataset(root, "msd")
+
+
+def test_case_id_strips_image_endings() -> None:
+    assert case_id("/x/liver_7.nii.gz") == "liver_7"
+    assert case_id("/x/liver_7.mha") == "liver_7"
+    assert case_id("/x/a.b_0000.nrrd") == "a.b_0000"
+
+
+def _info(n: int) -> DatasetInfo:
+    return DatasetInfo(Path("."), "msd", "toy", {0: "bg", 1: "fg"}, ["CT"],
+                       [{"case": f"c{i:02d}", "image": "", "label": ""} for i in range(n)])
+
+
+def test_folds_are_disjoint_cover_all_cases_and_are_stable(tmp_path: Path) -> None:
+    info = _info(23)
+    splits = tmp_path / "splits.json"
+    vals = []
+    for fold in range(5):
+        train, val = split_cases(info, fold, splits_file=splits)
+        train_ids, val_ids = {e["case"] for e in train}, {e["case"] for e in val}
+        assert not train_ids & val_ids and len(train_ids | val_ids) == 23
+        vals.append(val_ids)
+    assert set().union(*vals) == {e["case"] for e in info.training}
+    assert sum(len(v) for v in vals) == 23  # every case validated exactly once
+    # the same seed gives the same split without the file; the file is reused when present
+    fresh = split_cases(info, 2, splits_file=None)[1]
+    assert {e["case"] for e in fresh} == vals[2]
+    assert json.loads(splits.read_text())[2]["val"] == sorted(vals[2])
+
+
+def test_fold_all_and_explicit_validation(tmp_path: Path) -> None:
+    info = _info(6)
+    train, val = split_cases(info, "all")
+    assert train == val == info.training
+    info.validation = [{"case": "v", "image": "", "label": ""}]
+    assert split_cases(info, 0)[1] == info.validation
+    with pytest.raises(DatasetError, match="data.fold=7"):
+        split_cases(_info(6), 7)
+
+
+def test_stale_splits_file_is_an_error(tmp_path: Path) -> None:
+    splits = tmp_path / "splits.json"
+    split_cases(_info(10), 0, splits_file=splits)
+    with pytest.raises(DatasetError, match="do not match"):
+        split_cases(_info(12), 0, splits_file=splits)

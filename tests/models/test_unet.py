@@ -1,0 +1,63 @@
+"""The slotted U-Net: every block in every slot, 2D and 3D, any input size, deep supervision."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from medseg.attention import available_blocks
+from medseg.models import SlottedUNet, build_model
+from medseg.models.unet import level_spacing, per_axis_strides
+
+ATTENTION = {"num_heads": 4, "split_size": 2, "kernel_size": 3}
+
+
+@pytest.mark.parametrize("block", ["none", *available_blocks()])
+@pytest.mark.parametrize("spatial_dims", [2, 3])
+def test_every_block_keeps_shape_on_sizes_not_multiple_of_stride(block: str, spatial_dims: int) -> None:
+    torch.manual_seed(0)
+    model = SlottedUNet(spatial_dims, in_channels=2, out_channels=3, channels=(8, 16, 32), strides=(2, 2),
+                        bottleneck=block, bottleneck_depth=1, decoder=block, decoder_levels=2, attention=ATTENTION)
+    size = (13, 10, 7)[:spatial_dims] if spatial_dims == 3 else (13, 10)
+    x = torch.randn(2, 2, *size)
+    out = model(x)
+    assert out.shape == (2, 3, *size)
+    out.sum().backward()
+    assert all(p.grad is not None for p in model.parameters())
+
+
+def test_slots_hold_the_requested_blocks() -> None:
+    model = SlottedUNet(3, 1, 2, channels=(8, 16, 32, 64), strides=(2, 2, 2), bottleneck="masa",
+                        bottleneck_depth=3, decoder="cswin", decoder_levels=2, attention=ATTENTION)
+    assert len(model.bottleneck) == 3
+    filled = [not isinstance(slot, torch.nn.Identity) for slot in model.decoder_slots]
+    assert filled == [False, True, True]  # the two lowest-resolution decoder stages (levels 1 and 2)
+    plain = SlottedUNet(3, 1, 2, channels=(8, 16), strides=(2,))
+    assert isinstance(plain.bottleneck, torch.nn.Identity)
+
+
+def test_anisotropic_strides_and_spacing_per_level() -> None:
+    strides = per_axis_strides([[2, 2, 1], 2], 3)
+    assert strides == [(2, 2, 1), (2, 2, 2)]
+    assert level_spacing([0.7, 0.7, 5.0], strides, 0) == [0.7, 0.7, 5.0]
+    assert level_spacing([0.7, 0.7, 5.0], strides, 2) == pytest.approx([2.8, 2.8, 10.0])
+    model = SlottedUNet(3, 1, 2, channels=(8, 16, 32), strides=[[2, 2, 1], [2, 2, 2]], bottleneck="masa",
+                        attention={**ATTENTION, "spacing": [0.7, 0.7, 5.0]})
+    assert model(torch.randn(1, 1, 16, 12, 5)).shape == (1, 2, 16, 12, 5)
+
+
+def test_deep_supervision_outputs_in_training_only() -> None:
+    model = SlottedUNet(3, 1, 3, channels=(8, 16, 32, 64), strides=(2, 2, 2), deep_supervision=True)
+    outs = model(torch.randn(1, 1, 16, 16, 16))
+    assert [tuple(o.shape[2:]) for o in outs] == [(16, 16, 16), (8, 8, 8), (4, 4, 4)]
+    model.eval()
+    assert model(torch.randn(1, 1, 16, 16, 16)).shape == (1, 3, 16, 16, 16)
+
+
+def test_build_model_monai_reference_networks() -> None:
+    cfg = {"name": "monai_unet", "spatial_dims": 3, "channels": [8, 16, 32], "strides": [2, 2]}
+    assert build_model(cfg, 1, 3, [16, 16, 16])(torch.randn(1, 1, 16, 16, 16)).shape == (1, 3, 16, 16, 16)
+    with pytest.raises(ValueError, match="divisible by 32"):
+        build_model({**cfg, "name": "monai_swinunetr"}, 1, 3, [48, 48, 32])
+    with pytest.raises(ValueError, match="model.name"):
+        build_model({**cfg, "name": "resnet"}, 1, 3, [16, 16, 16])
