@@ -13,12 +13,19 @@ from pathlib import Path
 from typing import IO, Any
 
 
+def _umask() -> int:
+    mask = os.umask(0)
+    os.umask(mask)
+    return mask
+
+
 def atomic_write(path: str | Path, write: Callable[[IO[bytes]], Any]) -> Path:
     """Call ``write(fileobj)`` on a temp file in ``path``'s folder, fsync it, then rename it to ``path``."""
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
     try:
+        os.fchmod(fd, 0o666 & ~_umask())  # mkstemp makes the file owner-only; give it normal permissions
         with os.fdopen(fd, "wb") as handle:
             write(handle)
             handle.flush()

@@ -32,7 +32,7 @@ from nibabel.filebasedimages import ImageFileError
 from nibabel.orientations import apply_orientation, axcodes2ornt, io_orientation, ornt_transform
 from tqdm import tqdm
 
-from medseg.data.datalist import DatasetError, DatasetInfo
+from medseg.data.datalist import DatasetError, DatasetInfo, dataset_from_config
 from medseg.io import atomic_write_json
 
 FINGERPRINT_VERSION = 1
@@ -286,12 +286,13 @@ def compute_fingerprint(
 class Plan:
     """Planned preprocessing and network geometry; per-axis lists follow the RAS axes in use.
 
-    In 3D every per-axis list has 3 entries (R, A, S). In 2D they have 2: the in-plane axes, i.e.
+    ``target_spacing`` always has 3 entries (R, A, S): volumes are resampled in 3D in both modes.
+    In 3D every other per-axis list has 3 entries too. In 2D they have 2: the in-plane axes, i.e.
     the RAS axes other than ``slice_axis``, in increasing order.
     """
 
     target_spacing: list[float]
-    """Resampling target in mm per axis."""
+    """Resampling target in mm per RAS axis (3 entries, also in 2D)."""
     patch_size: list[int]
     """Training patch in voxels; each entry divisible by the product of its axis's strides."""
     strides: list[list[int]]
@@ -477,7 +478,7 @@ def make_plan(
         patch, level_strides = _fit_patch(full[axes], median_shape, budget, num_levels, min_feature_size,
                                           fixed_strides)
     return Plan(
-        target_spacing=[float(s) for s in full[axes]],
+        target_spacing=[float(s) for s in full],
         patch_size=patch,
         strides=level_strides,
         normalization=plan_normalization(fingerprint, fingerprint["is_ct"] if is_ct is None else is_ct),
@@ -611,7 +612,7 @@ def format_plan(plan: Plan, fingerprint: Mapping[str, Any]) -> str:
     axes = [0, 1, 2] if plan.spatial_dims == 3 else [a for a in range(3) if a != plan.slice_axis]
     lines += ["", f"plan ({plan.spatial_dims}D; thick axis {AXIS_NAMES[plan.slice_axis]})"]
     lines += _table(["", *(AXIS_NAMES[a] for a in axes)], [
-        ["target spacing (mm)", *map(_num, plan.target_spacing)],
+        ["target spacing (mm)", *(_num(plan.target_spacing[a]) for a in axes)],
         ["median shape (resampled)", *plan.median_shape],
         ["patch size (voxels)", *plan.patch_size],
         *[[f"stride level {i + 1}", *level] for i, level in enumerate(plan.strides)],
@@ -623,3 +624,20 @@ def format_plan(plan: Plan, fingerprint: Mapping[str, Any]) -> str:
               f"patch voxels: {int(np.prod(plan.patch_size))}",
               f"resampled dataset: {_bytes_text(plan.dataset_bytes)} (float32 images and labels)"]
     return "\n".join(lines)
+
+
+def _user_set(data_cfg: dict[str, Any], model_cfg: dict[str, Any]) -> list[str]:
+    """The plannable keys the configs already set (kept as they are, planned around)."""
+    keys = [(f"data.{k}", data_cfg.get(k)) for k in ("spacing", "patch_size", "normalization")]
+    keys.append(("model.strides", model_cfg.get("strides")))
+    return [f"{name}={value}" for name, value in keys if value is not None]
+
+
+def plan_report(data_cfg: dict[str, Any], model_cfg: dict[str, Any], progress: bool = True) -> str:
+    """The fingerprint-and-plan report for plain ``data`` and ``model`` configs (``scripts/plan.py``)."""
+    info = dataset_from_config(data_cfg)
+    fingerprint = compute_fingerprint(info, default_cache_dir(info, data_cfg) / FINGERPRINT_FILE, progress)
+    text = format_plan(plan_from_config(fingerprint, data_cfg, model_cfg), fingerprint)
+    kept = _user_set(data_cfg, model_cfg)
+    note = f"\nkept from the config (set them to null to plan them): {'; '.join(kept)}" if kept else ""
+    return text + note

@@ -46,8 +46,13 @@ class SummarizeSweep(Callback):
 
             summary = summarize_sweep(sweep_dir, self.metric, self.higher_is_better)
         except Exception as err:  # a summary must never turn a finished sweep into a failed one
-            log.error("could not summarise the sweep in %s (%s: %s); retry with: python scripts/summarize.py %s",
-                      sweep_dir, type(err).__name__, err, sweep_dir)
+            log.error(
+                "could not summarise the sweep in %s (%s: %s); retry with: python scripts/summarize.py %s",
+                sweep_dir,
+                type(err).__name__,
+                err,
+                sweep_dir,
+            )
             return
         log.info("sweep summary written to %s/summary.{md,csv,png}\n%s", sweep_dir, summary.text())
 

@@ -13,7 +13,7 @@ from typing import Any
 from monai.data import CacheDataset, DataLoader, Dataset, PersistentDataset, partition_dataset
 
 from medseg.data.datalist import DatasetInfo, dataset_from_config, split_cases
-from medseg.data.planning import apply_plan, plan_for
+from medseg.data.planning import apply_plan, default_cache_dir, plan_for
 from medseg.data.transforms import eval_transforms, patch_size_3d, slice_axis, train_transforms
 from medseg.data.verify import check_dataset
 from medseg.engine.distributed import DistInfo, barrier, broadcast_object
@@ -40,11 +40,6 @@ class PreparedData:
     """The 3D sliding window: the patch, 1 voxel thick along ``slice_axis`` in 2D."""
     net_patch_size: list[int]
     """The network's own input patch (in-plane only in 2D)."""
-
-
-def dataset_cache_dir(data_cfg: dict[str, Any]) -> Path:
-    """Where planning, splits and disk caches of this dataset live (``data.cache_dir`` or ``<root>/.medseg_cache``)."""
-    return Path(data_cfg["cache_dir"] or Path(data_cfg["root"]) / ".medseg_cache")
 
 
 def read_dataset(data_cfg: dict[str, Any], dist_info: DistInfo) -> DatasetInfo:
@@ -81,7 +76,7 @@ def prepare_data(cfg: dict[str, Any], output_dir: Path, dist_info: DistInfo, pro
     """
     data_cfg, model_cfg = cfg["data"], cfg["model"]
     info = read_dataset(data_cfg, dist_info)
-    cache_dir = dataset_cache_dir(data_cfg)
+    cache_dir = default_cache_dir(info, data_cfg)
     if dist_info.is_main:
         error = None
         try:

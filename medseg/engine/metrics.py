@@ -23,7 +23,9 @@ report how many values they skipped (``hd95_excluded``).
 from __future__ import annotations
 
 import math
-from collections.abc import Iterable, Mapping, Sequence
+import warnings
+from collections.abc import Iterable, Iterator, Mapping, Sequence
+from contextlib import contextmanager
 from dataclasses import asdict, dataclass
 from typing import Any
 
@@ -101,6 +103,14 @@ def _one_hot_pair(pred: np.ndarray, ref: np.ndarray) -> tuple[torch.Tensor, torc
             torch.from_numpy(ref[None, None].astype(np.float32)))
 
 
+@contextmanager
+def _quiet_monai() -> Iterator[None]:
+    """MONAI 1.5+ warns about its own internal use of a deprecated argument on every surface metric call."""
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", FutureWarning)
+        yield
+
+
 def hd95(pred: np.ndarray | torch.Tensor, ref: np.ndarray | torch.Tensor, spacing: Sequence[float]) -> float:
     """Symmetric 95th-percentile Hausdorff distance in mm between two binary masks.
 
@@ -113,8 +123,9 @@ def hd95(pred: np.ndarray | torch.Tensor, ref: np.ndarray | torch.Tensor, spacin
     if flag:
         return math.nan if flag == BOTH_EMPTY else math.inf
     y_pred, y = _one_hot_pair(pred, ref)
-    value = compute_hausdorff_distance(y_pred, y, include_background=True, percentile=95,
-                                       spacing=[float(s) for s in spacing])
+    with _quiet_monai():
+        value = compute_hausdorff_distance(y_pred, y, include_background=True, percentile=95,
+                                           spacing=[float(s) for s in spacing])
     return float(value[0, 0])
 
 
@@ -130,8 +141,9 @@ def surface_dice(pred: np.ndarray | torch.Tensor, ref: np.ndarray | torch.Tensor
     if flag:
         return 1.0 if flag == BOTH_EMPTY else 0.0
     y_pred, y = _one_hot_pair(pred, ref)
-    value = compute_surface_dice(y_pred, y, class_thresholds=[float(tolerance_mm)], include_background=True,
-                                 spacing=[float(s) for s in spacing])
+    with _quiet_monai():
+        value = compute_surface_dice(y_pred, y, class_thresholds=[float(tolerance_mm)], include_background=True,
+                                     spacing=[float(s) for s in spacing])
     return float(value[0, 0])
 
 

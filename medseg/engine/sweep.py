@@ -387,11 +387,15 @@ def _plot_bars(ax: Any, jobs: Sequence[Job], swept: Sequence[str], metric: str) 
     """One bar per setting (mean ± std over seeds); settings without a result are marked "failed"."""
     keys = [key for key in swept if key != SEED_KEY]
     groups = group_by_setting(jobs, keys)
-    labels = ["\n".join(f"{_short(k)}={v}" for k, v in zip(keys, setting)) or "(all jobs)" for setting in groups]
+    if len(keys) == 1:  # the values alone, the key as the axis label
+        labels = [str(setting[0]) for setting in groups]
+        ax.set_xlabel(keys[0])
+    else:
+        labels = [" ".join(f"{_short(k)}={v}" for k, v in zip(keys, setting)) or "(all jobs)" for setting in groups]
     stats = [mean_std([job.value(metric) for job in group]) for group in groups.values()]
     heights = [0.0 if math.isnan(mean) else mean for mean, _ in stats]
     errors = [0.0 if math.isnan(std) else std for _, std in stats]
-    bars = ax.bar(range(len(heights)), heights, yerr=errors, capsize=3, color="tab:blue")
+    bars = ax.bar(range(len(heights)), heights, yerr=errors if any(errors) else None, capsize=3, color="tab:blue")
     for bar, (mean, _) in zip(bars, stats):
         text = "failed" if math.isnan(mean) else f"{mean:.3f}"
         ax.annotate(
@@ -403,7 +407,15 @@ def _plot_bars(ax: Any, jobs: Sequence[Job], swept: Sequence[str], metric: str) 
             xytext=(0, 2),
             textcoords="offset points",
         )
-    ax.set_xticks(range(len(labels)), labels, fontsize="small")
+    long_labels = max(map(len, labels)) * len(labels) > 60
+    ax.set_xticks(
+        range(len(labels)),
+        labels,
+        fontsize="small",
+        rotation=30 if long_labels else 0,
+        ha="right" if long_labels else "center",
+    )
+    ax.margins(y=0.12)  # room for the value labels
     ax.set_ylabel(metric)
     ax.grid(axis="y", alpha=0.3)
 

@@ -78,9 +78,7 @@ def masa_decomposed(
     for axis in reversed(range(len(shape))):
         nxt = torch.empty_like(current)
         length = shape[axis]
-        decay = torch.tensor(
-            [[abs(i - j) * scales[axis] for j in range(length)] for i in range(length)], dtype=q.dtype
-        )
+        decay = torch.tensor([[abs(i - j) * scales[axis] for j in range(length)] for i in range(length)], dtype=q.dtype)
         for rest in {p[:axis] + p[axis + 1 :] for p in pos}:  # one line of tokens along `axis`
             tokens = [index[rest[:axis] + (i,) + rest[axis:]] for i in range(length)]
             ql, kl, vl = q[:, :, tokens], k[:, :, tokens], current[:, :, tokens]  # (b, h, L, d)
