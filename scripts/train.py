@@ -1,8 +1,11 @@
 """Train a segmentation model: `python scripts/train.py [key=value ...]` (Hydra; `--help`, `--cfg job`, `-m`)."""
 
+import sys
+
 import hydra
 from omegaconf import DictConfig
 
+from medseg.engine.distributed import hydra_rank_overrides
 from medseg.engine.run import train_cli
 
 
@@ -12,4 +15,5 @@ def main(cfg: DictConfig) -> float:
 
 
 if __name__ == "__main__":
+    sys.argv += hydra_rank_overrides()  # torchrun ranks > 0 write no run directory of their own
     main()

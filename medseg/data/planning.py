@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import copy
 import hashlib
+import importlib.util
 import json
 import os
 import warnings
@@ -33,6 +34,7 @@ from nibabel.orientations import apply_orientation, axcodes2ornt, io_orientation
 from tqdm import tqdm
 
 from medseg.data.datalist import DatasetError, DatasetInfo, dataset_from_config
+from medseg.data.verify import read_volume
 from medseg.io import atomic_write_json
 
 FINGERPRINT_VERSION = 1
@@ -80,27 +82,40 @@ def image_paths(entry: Mapping[str, Any]) -> list[str]:
     return [str(p) for p in image] if isinstance(image, list | tuple) else [str(image)]
 
 
+FORMAT_PACKAGES = {".nrrd": ("nrrd", "pynrrd"), ".mha": ("itk", "itk-io"), ".mhd": ("itk", "itk-io")}
+"""Non-NIfTI endings MONAI reads through an optional package: ending -> (module, pip name)."""
+
+
+def _missing_reader_hint(path: str | Path) -> str:
+    """`` (install ...)`` when ``path``'s format needs an optional package that is not installed, else ""."""
+    module, package = FORMAT_PACKAGES.get(Path(path).suffix.lower(), (None, None))
+    if module is None or importlib.util.find_spec(module) is not None:
+        return ""
+    return f" (reading {Path(path).suffix} needs {package}: pip install 'medseg[formats]')"
+
+
 def _load_ras(path: str | Path) -> tuple[np.ndarray, np.ndarray, str]:
-    """Load a NIfTI file reoriented to RAS.
+    """Load an image file (NIfTI through nibabel; ``.nrrd``, ``.mha``, ``.mhd`` through MONAI) in RAS order.
 
     Returns:
-        array: (X, Y, Z) or (X, Y, Z, C), a view of the file's data in its own dtype;
+        array: (X, Y, Z) or (X, Y, Z, C), the file's data in its own dtype, axes permuted/flipped to RAS;
         spacing: (3,) mm along X, Y, Z from the affine (as MONAI computes it);
         axcodes: the file's orientation codes, e.g. ``"LPS"``.
     """
+    if not Path(path).is_file():
+        raise DatasetError(f"{path}: file not found")
     try:
-        img = nib.load(str(path))
-    except FileNotFoundError as err:
-        raise DatasetError(f"{path}: file not found") from err
-    except ImageFileError as err:
-        raise DatasetError(f"{path}: not readable by nibabel (planning reads NIfTI): {err}") from err
-    if len(img.shape) not in (3, 4):
-        raise DatasetError(f"{path}: expected a 3D image (or 4D, channels last), got shape {img.shape}")
-    ornt = io_orientation(img.affine)
-    array = apply_orientation(np.asanyarray(img.dataobj), ornt_transform(ornt, _RAS))
+        data, affine = read_volume(path)
+    except (ImageFileError, OSError, RuntimeError, ValueError, ImportError) as err:
+        reason = str(err).splitlines()[0] if str(err) else type(err).__name__
+        raise DatasetError(f"{path}: not readable{_missing_reader_hint(path)}: {reason}") from err
+    if data.ndim not in (3, 4):
+        raise DatasetError(f"{path}: expected a 3D image (or 4D, channels last), got shape {data.shape}")
+    ornt = io_orientation(affine)
+    array = apply_orientation(data, ornt_transform(ornt, _RAS))
     spacing = np.empty(3)
-    spacing[ornt[:, 0].astype(int)] = nib.affines.voxel_sizes(img.affine)
-    return array, spacing, "".join(nib.aff2axcodes(img.affine))
+    spacing[ornt[:, 0].astype(int)] = nib.affines.voxel_sizes(affine)
+    return array, spacing, "".join(nib.aff2axcodes(affine))
 
 
 def _read_label(path: str, shape: tuple[int, ...]) -> np.ndarray:
@@ -181,12 +196,14 @@ def _case_fingerprint(
     return summary, [values[pick] for values in foreground]
 
 
-def _cache_key(info: DatasetInfo, samples_per_case: int) -> str:
-    """Hash of the fingerprint settings, classes, channels and each case's files (path, size, mtime)."""
-    digest = hashlib.sha256(json.dumps(
-        [FINGERPRINT_VERSION, samples_per_case, info.channel_names, sorted(info.labels.items())]
-    ).encode())
-    for entry in info.training:
+def files_digest(entries: Sequence[Mapping[str, Any]]) -> str:
+    """Hash of the entries' image and label files (path, size, mtime): it changes when any file does.
+
+    Raises:
+        DatasetError: a file is missing (the message names the case and path).
+    """
+    digest = hashlib.sha256()
+    for entry in entries:
         for path in [*image_paths(entry), *([str(entry["label"])] if entry.get("label") else [])]:
             try:
                 stat = os.stat(path)
@@ -194,6 +211,14 @@ def _cache_key(info: DatasetInfo, samples_per_case: int) -> str:
                 raise DatasetError(f"case {entry['case']}: {path} not found") from err
             digest.update(f"{entry['case']}|{path}|{stat.st_size}|{stat.st_mtime_ns}\n".encode())
     return digest.hexdigest()
+
+
+def _cache_key(info: DatasetInfo, samples_per_case: int) -> str:
+    """Hash of the fingerprint settings, classes, channels and each training case's files (path, size, mtime)."""
+    return hashlib.sha256(json.dumps(
+        [FINGERPRINT_VERSION, samples_per_case, info.channel_names, sorted(info.labels.items()),
+         files_digest(info.training)]
+    ).encode()).hexdigest()
 
 
 def _load_cached(cache_file: Path | None, key: str) -> dict[str, Any] | None:
@@ -539,7 +564,9 @@ def apply_plan(
 ) -> tuple[dict[str, Any], dict[str, Any]]:
     """Copies of the configs with null ``data.spacing/patch_size/normalization`` and ``model.strides`` planned.
 
-    User-set (non-null) values are left untouched; ``normalization`` becomes the plan's dict.
+    User-set (non-null) values are left untouched; ``normalization`` becomes the plan's dict. A 2D
+    model's two in-plane spacings become the plan's 3 RAS entries (which hold them), since volumes are
+    resampled in 3D.
     """
     data, model = copy.deepcopy(data_cfg), copy.deepcopy(model_cfg)
     planned = {"spacing": plan.target_spacing, "patch_size": plan.patch_size,
@@ -547,6 +574,8 @@ def apply_plan(
     for key, value in planned.items():
         if data.get(key) is None:
             data[key] = copy.deepcopy(value)
+    if len(data["spacing"]) != 3:
+        data["spacing"] = list(plan.target_spacing)
     if model.get("strides") is None:
         model["strides"] = copy.deepcopy(plan.strides)
     return data, model

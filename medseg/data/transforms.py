@@ -15,13 +15,20 @@ from typing import Any
 import numpy as np
 from monai import transforms as mt
 
+from medseg.data.planning import thick_axis
+
 IMAGE, LABEL = "image", "label"
 
 
 def slice_axis(spacing: Sequence[float]) -> int:
-    """The thick axis (largest spacing; the last one on ties): 2D mode slices across it."""
-    spacing = list(spacing)
-    return len(spacing) - 1 - int(np.argmax(spacing[::-1]))
+    """The RAS axis 2D mode slices across: the thick axis of the (3-entry) target ``spacing``.
+
+    The same rule as the plan's ``slice_axis`` (:func:`medseg.data.planning.thick_axis`: the largest
+    spacing, the last one among near-ties), so training, validation and the plan always agree.
+    """
+    if len(spacing) != 3:
+        raise ValueError(f"data.spacing={list(spacing)}: expected 3 entries (mm along R, A, S), also in 2D")
+    return thick_axis(spacing)
 
 
 def patch_size_3d(patch_size: Sequence[int], spatial_dims: int, axis: int) -> list[int]:

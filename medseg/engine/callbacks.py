@@ -1,14 +1,20 @@
-"""Hydra callbacks: write the sweep summary when a multirun ends.
+"""Hydra callbacks: write the sweep summary when a multirun ends; report failed jobs to Optuna as failed trials.
 
-Registered in ``configs/train.yaml`` under ``hydra.callbacks``. Hydra instantiates callbacks for every run,
-single or multirun, so this module imports nothing heavy; the summary code loads only at the end of a sweep.
+:class:`SummarizeSweep` is registered in ``configs/train.yaml`` under ``hydra.callbacks``;
+:class:`FailedJobsFailTrials` only in the Optuna presets (``configs/hparams_search/``). Hydra instantiates
+callbacks for every run, single or multirun, so this module imports nothing heavy; the summary code loads
+only at the end of a sweep.
 """
 
 from __future__ import annotations
 
+import json
 import logging
+import math
+from pathlib import Path
 from typing import Any
 
+from hydra.core.utils import JobReturn, JobStatus
 from hydra.experimental.callback import Callback
 from omegaconf import DictConfig
 
@@ -63,3 +69,36 @@ class SummarizeSweep(Callback):
         except Exception as err:  # an unresolvable sweep dir is reported at the end, not raised here
             log.warning("cannot resolve hydra.sweep.dir: %s", err)
             return None
+
+
+class TrialFailed(RuntimeError):
+    """A sweep job that failed (its ``metrics.json`` says why); raised to the sweeper, never in the job."""
+
+
+class FailedJobsFailTrials(Callback):
+    """For the Optuna sweeper: a failed job becomes a *failed* trial instead of crashing the study.
+
+    In a multirun, ``medseg.engine.run.train_cli`` records a failing job in its ``metrics.json`` and returns
+    NaN, so that Hydra's basic sweeper goes on to the next job. The Optuna sweeper (hydra-optuna-sweeper 1.3,
+    optuna 2.10) cannot take NaN: ``study.tell`` rejects it, and the sweeper's own fallback then crashes the
+    whole search. This callback turns the NaN result into a failed job, which the Optuna sweeper records as a
+    ``FAIL`` trial; with ``hydra.sweeper.max_failure_rate=1.0`` the search goes on. Register it only next to
+    the Optuna sweeper: the basic sweeper stops a sweep on failed jobs.
+    """
+
+    def on_job_end(self, config: DictConfig, job_return: JobReturn, **kwargs: Any) -> None:
+        """Mark a job whose objective is NaN as failed, with the reason from its ``metrics.json``."""
+        value = job_return._return_value if job_return.status == JobStatus.COMPLETED else None
+        if isinstance(value, float) and math.isnan(value):
+            job_return.status = JobStatus.FAILED
+            job_return.return_value = TrialFailed(_failure_reason(job_return))
+
+
+def _failure_reason(job_return: JobReturn) -> str:
+    """The ``reason`` in the job's ``metrics.json``, or a generic one if it cannot be read."""
+    try:
+        output_dir = Path(job_return.hydra_cfg.hydra.runtime.output_dir)  # type: ignore[union-attr]
+        reason = json.loads((output_dir / "metrics.json").read_text()).get("reason")
+    except Exception:  # the reason is only a message; never fail here
+        reason = None
+    return f"job failed: {reason or 'the objective (best val Dice) is NaN'}"

@@ -13,7 +13,7 @@ from typing import Any
 from monai.data import CacheDataset, DataLoader, Dataset, PersistentDataset, partition_dataset
 
 from medseg.data.datalist import DatasetInfo, dataset_from_config, split_cases
-from medseg.data.planning import apply_plan, default_cache_dir, plan_for
+from medseg.data.planning import apply_plan, default_cache_dir, files_digest, plan_for
 from medseg.data.transforms import eval_transforms, patch_size_3d, slice_axis, train_transforms
 from medseg.data.verify import check_dataset
 from medseg.engine.distributed import DistInfo, barrier, broadcast_object
@@ -57,6 +57,29 @@ def _choose_cache(mode: str, dataset_bytes: int) -> str:
     if mode != "auto":
         return mode
     return "memory" if dataset_bytes < MEMORY_CACHE_FRACTION * _physical_memory_bytes() else "disk"
+
+
+def _cache_reason(mode: str, dataset_bytes: int) -> str:
+    """Why :func:`_choose_cache` chose what it did, for the log."""
+    if mode != "auto":
+        return f"data.cache={mode}"
+    share = dataset_bytes / _physical_memory_bytes()
+    return (f"auto: the preprocessed data, about {dataset_bytes / 2**20:.1f} MB, is {100 * share:.2g}% of the RAM; "
+            f"memory below {100 * MEMORY_CACHE_FRACTION:.0f}%")
+
+
+def _disk_cache_dirs(cache_dir: Path, info: DatasetInfo, data_cfg: dict[str, Any],
+                     crop: list[int]) -> tuple[Path, Path]:
+    """Training and validation folders for ``data.cache=disk``, keyed by what made their contents.
+
+    A disk cache holds each case after the deterministic transforms: resampling and normalisation, and
+    in training also the padding to the patch ``crop``. The key covers those settings and the case
+    files (path, size, mtime), so changed files or settings never reuse stale volumes.
+    """
+    files = files_digest([*info.training, *(info.validation or [])])
+    key = hashlib.sha1(json.dumps([data_cfg["spacing"], data_cfg["normalization"], files]).encode()).hexdigest()[:12]
+    base = cache_dir / f"preprocessed_{key}"
+    return base / f"train_pad{'x'.join(map(str, crop))}", base / "val"
 
 
 def _dataset(entries: list[dict[str, Any]], transform: Any, cache: str, cache_dir: Path, workers: int) -> Dataset:
@@ -109,19 +132,18 @@ def prepare_data(cfg: dict[str, Any], output_dir: Path, dist_info: DistInfo, pro
         val_cases = partition_dataset(val_cases, num_partitions=dist_info.world_size)[dist_info.rank]
 
     cache = _choose_cache(data_cfg["cache"], plan.dataset_bytes)
-    if dist_info.is_main:
-        log.info("data: %d training / %d validation cases; cache=%s (preprocessed size about %.1f MB)",
-                 len(train_cases), len(val_cases), cache, plan.dataset_bytes / 2**20)
     spatial_dims = model_cfg["spatial_dims"]
     axis = slice_axis(data_cfg["spacing"])
+    roi = patch_size_3d(data_cfg["patch_size"], spatial_dims, axis)
+    train_dir, val_dir = _disk_cache_dirs(cache_dir, info, data_cfg, roi)
+    if dist_info.is_main:
+        log.info("data: %d training / %d validation cases; cache=%s (%s)%s", len(train_cases), len(val_cases),
+                 cache, _cache_reason(data_cfg["cache"], plan.dataset_bytes),
+                 f"; preprocessed cases in {train_dir.parent}" if cache == "disk" else "")
     workers = data_cfg["num_workers"]
-    # disk caches hold preprocessed volumes, so they are keyed by the preprocessing that made them
-    key = hashlib.sha1(json.dumps([data_cfg["spacing"], data_cfg["normalization"]]).encode()).hexdigest()[:12]
-    disk_dir = cache_dir / f"preprocessed_{key}"
-    train_ds = _dataset(train_cases, train_transforms(data_cfg, spatial_dims), cache, disk_dir / "train", workers)
-    val_ds = _dataset(val_cases, eval_transforms(data_cfg), cache, disk_dir / "val", workers)
+    train_ds = _dataset(train_cases, train_transforms(data_cfg, spatial_dims), cache, train_dir, workers)
+    val_ds = _dataset(val_cases, eval_transforms(data_cfg), cache, val_dir, workers)
     loader = DataLoader(train_ds, batch_size=cfg["trainer"]["batch_size"], shuffle=True, num_workers=workers,
                         drop_last=len(train_ds) > cfg["trainer"]["batch_size"])
-    roi = patch_size_3d(data_cfg["patch_size"], spatial_dims, axis)
     net_patch = roi if spatial_dims == 3 else [s for a, s in enumerate(roi) if a != axis]
     return PreparedData(info, data_cfg, model_cfg, loader, train_ds, val_ds, axis, roi, net_patch)

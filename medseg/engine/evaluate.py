@@ -51,6 +51,7 @@ from typing import Any
 import nibabel as nib
 import numpy as np
 import torch
+from monai.data import MetaTensor
 from monai.transforms import Compose, Invertd
 from omegaconf import MISSING, DictConfig, OmegaConf
 from omegaconf.errors import ConfigKeyError, MissingMandatoryValue, ValidationError
@@ -189,7 +190,7 @@ def parse_config(cfg: EvaluateConfig | Mapping[str, Any] | DictConfig) -> Evalua
         raise EvaluationError(f"unknown key {err.full_key!r}; valid keys: "
                               f"{', '.join(EvaluateConfig.__dataclass_fields__)}") from None
     except ValidationError as err:
-        raise EvaluationError(f"{err.full_key}: {err.msg}") from None
+        raise EvaluationError(f"{err.full_key}: {str(err.msg).splitlines()[0]}") from None
     if settings.split not in SPLITS:
         raise EvaluationError(f"split={settings.split!r}: expected one of {', '.join(SPLITS)}")
     if not 0.0 <= settings.overlap < 1.0:
@@ -315,6 +316,8 @@ def find_cases(input_path: str | Path, split: str, num_channels: int) -> list[Ca
     if not path.exists():
         raise EvaluationError(f"input={path}: not found")
     if path.is_file() and path.suffix == ".json":
+        if path.name != "dataset.json":
+            raise EvaluationError(f"input={path}: a dataset description must be named dataset.json")
         cases = _dataset_cases(path, split)
     elif path.is_file():
         cases = [Case(case_id(path), str(path))]
@@ -437,9 +440,10 @@ class Predictor:
             sw_batch_size=self.settings.sw_batch_size, overlap=self.settings.overlap, device=self.device,
             sw_device=self.sw_device, amp_dtype=self.amp_dtype, mirror_axes=self.mirror_axes, progress=progress,
         )
-        data[PRED] = probs[0].cpu()
+        # a MetaTensor, so that Invertd takes the image's applied operations (it skips plain tensors)
+        data[PRED] = MetaTensor(probs[0].detach().cpu())
         inverted = self.inverter(data)[PRED]
-        return torch.as_tensor(inverted).float()
+        return (inverted.as_tensor() if isinstance(inverted, MetaTensor) else torch.as_tensor(inverted)).float()
 
 
 # ----------------------------------------------------------------------------------------- evaluate

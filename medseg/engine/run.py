@@ -8,6 +8,7 @@ reason, in its ``metrics.json``, and the sweep goes on.
 from __future__ import annotations
 
 import logging
+import shlex
 import sys
 import traceback
 from pathlib import Path
@@ -23,8 +24,22 @@ from medseg.config import ConfigError, to_plain, validate_config
 from medseg.data.datalist import DatasetError
 from medseg.engine.checkpoint import CheckpointError
 from medseg.engine.data import prepare_data
-from medseg.engine.distributed import cleanup, init_distributed, local_device
-from medseg.engine.trainer import Trainer, TrainingError, TrainingInterrupted, resolve_device, seed_everything
+from medseg.engine.distributed import (
+    broadcast_object,
+    cleanup,
+    env_rank,
+    init_distributed,
+    local_device,
+    quiet_other_ranks,
+)
+from medseg.engine.trainer import (
+    Trainer,
+    TrainingError,
+    TrainingInterrupted,
+    deterministic_algorithms,
+    resolve_device,
+    seed_everything,
+)
 from medseg.io import atomic_write_json
 from medseg.models import build_model
 
@@ -48,24 +63,26 @@ def hparams_of(cfg: dict[str, Any]) -> dict[str, Any]:
 def train(cfg: DictConfig | dict[str, Any]) -> dict[str, Any]:
     """Validate ``cfg``, prepare the data, build the model, train, and write every output; returns the metrics."""
     plain = to_plain(validate_config(cfg))
-    output_dir = Path(plain["output_dir"])
     tcfg = plain["trainer"]
     device = resolve_device(tcfg["device"])
     dist_info = init_distributed(device)
     device = local_device(device, dist_info)
+    quiet_other_ranks(dist_info)
+    restore_determinism = deterministic_algorithms(tcfg["deterministic"])
     try:
-        if tcfg["deterministic"]:
-            torch.use_deterministic_algorithms(True, warn_only=True)
+        # every rank reads and writes rank 0's run directory (ranks > 0 may have none of their own)
+        plain["output_dir"] = broadcast_object(plain["output_dir"], dist_info)
+        output_dir = Path(plain["output_dir"])
         seed_everything(tcfg["seed"])
         data = prepare_data(plain, output_dir, dist_info, progress=tcfg["progress"])
         resolved = {**plain, "data": data.data_cfg, "model": data.model_cfg}
         seed_everything(tcfg["seed"])  # the initial weights depend on the seed alone
         model = build_model(data.model_cfg, data.info.in_channels, data.info.num_classes, data.net_patch_size)
         model = model.to(device)
-        if tcfg["compile"]:
-            model = torch.compile(model)
         if dist_info.enabled:
             model = DistributedDataParallel(model, device_ids=[device.index] if device.type == "cuda" else None)
+        if tcfg["compile"]:  # after DDP, so the compiler splits graphs at DDP's bucket boundaries (DDPOptimizer)
+            model = torch.compile(model)
         trainer = Trainer(resolved, data, model, device, output_dir, dist_info)
         last = output_dir / "checkpoints" / "last.pt"
         if plain["ckpt_path"]:
@@ -83,11 +100,23 @@ def train(cfg: DictConfig | dict[str, Any]) -> dict[str, Any]:
             log.info("run finished; outputs in %s\n%s", output_dir, trainer.summary(metrics))
         return metrics
     finally:
+        restore_determinism()
         cleanup(dist_info)
 
 
 def _is_multirun() -> bool:
     return HydraConfig.initialized() and HydraConfig.get().mode == RunMode.MULTIRUN
+
+
+def resume_command() -> str | None:
+    """The command line that resumes this Hydra run: its overrides, its run directory and ``trainer.resume=true``."""
+    if not HydraConfig.initialized():
+        return None
+    hydra_cfg = HydraConfig.get()
+    dropped = ("trainer.resume", "ckpt_path")  # resume from the run's own last.pt, not from the original ckpt_path
+    overrides = [o for o in hydra_cfg.overrides.task if o.split("=", 1)[0].lstrip("+~") not in dropped]
+    return shlex.join(["python", sys.argv[0], *overrides, f"hydra.run.dir={hydra_cfg.runtime.output_dir}",
+                       "trainer.resume=true"])
 
 
 def train_cli(cfg: DictConfig) -> float:
@@ -96,13 +125,17 @@ def train_cli(cfg: DictConfig) -> float:
         return float(train(cfg)["best_val_dice"])
     except TrainingInterrupted as err:
         log.error("%s", err)
+        command = resume_command()
+        if command and env_rank() == 0:
+            log.error("to resume: %s", command)
         sys.exit(err.exit_code)
     except Exception as err:  # a sweep records any failure and goes on; a single run reports known ones cleanly
         if _is_multirun():
             reason = f"{type(err).__name__}: {err}"
             log.error("job failed: %s\n%s", reason, traceback.format_exc())
-            atomic_write_json(Path(HydraConfig.get().runtime.output_dir) / "metrics.json",
-                              {"status": "failed", "reason": reason})
+            if env_rank() == 0:  # a DDP job (SLURM tasks_per_node > 1) records its failure once
+                atomic_write_json(Path(HydraConfig.get().runtime.output_dir) / "metrics.json",
+                                  {"status": "failed", "reason": reason})
             return float("nan")
         if isinstance(err, KNOWN_ERRORS):
             log.error("%s", err)

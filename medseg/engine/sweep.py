@@ -18,7 +18,7 @@ import json
 import math
 import re
 import statistics
-from collections.abc import Sequence
+from collections.abc import Callable, Hashable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -32,6 +32,10 @@ SEED_KEY = "trainer.seed"
 BLOCK_KEY = "model.bottleneck"
 RESULT_COLUMNS = ("best_val_dice", "best_epoch", "train_seconds", "params", "peak_memory_mb")
 """Columns copied from ``metrics.json`` into every row, after the per-class Dice."""
+MAX_PLOT_COLUMNS = 3
+"""Panels per row of ``summary.png``."""
+MAX_LINE_POINTS = 12
+"""A numeric parameter with at most this many distinct values is plotted as lines, else as points."""
 DISPLAY_DIGITS = {"train_seconds": 1, "peak_memory_mb": 0}
 """Decimals shown in the markdown and terminal tables (4 for every other float; the CSV keeps full precision)."""
 
@@ -100,7 +104,7 @@ class SweepSummary:
         """The report for a terminal: the job table, the seed table if any, and the best setting."""
         parts = [text_table(*display_table(self.headers, self.rows))]
         if self.seed_rows:
-            parts.append(text_table(self.seed_headers, self.seed_rows))
+            parts.append(text_table(*display_table(self.seed_headers, self.seed_rows)))
         parts.append(self.best)
         return "\n\n".join(parts)
 
@@ -197,8 +201,9 @@ def class_columns(jobs: Sequence[Job]) -> list[str]:
 
 def job_rows(jobs: Sequence[Job], swept: Sequence[str], metric: str) -> tuple[list[str], list[list[Any]]]:
     """The per-job table: swept parameters, Dice per class and mean, results, status and failure reason."""
-    results = list(RESULT_COLUMNS) if metric in RESULT_COLUMNS else [RESULT_COLUMNS[0], metric, *RESULT_COLUMNS[1:]]
     classes = class_columns(jobs)
+    known = metric in RESULT_COLUMNS or metric in classes
+    results = list(RESULT_COLUMNS) if known else [RESULT_COLUMNS[0], metric, *RESULT_COLUMNS[1:]]
     headers = ["job", *swept, *classes, *results, "status", "reason"]
     rows = []
     for job in jobs:
@@ -222,12 +227,17 @@ def setting_of(job: Job, keys: Sequence[str]) -> tuple[str | None, ...]:
     return tuple(job.overrides.get(key) for key in keys)
 
 
-def group_by_setting(jobs: Sequence[Job], keys: Sequence[str]) -> dict[tuple[str | None, ...], list[Job]]:
-    """Jobs grouped by their values of ``keys``, in first-seen order."""
-    groups: dict[tuple[str | None, ...], list[Job]] = {}
+def group_jobs(jobs: Sequence[Job], key: Callable[[Job], Hashable]) -> dict[Any, list[Job]]:
+    """Jobs grouped by ``key(job)``, groups and jobs in first-seen order."""
+    groups: dict[Any, list[Job]] = {}
     for job in jobs:
-        groups.setdefault(setting_of(job, keys), []).append(job)
+        groups.setdefault(key(job), []).append(job)
     return groups
+
+
+def group_by_setting(jobs: Sequence[Job], keys: Sequence[str]) -> dict[tuple[str | None, ...], list[Job]]:
+    """Jobs grouped by their values of ``keys``."""
+    return group_jobs(jobs, lambda job: setting_of(job, keys))
 
 
 def mean_std(values: Sequence[float]) -> tuple[float, float]:
@@ -255,14 +265,14 @@ def seed_rows(jobs: Sequence[Job], swept: Sequence[str], metric: str) -> tuple[l
     for setting, group in group_by_setting(jobs, keys).items():
         done = [job for job in group if job.status == "completed"]
         seeds = ",".join(str(job.overrides.get(SEED_KEY)) for job in group)
-        stats = [format_mean_std([job.value(column) for job in done]) for column in columns]
+        stats = [format_mean_std([job.value(c) for job in done], DISPLAY_DIGITS.get(c, 4)) for c in columns]
         rows.append([*setting, seeds, f"{len(done)}/{len(group)}", *stats])
     return headers, rows
 
 
 def setting_label(setting: Sequence[str | None], keys: Sequence[str]) -> str:
     """``"model.bottleneck=masa model.attention.gamma=0.8"``; ``"(all jobs)"`` when nothing is swept."""
-    return " ".join(f"{key}={value}" for key, value in zip(keys, setting)) or "(all jobs)"
+    return " ".join(f"{key}={display_value(value)}" for key, value in zip(keys, setting)) or "(all jobs)"
 
 
 def best_setting(jobs: Sequence[Job], swept: Sequence[str], metric: str, higher_is_better: bool = True) -> str:
@@ -312,7 +322,7 @@ def _blank_none(rows: Sequence[Sequence[Any]]) -> list[list[Any]]:
 
 
 def display_table(headers: Sequence[str], rows: Sequence[Sequence[Any]]) -> tuple[list[str], list[list[str]]]:
-    """Table cells for people: Dice to 4 decimals, seconds to 0.1, MB to 1; no reason column if none failed."""
+    """Table cells for people: Dice to 4 decimals, seconds to 0.1, whole MB; no reason column if none failed."""
     keep = [i for i, header in enumerate(headers) if header != "reason" or any(row[i] for row in rows)]
     cells = [[_cell(row[i], headers[i]) for i in keep] for row in rows]
     return [headers[i] for i in keep], cells
@@ -321,7 +331,15 @@ def display_table(headers: Sequence[str], rows: Sequence[Sequence[Any]]) -> tupl
 def _cell(value: Any, header: str) -> str:
     if value is None:
         return ""
+    if isinstance(value, str):
+        return display_value(value)
     return format_value(value, DISPLAY_DIGITS.get(header, 4))
+
+
+def display_value(text: str | None) -> str:
+    """An override value for people: long numbers (Optuna's samples) to 4 significant digits."""
+    number = as_number(text)
+    return f"{number:.4g}" if number is not None and len(str(text)) > 8 else str(text)
 
 
 def render_markdown(summary: SweepSummary) -> str:
@@ -336,7 +354,10 @@ def render_markdown(summary: SweepSummary) -> str:
         markdown_table(*display_table(summary.headers, summary.rows)),
     ]
     if summary.seed_rows:
-        parts += [f"## Over seeds (`{SEED_KEY}`): mean ± std", markdown_table(summary.seed_headers, summary.seed_rows)]
+        parts += [
+            f"## Over seeds (`{SEED_KEY}`): mean ± std",
+            markdown_table(*display_table(summary.seed_headers, summary.seed_rows)),
+        ]
     parts += [f"**{summary.best}**", "![summary](summary.png)"]
     return "\n\n".join(parts) + "\n"
 
@@ -356,18 +377,25 @@ def _short(key: str) -> str:
 
 
 def _plot_lines(ax: Any, jobs: Sequence[Job], key: str, metric: str) -> None:
-    """``metric`` against the numeric parameter ``key``: one line per block, mean ± std where values repeat."""
-    for block, group in _by_block(jobs).items():
+    """``metric`` against the numeric parameter ``key``: one line per block, mean ± std where values repeat.
+
+    A grid sweep (few distinct values) is drawn as lines; a random or Optuna search as points only.
+    """
+    values = [as_number(job.overrides.get(key)) for job in jobs]
+    linestyle = "-" if len(set(values)) <= MAX_LINE_POINTS else "none"
+    for block, group in group_jobs(jobs, lambda job: job.block).items():
         by_x: dict[float, list[float]] = {}
         for job in group:
             by_x.setdefault(as_number(job.overrides.get(key)), []).append(job.value(metric))  # type: ignore[arg-type]
-        points = sorted((x, *mean_std(values)) for x, values in by_x.items())
-        points = [p for p in points if not math.isnan(p[1])]
+        points = [(x, *mean_std(ys)) for x, ys in sorted(by_x.items())]
+        points = [point for point in points if not math.isnan(point[1])]
         if points:
             xs, means, stds = zip(*points)
-            ax.errorbar(xs, means, yerr=stds, marker="o", capsize=3, label=block)
-    values = [as_number(job.overrides.get(key)) or 0.0 for job in jobs]
-    if min(values) > 0 and max(values) / min(values) >= 100:
+            ax.errorbar(
+                xs, means, yerr=stds if any(stds) else None, marker="o", linestyle=linestyle, capsize=3, label=block
+            )
+    positive = [x for x in values if x is not None and x > 0]
+    if len(positive) == len(values) and max(positive) / min(positive) >= 10:
         ax.set_xscale("log")
     ax.set_xlabel(key)
     ax.set_ylabel(metric)
@@ -376,22 +404,18 @@ def _plot_lines(ax: Any, jobs: Sequence[Job], key: str, metric: str) -> None:
         ax.legend(title="block", fontsize="small")
 
 
-def _by_block(jobs: Sequence[Job]) -> dict[str, list[Job]]:
-    groups: dict[str, list[Job]] = {}
-    for job in jobs:
-        groups.setdefault(job.block, []).append(job)
-    return groups
-
-
 def _plot_bars(ax: Any, jobs: Sequence[Job], swept: Sequence[str], metric: str) -> None:
     """One bar per setting (mean ± std over seeds); settings without a result are marked "failed"."""
     keys = [key for key in swept if key != SEED_KEY]
     groups = group_by_setting(jobs, keys)
     if len(keys) == 1:  # the values alone, the key as the axis label
-        labels = [str(setting[0]) for setting in groups]
+        labels = [display_value(setting[0]) for setting in groups]
         ax.set_xlabel(keys[0])
     else:
-        labels = [" ".join(f"{_short(k)}={v}" for k, v in zip(keys, setting)) or "(all jobs)" for setting in groups]
+        labels = [
+            " ".join(f"{_short(k)}={display_value(v)}" for k, v in zip(keys, setting)) or "(all jobs)"
+            for setting in groups
+        ]
     stats = [mean_std([job.value(metric) for job in group]) for group in groups.values()]
     heights = [0.0 if math.isnan(mean) else mean for mean, _ in stats]
     errors = [0.0 if math.isnan(std) else std for _, std in stats]
@@ -421,20 +445,22 @@ def _plot_bars(ax: Any, jobs: Sequence[Job], swept: Sequence[str], metric: str) 
 
 
 def render_plot(jobs: Sequence[Job], swept: Sequence[str], metric: str) -> Any:
-    """A matplotlib Figure (Agg canvas, no pyplot state): lines per numeric swept parameter, else bars."""
+    """A matplotlib Figure (Agg canvas, no pyplot state): a panel per numeric swept parameter, else bars."""
     from matplotlib.backends.backend_agg import FigureCanvasAgg
     from matplotlib.figure import Figure
 
     axes_keys = numeric_keys(jobs, swept)
-    panels = max(1, len(axes_keys))
-    fig = Figure(figsize=(5.5 * panels, 4.2) if axes_keys else (max(5.5, 1.3 * len(jobs)), 4.2), layout="constrained")
-    FigureCanvasAgg(fig)
-    for index in range(panels):
-        ax = fig.add_subplot(1, panels, index + 1)
-        if axes_keys:
-            _plot_lines(ax, jobs, axes_keys[index], metric)
-        else:
-            _plot_bars(ax, jobs, swept, metric)
+    if not axes_keys:
+        fig = Figure(figsize=(max(5.5, 1.2 * len(jobs)), 4.2), layout="constrained")
+        FigureCanvasAgg(fig)
+        _plot_bars(fig.add_subplot(), jobs, swept, metric)
+    else:
+        cols = min(len(axes_keys), MAX_PLOT_COLUMNS)
+        rows = math.ceil(len(axes_keys) / cols)
+        fig = Figure(figsize=(5.0 * cols, 3.8 * rows), layout="constrained")
+        FigureCanvasAgg(fig)
+        for index, key in enumerate(axes_keys):
+            _plot_lines(fig.add_subplot(rows, cols, index + 1), jobs, key, metric)
     fig.suptitle(f"{metric} over {len(jobs)} jobs", fontsize="medium")
     return fig
 

@@ -2,16 +2,22 @@
 
 Randomness is a function of ``(seed, epoch)``: every epoch reseeds torch, numpy and the MONAI
 transforms, so a run resumed from ``last.pt`` replays exactly what an uninterrupted run would have done.
+A checkpoint written mid-epoch by a graceful stop (SIGINT/SIGTERM) also holds the step, the losses so
+far and the torch RNG: the resumed run replays the loader through the steps already taken (so the
+transforms' random streams advance as before), restores the RNG, and goes on from the next step.
 """
 
 from __future__ import annotations
 
 import logging
 import math
+import os
 import random
 import resource
 import signal
+import threading
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -26,7 +32,7 @@ from tqdm import tqdm
 
 from medseg.engine.checkpoint import load_checkpoint, load_model_state, save_checkpoint, unwrap_model
 from medseg.engine.data import PreparedData
-from medseg.engine.distributed import DistInfo, gather_objects
+from medseg.engine.distributed import DistInfo, any_rank, gather_objects, reduce_max
 from medseg.engine.inference import autocast_context, predict_volume
 from medseg.engine.report import text_table
 from medseg.engine.tensorboard import TensorBoardLogger
@@ -64,7 +70,22 @@ def amp_dtype(precision: str, device: torch.device) -> torch.dtype | None:
     return {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": None}[precision]
 
 
+def deterministic_algorithms(enabled: bool) -> Callable[[], None]:
+    """Switch torch to deterministic algorithms (``trainer.deterministic``); returns what restores the previous mode.
+
+    Ops without a deterministic implementation warn instead of failing. cuBLAS is deterministic only
+    with ``CUBLAS_WORKSPACE_CONFIG`` set before its first use, so it is set here unless already set.
+    """
+    if not enabled:
+        return lambda: None
+    previous = torch.are_deterministic_algorithms_enabled(), torch.is_deterministic_algorithms_warn_only_enabled()
+    os.environ.setdefault("CUBLAS_WORKSPACE_CONFIG", ":4096:8")
+    torch.use_deterministic_algorithms(True, warn_only=True)
+    return lambda: torch.use_deterministic_algorithms(previous[0], warn_only=previous[1])
+
+
 def seed_everything(seed: int) -> None:
+    """Seed Python's, numpy's and torch's global RNGs (torch's seeds every CUDA device too)."""
     random.seed(seed)
     np.random.seed(seed % 2**32)
     torch.manual_seed(seed)
@@ -130,7 +151,10 @@ class Trainer:
         self.nonfinite_total = 0
         self.train_seconds = 0.0
         self._stop_signal: int | None = None
-        self._resume_rng: torch.Tensor | None = None
+        self._signals_received = 0
+        self._resume_rng: dict[str, torch.Tensor | None] | None = None
+        self._epoch_losses: list[float] = []  # finite losses of the current epoch so far
+        self._nonfinite_streak = 0  # non-finite steps in a row
         self.tb = TensorBoardLogger(output_dir / "tensorboard") if dist_info.is_main else None
 
     # --- checkpoints -------------------------------------------------------------------------
@@ -143,7 +167,10 @@ class Trainer:
             "scaler": self.scaler.state_dict(),
             "epoch": self.epoch,
             "step": step,
+            "epoch_losses": list(self._epoch_losses) if step else [],
+            "nonfinite_streak": self._nonfinite_streak if step else 0,
             "torch_rng": torch.get_rng_state(),
+            "cuda_rng": torch.cuda.get_rng_state(self.device) if self.device.type == "cuda" else None,
             "best_metric": self.best_dice,
             "best_epoch": self.best_epoch,
             "best_per_class": self.best_per_class,
@@ -172,19 +199,55 @@ class Trainer:
         self.best_dice, self.best_epoch = state["best_metric"], state["best_epoch"]
         self.best_per_class, self.history = state["best_per_class"], state["history"]
         self.nonfinite_total, self.train_seconds = state["nonfinite_total"], state["train_seconds"]
-        self._resume_rng = state["torch_rng"] if self.start_step else None
+        # .get: checkpoints written before these keys existed resume too (only the epoch's mean loss differs)
+        self._epoch_losses, self._nonfinite_streak = state.get("epoch_losses", []), state.get("nonfinite_streak", 0)
+        self._resume_rng = {"torch": state["torch_rng"], "cuda": state.get("cuda_rng")} if self.start_step else None
         if self.dist.is_main:
+            self._remove_stale_temp_files()
             where = f"epoch {self.epoch}" + (f", step {self.start_step}" if self.start_step else "")
             log.info("resumed from %s at %s (best val Dice %.4f)", path, where, self.best_dice)
 
+    def _remove_stale_temp_files(self) -> None:
+        """Delete temp files of checkpoint writes that a killed run left unfinished (the targets are intact)."""
+        for tmp in self.ckpt_dir.glob(".*.pt.*.tmp"):
+            log.info("removing %s, an unfinished checkpoint write of a killed run", tmp)
+            tmp.unlink(missing_ok=True)
+
+    def _restore_rng(self) -> None:
+        """Put back the torch (and CUDA) RNG of a mid-epoch checkpoint."""
+        assert self._resume_rng is not None
+        torch.set_rng_state(self._resume_rng["torch"].cpu())
+        if self._resume_rng["cuda"] is not None and self.device.type == "cuda":
+            torch.cuda.set_rng_state(self._resume_rng["cuda"].cpu(), self.device)
+
     # --- signals -----------------------------------------------------------------------------
     def _request_stop(self, signum: int, _frame: Any) -> None:
+        """First SIGINT/SIGTERM: stop after the current step. A second one: stop at once, without saving."""
+        name = signal.Signals(signum).name
+        self._signals_received += 1
+        if self._signals_received > 1:
+            log.warning("received %s again: stopping now without saving; %s keeps the last saved state",
+                        name, self.ckpt_dir / "last.pt")
+            signal.signal(signum, signal.SIG_DFL)
+            os.kill(os.getpid(), signum)
+            return
         self._stop_signal = signum
         if self.dist.is_main:
-            log.warning("received %s: finishing the current step, then saving last.pt",
-                        signal.Signals(signum).name)
+            log.warning("received %s: finishing the current step, then saving last.pt (send it again to stop "
+                        "at once without saving)", name)
+
+    def _stop_requested(self) -> bool:
+        """Whether any rank got SIGINT/SIGTERM; under DDP all ranks then stop at the same step."""
+        signum = int(reduce_max(float(self._stop_signal or 0), self.dist, self.device))
+        if signum:
+            self._stop_signal = signum
+        return bool(signum)
 
     def _install_signal_handlers(self) -> dict[int, Any]:
+        """Route SIGINT/SIGTERM to a graceful stop; returns the previous handlers (none off the main thread)."""
+        if threading.current_thread() is not threading.main_thread():  # Python only lets the main thread do this
+            log.warning("training outside the main thread: SIGINT/SIGTERM will not stop it gracefully")
+            return {}
         return {sig: signal.signal(sig, self._request_stop) for sig in (signal.SIGINT, signal.SIGTERM)}
 
     # --- training ----------------------------------------------------------------------------
@@ -196,59 +259,81 @@ class Trainer:
             set_rnd(self.data.train_dataset, seed + self.dist.rank)
 
     def _train_step(self, batch: dict[str, torch.Tensor]) -> float | None:
+        """One optimisation step; returns its loss, or None when the loss or the gradients are non-finite.
+
+        A non-finite step changes nothing: no weight, optimizer or scaler update.
+        """
         image = batch["image"].to(self.device, non_blocking=True)
         label = batch["label"].to(self.device, non_blocking=True)
         with autocast_context(self.device, self.amp_dtype):
             output = self.model(image)
         loss = self.loss_fn([o.float() for o in output] if isinstance(output, list) else output.float(), label)
         self.optimizer.zero_grad(set_to_none=True)
-        if not torch.isfinite(loss):
+        # under DDP every rank skips together: a lone skipped backward would leave the others in its all-reduce
+        if any_rank(not bool(torch.isfinite(loss)), self.dist, self.device):
             return None
         self.scaler.scale(loss).backward()
-        if self.tcfg["grad_clip"]:
-            self.scaler.unscale_(self.optimizer)
-            nn.utils.clip_grad_norm_(self.model.parameters(), self.tcfg["grad_clip"])
+        if not self._clip_gradients() and not self.scaler.is_enabled():  # fp16's scaler skips such steps itself
+            self.optimizer.zero_grad(set_to_none=True)
+            return None
         self.scaler.step(self.optimizer)
         self.scaler.update()
         return loss.item()
+
+    def _clip_gradients(self) -> bool:
+        """Clip the gradient norm to ``trainer.grad_clip`` (null: no clipping); returns whether the norm is finite.
+
+        Under DDP the gradients, hence the norm and the decision to skip, are the same on every rank.
+        """
+        self.scaler.unscale_(self.optimizer)
+        if self.tcfg["grad_clip"]:
+            norm = nn.utils.clip_grad_norm_(self.model.parameters(), self.tcfg["grad_clip"])
+        else:
+            norm = nn.utils.get_total_norm([p.grad for p in self.model.parameters() if p.grad is not None])
+        return bool(torch.isfinite(norm))
 
     def _last_good_checkpoint(self) -> str:
         last = self.ckpt_dir / "last.pt"
         return str(last) if last.is_file() else "none yet (no epoch completed)"
 
     def train_epoch(self) -> float:
-        """One pass over the training loader; returns the mean finite loss."""
+        """One pass over the training loader (from ``start_step`` after a mid-epoch resume); returns its mean loss."""
         self.model.train()
         self._seed_epoch()
-        losses, consecutive_bad = [], 0
+        if not self.start_step:
+            self._epoch_losses, self._nonfinite_streak = [], 0
         bar = tqdm(self.data.train_loader, desc=f"epoch {self.epoch + 1}/{self.tcfg['max_epochs']}",
                    disable=not (self.tcfg["progress"] and self.dist.is_main), leave=False, dynamic_ncols=True)
         for step, batch in enumerate(bar):
             if step < self.start_step:  # fast-forward through a mid-epoch resume, replaying the data RNG
                 if step == self.start_step - 1 and self._resume_rng is not None:
-                    torch.set_rng_state(self._resume_rng)
+                    self._restore_rng()
                 continue
             loss = self._train_step(batch)
             if loss is None:
-                consecutive_bad += 1
-                self.nonfinite_total += 1
-                log.warning("non-finite loss at epoch %d step %d: step skipped (%d in a row)",
-                            self.epoch + 1, step, consecutive_bad)
-                if consecutive_bad >= self.tcfg["max_nonfinite_steps"]:
-                    raise TrainingError(
-                        f"the loss was non-finite for {consecutive_bad} steps in a row at epoch {self.epoch + 1}; "
-                        f"stopping. Last good checkpoint: {self._last_good_checkpoint()}. Lower trainer.lr, "
-                        f"set trainer.grad_clip, or check the data (scripts/check_data.py)."
-                    )
+                self._skip_nonfinite(step)
             else:
-                consecutive_bad = 0
-                losses.append(loss)
+                self._nonfinite_streak = 0
+                self._epoch_losses.append(loss)
                 bar.set_postfix(loss=f"{loss:.4f}")
-            if self._stop_signal is not None:
+            if self._stop_requested():
                 self._interrupt(step + 1)
         self.start_step, self._resume_rng = 0, None
-        mean = float(np.mean(losses)) if losses else float("nan")
+        mean = float(np.mean(self._epoch_losses)) if self._epoch_losses else float("nan")
         return float(np.mean([m for m in gather_objects(mean, self.dist) if not math.isnan(m)] or [mean]))
+
+    def _skip_nonfinite(self, step: int) -> None:
+        """Count a skipped non-finite step; too many in a row stop training with :class:`TrainingError`."""
+        self._nonfinite_streak += 1
+        self.nonfinite_total += 1
+        log.warning("non-finite loss or gradient at epoch %d step %d: step skipped (%d in a row)",
+                    self.epoch + 1, step, self._nonfinite_streak)
+        if self._nonfinite_streak >= self.tcfg["max_nonfinite_steps"]:
+            raise TrainingError(
+                f"the loss or gradient was non-finite for {self._nonfinite_streak} steps in a row at epoch "
+                f"{self.epoch + 1}; stopping. Last good checkpoint: {self._last_good_checkpoint()}. Lower trainer.lr, "
+                f"set trainer.grad_clip, or check the data (scripts/check_data.py)."
+            )
 
     def _interrupt(self, step: int) -> None:
         path = self.save("last.pt", step=step)
@@ -309,7 +394,7 @@ class Trainer:
                 self.history.append(record)
                 self.save("last.pt")
                 self._log_epoch(record)
-                if self._stop_signal is not None:
+                if self._stop_requested():
                     self._interrupt(0)
         finally:
             for sig, handler in previous.items():

@@ -1,4 +1,6 @@
-"""Small, realistic NIfTI datasets for tests, written in MSD or nnU-Net v2 layout.
+"""Small, realistic datasets for tests, written in MSD or nnU-Net v2 layout.
+
+Files are NIfTI by default; ``.nrrd`` (pynrrd) and ``.mha``/``.mhd`` (itk) need the ``formats`` extra.
 
 Every generator builds its volumes in **RAS voxel order** (axis 0 = R, 1 = A, 2 = S): ``shape`` is
 in voxels and ``spacing`` in mm along those axes. Each file is then stored reoriented to
@@ -27,6 +29,7 @@ from nibabel.orientations import axcodes2ornt, ornt_transform
 Spacing = tuple[float, float, float]
 Shape = tuple[int, int, int]
 FORMATS = ("msd", "nnunet")
+NIFTI_ENDINGS = (".nii.gz", ".nii")
 
 
 @dataclass
@@ -42,6 +45,15 @@ class SyntheticCase:
     """mm along X, Y, Z."""
 
 
+def _reoriented(array: np.ndarray, spacing: Sequence[float], orientation: str,
+                origin: Sequence[float]) -> nib.Nifti1Image:
+    """``array`` (RAS voxel order) as a NIfTI image whose voxel axes are stored in ``orientation``."""
+    affine = np.diag([*map(float, spacing), 1.0])
+    affine[:3, 3] = origin
+    image = nib.Nifti1Image(array, affine)
+    return image.as_reoriented(ornt_transform(axcodes2ornt("RAS"), axcodes2ornt(tuple(orientation))))
+
+
 def save_nifti(path: str | Path, array: np.ndarray, spacing: Sequence[float], orientation: str = "RAS",
                origin: Sequence[float] = (0.0, 0.0, 0.0)) -> Path:
     """Write ``array`` ((X, Y, Z) or (X, Y, Z, C), RAS voxel order) stored in ``orientation`` axis codes.
@@ -49,10 +61,7 @@ def save_nifti(path: str | Path, array: np.ndarray, spacing: Sequence[float], or
     The array keeps its dtype (int16 stays int16, no scaling); qform and sform are both set.
     """
     path = Path(path)
-    affine = np.diag([*map(float, spacing), 1.0])
-    affine[:3, 3] = origin
-    image = nib.Nifti1Image(array, affine)
-    image = image.as_reoriented(ornt_transform(axcodes2ornt("RAS"), axcodes2ornt(tuple(orientation))))
+    image = _reoriented(array, spacing, orientation, origin)
     image.set_qform(image.affine, code=1)
     image.set_sform(image.affine, code=1)
     path.parent.mkdir(parents=True, exist_ok=True)
@@ -60,31 +69,76 @@ def save_nifti(path: str | Path, array: np.ndarray, spacing: Sequence[float], or
     return path
 
 
+def _lps_geometry(affine: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """Spacing (3,), direction (3, 3; columns are the voxel axes) and origin (3,) in ITK's LPS world."""
+    lps = np.diag([-1.0, -1.0, 1.0]) @ affine[:3]
+    spacing = np.linalg.norm(lps[:, :3], axis=0)
+    return spacing, lps[:, :3] / spacing, lps[:, 3]
+
+
+def _save_nrrd(path: Path, image: nib.Nifti1Image) -> None:
+    import nrrd  # pynrrd, from the ``formats`` extra
+
+    spacing, direction, origin = _lps_geometry(image.affine)
+    header = {"space": "left-posterior-superior", "space directions": (direction * spacing).T,
+              "space origin": origin, "encoding": "gzip"}
+    nrrd.write(str(path), np.asarray(image.dataobj), header)
+
+
+def _save_itk(path: Path, image: nib.Nifti1Image) -> None:
+    import itk  # itk-io, from the ``formats`` extra
+
+    spacing, direction, origin = _lps_geometry(image.affine)
+    # ITK's numpy view is (Z, Y, X): reverse the voxel axes
+    itk_image = itk.image_from_array(np.ascontiguousarray(np.asarray(image.dataobj).transpose(2, 1, 0)))
+    itk_image.SetSpacing(spacing.tolist())
+    itk_image.SetOrigin(origin.tolist())
+    itk_image.SetDirection(itk.matrix_from_array(np.ascontiguousarray(direction)))
+    itk.imwrite(itk_image, str(path), compression=True)
+
+
+def save_image(path: str | Path, array: np.ndarray, spacing: Sequence[float], orientation: str = "RAS",
+               origin: Sequence[float] = (0.0, 0.0, 0.0)) -> Path:
+    """:func:`save_nifti`, or by ``path``'s ending a ``.nrrd`` (pynrrd) or ``.mha``/``.mhd`` (itk) file of the
+    same voxels and world geometry. Non-NIfTI files must be 3D (one file per channel)."""
+    path = Path(path)
+    if path.name.endswith(NIFTI_ENDINGS):
+        return save_nifti(path, array, spacing, orientation, origin)
+    if array.ndim != 3:
+        raise ValueError(f"{path}: only 3D arrays are written as {path.suffix}; use the nnunet layout for channels")
+    writers = {".nrrd": _save_nrrd, ".mha": _save_itk, ".mhd": _save_itk}
+    if path.suffix not in writers:
+        raise ValueError(f"{path}: unsupported ending, expected one of {(*NIFTI_ENDINGS, *writers)}")
+    path.parent.mkdir(parents=True, exist_ok=True)
+    writers[path.suffix](path, _reoriented(array, spacing, orientation, origin))
+    return path
+
+
 def write_dataset(root: str | Path, cases: Sequence[SyntheticCase], channel_names: Sequence[str],
                   labels: Sequence[str], fmt: str = "msd", orientation: str = "RAS",
-                  name: str = "synthetic") -> Path:
+                  name: str = "synthetic", file_ending: str = ".nii.gz") -> Path:
     """Write ``cases`` and a ``dataset.json`` under ``root`` in ``fmt`` ("msd" or "nnunet"); returns root.
 
-    MSD: ``imagesTr/CASE.nii.gz`` (4D, channels last, when multi-channel). nnU-Net v2:
-    ``imagesTr/CASE_0000.nii.gz`` ... one file per channel. Labels: ``labelsTr/CASE.nii.gz``.
-    ``labels`` are the class names by index, background first.
+    MSD: ``imagesTr/CASE<ending>`` (4D, channels last, when multi-channel; NIfTI only). nnU-Net v2:
+    ``imagesTr/CASE_0000<ending>`` ... one file per channel. Labels: ``labelsTr/CASE<ending>``.
+    ``labels`` are the class names by index, background first; ``file_ending`` picks the file type
+    (see :func:`save_image`).
     """
     if fmt not in FORMATS:
         raise ValueError(f"fmt={fmt!r}: expected one of {FORMATS}")
     root = Path(root)
     training = []
     for case in cases:
-        origin = tuple(-0.5 * n * s for n, s in zip(case.label.shape, case.spacing))
-        save_nifti(root / "labelsTr" / f"{case.case}.nii.gz", case.label, case.spacing, orientation, origin)
+        geometry = (case.spacing, orientation, tuple(-0.5 * n * s for n, s in zip(case.label.shape, case.spacing)))
+        save_image(root / "labelsTr" / f"{case.case}{file_ending}", case.label, *geometry)
         if fmt == "msd":
             array = case.image[0] if len(case.image) == 1 else np.moveaxis(case.image, 0, -1)
-            save_nifti(root / "imagesTr" / f"{case.case}.nii.gz", array, case.spacing, orientation, origin)
-            training.append({"image": f"./imagesTr/{case.case}.nii.gz",
-                             "label": f"./labelsTr/{case.case}.nii.gz"})
+            save_image(root / "imagesTr" / f"{case.case}{file_ending}", array, *geometry)
+            training.append({"image": f"./imagesTr/{case.case}{file_ending}",
+                             "label": f"./labelsTr/{case.case}{file_ending}"})
         else:
             for channel, array in enumerate(case.image):
-                save_nifti(root / "imagesTr" / f"{case.case}_{channel:04d}.nii.gz", array, case.spacing,
-                           orientation, origin)
+                save_image(root / "imagesTr" / f"{case.case}_{channel:04d}{file_ending}", array, *geometry)
     channels = {str(i): c for i, c in enumerate(channel_names)}
     if fmt == "msd":
         meta = {"name": name, "tensorImageSize": "4D" if len(channel_names) > 1 else "3D",
@@ -92,7 +146,7 @@ def write_dataset(root: str | Path, cases: Sequence[SyntheticCase], channel_name
                 "numTraining": len(cases), "numTest": 0, "training": training, "test": []}
     else:
         meta = {"name": name, "channel_names": channels, "labels": {n: i for i, n in enumerate(labels)},
-                "numTraining": len(cases), "file_ending": ".nii.gz"}
+                "numTraining": len(cases), "file_ending": file_ending}
     (root / "dataset.json").write_text(json.dumps(meta, indent=2))
     return root
 
@@ -152,29 +206,43 @@ def mri_case(case: str, rng: np.random.Generator, shape: Shape, spacing: Spacing
 
 
 def _write(root: str | Path, fmt: str, num_cases: int, prefix: str, make, shape, spacing,
-           orientation: str, seed: int, channel_names: Sequence[str], labels: Sequence[str]) -> Path:
+           orientation: str, seed: int, channel_names: Sequence[str], labels: Sequence[str],
+           file_ending: str = ".nii.gz") -> Path:
     rng = np.random.default_rng(seed)
     cases = [make(f"{prefix}_{i:03d}", rng, _per_case(shape, i), _per_case(spacing, i))
              for i in range(num_cases)]
-    return write_dataset(root, cases, channel_names, labels, fmt, orientation, name=prefix)
+    return write_dataset(root, cases, channel_names, labels, fmt, orientation, name=prefix, file_ending=file_ending)
 
 
 def write_ct_dataset(root: str | Path, fmt: str = "msd", num_cases: int = 10,
                      shape: Shape | Sequence[Shape] = (64, 64, 20),
                      spacing: Spacing | Sequence[Spacing] = (0.7, 0.7, 5.0),
-                     orientation: str = "LPS", seed: int = 0) -> Path:
+                     orientation: str = "LPS", seed: int = 0, file_ending: str = ".nii.gz") -> Path:
     """Anisotropic int16 CT (HU), stored LPS by default; classes background, organ, lesion."""
     return _write(root, fmt, num_cases, "ct", ct_case, shape, spacing, orientation, seed,
-                  ["CT"], ["background", "organ", "lesion"])
+                  ["CT"], ["background", "organ", "lesion"], file_ending)
 
 
 def write_mri_dataset(root: str | Path, fmt: str = "msd", num_cases: int = 6,
                       shape: Shape | Sequence[Shape] = (48, 48, 40),
                       spacing: Spacing | Sequence[Spacing] = (1.0, 1.0, 1.0),
-                      orientation: str = "RAS", seed: int = 0) -> Path:
+                      orientation: str = "RAS", seed: int = 0, file_ending: str = ".nii.gz") -> Path:
     """Isotropic float32 MRI-like data in an arbitrary per-case scale; classes background, structure."""
     return _write(root, fmt, num_cases, "mri", mri_case, shape, spacing, orientation, seed,
-                  ["T1"], ["background", "structure"])
+                  ["T1"], ["background", "structure"], file_ending)
+
+
+SAGITTAL_SHAPE, SAGITTAL_SPACING = (12, 48, 48), (4.0, 0.8, 0.8)
+"""Defaults of :func:`write_sagittal_dataset`: thick along R, so 2D slices are sagittal (across axis 0)."""
+
+
+def write_sagittal_dataset(root: str | Path, fmt: str = "msd", num_cases: int = 4,
+                           shape: Shape | Sequence[Shape] = SAGITTAL_SHAPE,
+                           spacing: Spacing | Sequence[Spacing] = SAGITTAL_SPACING,
+                           orientation: str = "LPS", seed: int = 0) -> Path:
+    """MRI-like volumes acquired in thick sagittal slices: the thick axis is R (axis 0), not S."""
+    return _write(root, fmt, num_cases, "sag", mri_case, shape, spacing, orientation, seed,
+                  ["T2"], ["background", "structure"])
 
 
 def write_thin_dataset(root: str | Path, fmt: str = "msd", num_cases: int = 4,

@@ -1,0 +1,29 @@
+"""Benchmarks behind ``scripts/benchmark.py``, one module per subcommand.
+
+To add a subcommand ``<name>``: write ``medseg/benchmark/<name>.py`` with a function
+``add_subcommand(subparsers)`` that adds its parser and sets ``func`` (``args -> exit code``) as a
+default, then add ``"<name>"`` to :data:`SUBCOMMANDS`.
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+from collections.abc import Sequence
+
+SUBCOMMANDS: tuple[str, ...] = ("attention",)
+
+
+def build_parser() -> argparse.ArgumentParser:
+    """The ``benchmark.py`` parser with one sub-parser per entry of :data:`SUBCOMMANDS`."""
+    parser = argparse.ArgumentParser(prog="benchmark.py", description="medseg benchmarks")
+    subparsers = parser.add_subparsers(dest="command", required=True, metavar="{" + ",".join(SUBCOMMANDS) + "}")
+    for name in SUBCOMMANDS:
+        importlib.import_module(f"{__name__}.{name}").add_subcommand(subparsers)
+    return parser
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Parse ``argv`` and run the chosen subcommand; returns its exit code."""
+    args = build_parser().parse_args(argv)
+    return args.func(args)

@@ -1,0 +1,275 @@
+"""Evaluation: original geometry kept, metrics equal to an independent computation, predict-only, 2D models,
+an oracle model, bad inputs (other cases still evaluated), and ``scripts/evaluate.py`` end to end.
+
+The demo volumes are LPS with 0.8 x 0.8 x 2 mm voxels; the checkpoints resample to 1.0 x 1.0 x 1.5 mm
+so that inverting orientation and spacing is really exercised.
+"""
+
+from __future__ import annotations
+
+import csv
+import json
+import math
+import shutil
+from pathlib import Path
+from typing import Any
+
+import nibabel as nib
+import numpy as np
+import pytest
+import torch
+from torch import nn
+
+from medseg.config import to_plain, validate_config
+from medseg.data.transforms import patch_size_3d, slice_axis
+from medseg.engine import evaluate as evaluate_module
+from medseg.engine.checkpoint import CheckpointError, save_checkpoint
+from medseg.engine.evaluate import (
+    EvaluationError,
+    evaluate,
+    evaluate_cli,
+    find_cases,
+    group_channels,
+    mirror_axes,
+)
+from medseg.models import build_model
+from tests.conftest import compose_config, run_script
+from tests.engine.test_metrics import reference_dice, reference_hd95, reference_nsd
+
+LABELS = {"0": "background", "1": "dim sphere", "2": "bright sphere"}
+TARGET_SPACING = (1.0, 1.0, 1.5)
+TINY_MODEL = {"name": "unet", "channels": [8, 16], "strides": [2], "kernel_size": 3, "norm": "instance",
+              "dropout": 0.0, "deep_supervision": False, "bottleneck": "none", "bottleneck_depth": 1,
+              "decoder": "none", "decoder_levels": 0, "checkpointing": False}
+
+
+def save_test_checkpoint(path: Path, spatial_dims: int = 3, spacing=TARGET_SPACING, patch=(32, 32, 16),
+                         normalization: Any = "zscore", state: dict | None = None,
+                         channel_names: tuple[str, ...] = ("MRI",)) -> Path:
+    """A checkpoint as the trainer writes it: a real resolved config, a tiny SlottedUNet, the dataset description."""
+    cfg = to_plain(validate_config(compose_config(["output_dir=unused"])))
+    cfg["model"].update(TINY_MODEL, spatial_dims=spatial_dims)
+    cfg["data"].update(spacing=list(spacing), patch_size=list(patch), normalization=normalization)
+    axis = slice_axis(spacing)
+    roi = patch_size_3d(patch, spatial_dims, axis)
+    if state is None:
+        torch.manual_seed(0)
+        net_patch = roi if spatial_dims == 3 else [s for a, s in enumerate(roi) if a != axis]
+        state = build_model(cfg["model"], len(channel_names), len(LABELS), net_patch).state_dict()
+    dataset = {"labels": LABELS, "channel_names": list(channel_names), "slice_axis": axis, "roi_size": roi}
+    return save_checkpoint(path, {"model": state, "config": cfg, "dataset": dataset})
+
+
+class OracleNet(nn.Module):
+    """A "model" whose input channels are the one-hot label: its logits are the (resampled) one-hot label."""
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return 20.0 * x
+
+
+@pytest.fixture(scope="module")
+def ckpt_3d(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return save_test_checkpoint(tmp_path_factory.mktemp("ckpt") / "best3d.pt")
+
+
+@pytest.fixture()
+def oracle(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(evaluate_module, "build_model", lambda cfg, cin, cout, patch: OracleNet())
+
+
+def nnunet_folder(demo: Path, dest: Path, one_hot_images: bool = False, cases: int = 8) -> Path:
+    """``dest/imagesTs/CASE_0000.nii.gz`` + ``dest/labelsTs/CASE.nii.gz`` from the demo.
+
+    ``one_hot_images``: the images are the one-hot labels, one channel file per class (``CASE_0000..0002``).
+    """
+    for index in range(cases):
+        name = f"demo_{index:03d}"
+        label = demo / "labelsTr" / f"{name}.nii.gz"
+        image = demo / "imagesTr" / f"{name}.nii.gz"
+        (dest / "imagesTs").mkdir(parents=True, exist_ok=True)
+        (dest / "labelsTs").mkdir(parents=True, exist_ok=True)
+        if one_hot_images:
+            nii = nib.load(label)
+            for c in range(len(LABELS)):
+                channel = (np.asarray(nii.dataobj) == c).astype(np.float32)
+                nib.save(nib.Nifti1Image(channel, nii.affine, nii.header), dest / "imagesTs" / f"{name}_{c:04d}.nii.gz")
+        else:
+            shutil.copy(image, dest / "imagesTs" / f"{name}_0000.nii.gz")
+        shutil.copy(label, dest / "labelsTs" / f"{name}.nii.gz")
+    return dest
+
+
+def read_csv(path: Path) -> list[dict[str, str]]:
+    with path.open() as handle:
+        return list(csv.DictReader(handle))
+
+
+def assert_same_geometry(prediction: Path, image: Path) -> np.ndarray:
+    """The prediction has the image's shape and affine exactly; returns its voxels."""
+    pred, ref = nib.load(prediction), nib.load(image)
+    assert pred.shape == ref.shape[:3]
+    np.testing.assert_array_equal(pred.affine, ref.affine)
+    assert pred.get_data_dtype() == np.uint8
+    return np.asarray(pred.dataobj)
+
+
+# ----------------------------------------------------------------------------------------------- tests
+
+
+def msd_copy_with_validation(demo: Path, dest: Path, cases: int) -> Path:
+    """A copy of the MSD demo folder whose dataset.json also lists its first ``cases`` cases as validation."""
+    shutil.copytree(demo, dest)
+    meta = json.loads((dest / "dataset.json").read_text())
+    meta["validation"] = meta["training"][:cases]
+    (dest / "dataset.json").write_text(json.dumps(meta))
+    return dest
+
+
+def test_geometry_kept_and_metrics_match_direct_computation(tiny_demo_root: Path, ckpt_3d: Path,
+                                                            tmp_path: Path) -> None:
+    demo = msd_copy_with_validation(tiny_demo_root, tmp_path / "demo", cases=4)
+    out = tmp_path / "out"
+    result = evaluate({"ckpt": str(ckpt_3d), "input": str(demo / "dataset.json"), "split": "validation",
+                       "output": str(out), "progress": False})
+    assert result.exit_code == 0 and not result.failed
+    rows = read_csv(out / "metrics.csv")
+    assert len(rows) == 4 * 2 and {r["class_name"] for r in rows} == {"dim sphere", "bright sphere"}
+    for index in range(4):
+        name = f"demo_{index:03d}"
+        pred = assert_same_geometry(out / f"{name}.nii.gz", demo / "imagesTr" / f"{name}.nii.gz")
+        label_nii = nib.load(demo / "labelsTr" / f"{name}.nii.gz")
+        label, spacing = np.asarray(label_nii.dataobj), label_nii.header.get_zooms()[:3]
+        for row in (r for r in rows if r["case"] == name):
+            p, r = pred == int(row["class_index"]), label == int(row["class_index"])
+            assert float(row["dice"]) == pytest.approx(reference_dice(p, r))
+            assert float(row["pred_ml"]) == pytest.approx(p.sum() * np.prod(spacing) / 1000)
+            assert float(row["ref_ml"]) == pytest.approx(r.sum() * np.prod(spacing) / 1000)
+            expected_hd = reference_hd95(p, r, spacing)
+            if math.isfinite(expected_hd):
+                assert float(row["hd95_mm"]) == pytest.approx(expected_hd, rel=1e-5)
+            else:
+                assert row["hd95_mm"] == str(expected_hd) and row["flags"]
+            assert float(row["nsd"]) == pytest.approx(reference_nsd(p, r, spacing, 1.0), rel=1e-6)
+    summary = json.loads((out / "summary.json").read_text())
+    assert summary["num_cases"] == summary["num_scored"] == 4 and summary["failed"] == []
+    dims = [float(r["dice"]) for r in rows if r["class_name"] == "dim sphere"]
+    assert summary["classes"]["dim sphere"]["dice"] == pytest.approx(np.mean(dims))
+
+
+@pytest.mark.parametrize("spacing", [(0.8, 0.8, 2.0), TARGET_SPACING], ids=["native", "resampled"])
+def test_oracle_model_scores_perfectly(tiny_demo_root: Path, tmp_path: Path, oracle: None, spacing) -> None:
+    """A model that returns the label: Dice 1 / HD95 0 without resampling, and close to it with it
+    (a wrong orientation or spacing inversion would misplace the prediction, Dice near 0)."""
+    ckpt = save_test_checkpoint(tmp_path / "oracle.pt", spacing=spacing, normalization="none", state={},
+                                channel_names=("c0", "c1", "c2"))
+    folder = nnunet_folder(tiny_demo_root, tmp_path / "data", one_hot_images=True, cases=3)
+    result = evaluate({"ckpt": str(ckpt), "input": str(folder), "output": str(tmp_path / "out"),
+                       "progress": False, "tta": True})
+    assert result.exit_code == 0 and len(result.rows) == 3 * 2
+    scored = [r for r in result.rows if r["flags"] != "both_empty"]
+    assert scored
+    if spacing == (0.8, 0.8, 2.0):
+        assert all(r["dice"] == 1.0 and r["hd95_mm"] == 0.0 and r["nsd"] == 1.0 for r in scored)
+    else:
+        # small spheres (about 50-200 voxels) lose their rims to the two resamplings, nothing more
+        assert np.mean([r["dice"] for r in scored]) > 0.75
+        assert np.median([r["hd95_mm"] for r in scored]) <= 2.0  # one native slice
+
+
+def test_predict_only_folder_with_probabilities(tiny_demo_root: Path, ckpt_3d: Path, tmp_path: Path) -> None:
+    images = tmp_path / "images"
+    images.mkdir()
+    for name in ("demo_000.nii.gz", "demo_001.nii.gz"):
+        shutil.copy(tiny_demo_root / "imagesTr" / name, images / name)
+    out = tmp_path / "out"
+    result = evaluate({"ckpt": str(ckpt_3d), "input": str(images), "output": str(out), "progress": False,
+                       "save_probabilities": True})
+    assert result.exit_code == 0 and result.rows == []
+    assert not (out / "metrics.csv").exists()
+    summary = json.loads((out / "summary.json").read_text())
+    assert summary["num_predicted"] == 2 and summary["num_scored"] == 0
+    pred = assert_same_geometry(out / "demo_000.nii.gz", images / "demo_000.nii.gz")
+    probs = np.load(out / "demo_000.npz")["probabilities"]
+    assert probs.dtype == np.float16 and probs.shape == (3, *pred.shape)
+    np.testing.assert_allclose(probs.astype(np.float32).sum(0), 1.0, atol=5e-3)
+    assert (probs.argmax(0) == pred).mean() > 0.99
+
+
+def test_2d_checkpoint_on_3d_volumes(tiny_demo_root: Path, tmp_path: Path) -> None:
+    ckpt = save_test_checkpoint(tmp_path / "best2d.pt", spatial_dims=2)
+    folder = nnunet_folder(tiny_demo_root, tmp_path / "data", cases=1)
+    result = evaluate({"ckpt": str(ckpt), "input": str(folder), "output": str(tmp_path / "out"),
+                       "progress": False})
+    assert result.exit_code == 0 and len(result.rows) == 2
+    assert_same_geometry(tmp_path / "out" / "demo_000.nii.gz", folder / "imagesTs" / "demo_000_0000.nii.gz")
+
+
+def test_bad_cases_are_reported_and_others_still_evaluated(tiny_demo_root: Path, ckpt_3d: Path,
+                                                           tmp_path: Path) -> None:
+    folder = nnunet_folder(tiny_demo_root, tmp_path / "data", cases=4)
+    # demo_001: a two-channel image; demo_002: a label two voxels shorter than its image
+    two_channel = folder / "imagesTs" / "demo_001_0000.nii.gz"
+    image = nib.load(two_channel)
+    data = np.asarray(image.dataobj)
+    nib.save(nib.Nifti1Image(np.stack([data, data], axis=-1), image.affine), two_channel)
+    label = nib.load(folder / "labelsTs" / "demo_002.nii.gz")
+    nib.save(nib.Nifti1Image(np.asarray(label.dataobj)[:-2], label.affine), folder / "labelsTs" / "demo_002.nii.gz")
+    out = tmp_path / "out"
+    result = evaluate({"ckpt": str(ckpt_3d), "input": str(folder), "output": str(out), "progress": False})
+    assert result.exit_code == 1
+    reasons = {f["case"]: f["reason"] for f in result.failed}
+    assert set(reasons) == {"demo_001", "demo_002"}
+    assert "demo_001_0000.nii.gz" in reasons["demo_001"] and "2 channel(s)" in reasons["demo_001"]
+    assert "demo_002.nii.gz" in reasons["demo_002"] and "label shape (30, 32, 16)" in reasons["demo_002"]
+    assert {r["case"] for r in result.rows} == {"demo_000", "demo_003"}
+    summary = json.loads((out / "summary.json").read_text())
+    assert {f["case"] for f in summary["failed"]} == {"demo_001", "demo_002"} and summary["num_scored"] == 2
+
+
+def test_bad_checkpoints_and_empty_input(ckpt_3d: Path, tmp_path: Path, capsys: pytest.CaptureFixture) -> None:
+    empty = tmp_path / "empty"
+    empty.mkdir()
+    with pytest.raises(CheckpointError, match="not found"):
+        evaluate({"ckpt": str(tmp_path / "nope.pt"), "input": str(empty), "progress": False})
+    foreign = tmp_path / "foreign.pt"
+    torch.save(nn.Linear(2, 2).state_dict(), foreign)
+    with pytest.raises(CheckpointError, match="not written by medseg"):
+        evaluate({"ckpt": str(foreign), "input": str(empty), "progress": False})
+    with pytest.raises(EvaluationError, match="no images found"):
+        evaluate({"ckpt": str(ckpt_3d), "input": str(empty), "output": str(tmp_path / "o"), "progress": False})
+    with pytest.raises(EvaluationError, match="input is required"):
+        evaluate({"ckpt": str(ckpt_3d)})
+    assert evaluate_cli({"ckpt": str(foreign), "input": str(empty)}) == 1
+    err = capsys.readouterr().err
+    assert err.startswith("error: checkpoint") and "foreign.pt" in err and "Traceback" not in err
+    assert len(err.strip().splitlines()) == 1
+
+
+def test_tta_mirrors_in_plane_axes_only_for_2d_models() -> None:
+    assert mirror_axes(3, slice_axis=2) == (0, 1, 2)
+    assert mirror_axes(2, slice_axis=2) == (0, 1) and mirror_axes(2, slice_axis=0) == (1, 2)
+
+
+def test_case_discovery(tmp_path: Path) -> None:
+    names = ["a_0000.nii.gz", "a_0001.nii.gz", "b_0000.nii.gz", "b_0001.nii.gz"]
+    cases = group_channels([tmp_path / n for n in names], num_channels=2)
+    assert [c.case for c in cases] == ["a", "b"] and len(cases[0].image_files) == 2
+    # numbered single-channel files are separate cases, not channels
+    numbered = [tmp_path / f"scan_{i:04d}.nii.gz" for i in range(3)]
+    assert [c.case for c in group_channels(numbered, num_channels=1)] == ["scan_0000", "scan_0001", "scan_0002"]
+    (tmp_path / "x.nii.gz").write_bytes(b"")
+    with pytest.raises(EvaluationError, match="not found"):
+        find_cases(tmp_path / "missing", "test", 1)
+    with pytest.raises(EvaluationError, match="would overwrite"):
+        evaluate_module._check_output(find_cases(tmp_path, "test", 1), tmp_path)
+
+
+def test_script_end_to_end(tiny_demo_root: Path, ckpt_3d: Path, tmp_path: Path) -> None:
+    folder = nnunet_folder(tiny_demo_root, tmp_path / "data", cases=1)
+    result = run_script("evaluate.py", [f"ckpt={ckpt_3d}", f"input={folder}", "output=preds", "progress=false"],
+                        cwd=tmp_path, timeout=300)
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert "foreground mean" in result.stdout and "dim sphere" in result.stdout
+    out = tmp_path / "preds"
+    assert {p.name for p in out.iterdir()} == {"demo_000.nii.gz", "metrics.csv", "summary.json"}
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["data", "preds"]  # no Hydra folders or logs

@@ -1,0 +1,255 @@
+"""Sweep reports on fake sweep directories: job discovery, swept columns, failures, seed groups, plots, callbacks."""
+
+from __future__ import annotations
+
+import csv
+import importlib.util
+import json
+import logging
+import math
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+from hydra.core.utils import JobReturn, JobStatus
+from omegaconf import OmegaConf
+
+from medseg.engine.callbacks import FailedJobsFailTrials, SummarizeSweep, TrialFailed
+from medseg.engine.sweep import (
+    as_number,
+    build_summary,
+    collect_jobs,
+    format_mean_std,
+    mean_std,
+    numeric_keys,
+    parse_overrides,
+    summarize_sweep,
+    swept_keys,
+)
+
+from ..conftest import REPO
+
+PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
+COMMON = ["data.root=/data/demo3d", "trainer.max_epochs=1"]
+
+
+def completed(dice: float, per_class: Sequence[float] | None = None, seconds: float = 10.0) -> dict[str, Any]:
+    """A ``metrics.json`` as ``Trainer.metrics()`` writes it (two classes)."""
+    dim, bright = per_class if per_class is not None else (dice - 0.05, dice + 0.05)
+    return {
+        "status": "completed",
+        "best_val_dice": dice,
+        "best_epoch": 1,
+        "epochs": 1,
+        "val_dice_per_class": {"dim sphere": dim, "bright sphere": bright},
+        "train_seconds": seconds,
+        "params": 1234,
+        "peak_memory_mb": 512.5,
+        "history": [],
+    }
+
+
+def make_job(sweep: Path, name: str, overrides: Sequence[str], metrics: dict[str, Any] | str | None) -> Path:
+    """A Hydra job folder: ``.hydra/overrides.yaml`` and, unless None, ``metrics.json`` (a str is written raw)."""
+    job = sweep / name
+    (job / ".hydra").mkdir(parents=True)
+    (job / ".hydra" / "overrides.yaml").write_text(yaml.safe_dump([*COMMON, *overrides]))
+    if metrics is not None:
+        (job / "metrics.json").write_text(metrics if isinstance(metrics, str) else json.dumps(metrics))
+    return job
+
+
+def read_csv(path: Path) -> list[dict[str, str]]:
+    with path.open(newline="") as handle:
+        return list(csv.DictReader(handle))
+
+
+@pytest.fixture
+def grid_sweep(tmp_path: Path) -> Path:
+    """2 blocks x 2 gammas; one job failed, one still running."""
+    sweep = tmp_path / "multirun"
+    make_job(sweep, "0", ["model.bottleneck=none", "model.attention.gamma=0.8"], completed(0.70))
+    make_job(sweep, "1", ["model.bottleneck=none", "model.attention.gamma=0.9"], completed(0.72))
+    make_job(
+        sweep,
+        "2",
+        ["model.bottleneck=masa", "model.attention.gamma=0.8"],
+        {"status": "failed", "reason": "ValueError: num_heads=3 must divide 32"},
+    )
+    make_job(sweep, "3", ["model.bottleneck=masa", "model.attention.gamma=0.9"], None)
+    return sweep
+
+
+@pytest.fixture
+def seed_sweep(tmp_path: Path) -> Path:
+    """2 blocks x 3 seeds; masa's seed 2 failed."""
+    sweep = tmp_path / "seeds"
+    values = {"none": [0.60, 0.62, 0.64], "masa": [0.70, 0.80, None]}
+    for block_index, (block, dices) in enumerate(values.items()):
+        for seed, dice in enumerate(dices):
+            metrics = completed(dice, (dice, dice)) if dice is not None else {"status": "failed", "reason": "boom"}
+            make_job(sweep, str(3 * block_index + seed), [f"model.bottleneck={block}", f"trainer.seed={seed}"], metrics)
+    return sweep
+
+
+def test_parse_overrides_drops_prefixes_and_keeps_equals_in_values() -> None:
+    parsed = parse_overrides(["model.bottleneck=masa", "+extra.key=1", "++forced=a=b", "~removed", "data.root=/x"])
+    assert parsed == {"model.bottleneck": "masa", "extra.key": "1", "forced": "a=b", "removed": "~", "data.root": "/x"}
+
+
+def test_as_number_accepts_numbers_only() -> None:
+    assert as_number("0.8") == 0.8 and as_number("3") == 3.0 and as_number("1e-4") == 1e-4
+    for text in ("masa", "[8,16]", "true", "nan", "null", None):
+        assert as_number(text) is None
+
+
+def test_jobs_in_numeric_order_with_status(tmp_path: Path) -> None:
+    sweep = tmp_path / "sweep"
+    for index in (10, 2, 0):
+        make_job(sweep, str(index), [f"trainer.seed={index}"], completed(0.5))
+    make_job(sweep, "1", ["trainer.seed=1"], "{not json")
+    jobs = collect_jobs(sweep)
+    assert [job.name for job in jobs] == ["0", "1", "2", "10"]
+    assert [job.status for job in jobs] == ["completed", "missing", "completed", "completed"]
+    assert "unreadable" in jobs[1].reason
+
+
+def test_collect_jobs_rejects_empty_or_absent_dirs(tmp_path: Path) -> None:
+    with pytest.raises(FileNotFoundError, match="does not exist"):
+        collect_jobs(tmp_path / "nope")
+    with pytest.raises(FileNotFoundError, match="no Hydra job"):
+        collect_jobs(tmp_path)
+
+
+def test_swept_keys_are_the_differing_ones(grid_sweep: Path) -> None:
+    jobs = collect_jobs(grid_sweep)
+    assert swept_keys(jobs) == ["model.bottleneck", "model.attention.gamma"]
+    assert numeric_keys(jobs, swept_keys(jobs)) == ["model.attention.gamma"]
+    # a key present in some jobs only is swept too
+    make_job(grid_sweep, "4", ["model.bottleneck=none", "model.attention.gamma=0.8", "trainer.lr=0.01"], None)
+    assert swept_keys(collect_jobs(grid_sweep))[-1] == "trainer.lr"
+
+
+def test_summary_files_rows_and_failures(grid_sweep: Path) -> None:
+    summary = summarize_sweep(grid_sweep)
+    rows = read_csv(grid_sweep / "summary.csv")
+    assert [(r["model.bottleneck"], r["model.attention.gamma"]) for r in rows] == [
+        ("none", "0.8"),
+        ("none", "0.9"),
+        ("masa", "0.8"),
+        ("masa", "0.9"),
+    ]
+    assert [r["status"] for r in rows] == ["completed", "completed", "failed", "missing"]
+    assert float(rows[1]["best_val_dice"]) == pytest.approx(0.72)
+    assert float(rows[1]["dice_bright_sphere"]) == pytest.approx(0.77)
+    assert rows[0]["params"] == "1234" and rows[0]["best_epoch"] == "1" and rows[0]["reason"] == ""
+    assert rows[2]["reason"] == "ValueError: num_heads=3 must divide 32" and rows[2]["best_val_dice"] == ""
+    assert "still running" in rows[3]["reason"]
+    assert summary.counts == {"completed": 2, "failed": 1, "missing": 1}
+    assert "model.bottleneck=none model.attention.gamma=0.9" in summary.best and "0.7200" in summary.best
+    markdown = (grid_sweep / "summary.md").read_text()
+    assert "| job | model.bottleneck | model.attention.gamma | dice_dim_sphere |" in markdown
+    assert "num_heads=3 must divide 32" in markdown and summary.best in markdown
+    assert "Over seeds" not in markdown  # no seed swept, no seed table
+    assert (grid_sweep / "summary.png").read_bytes().startswith(PNG_MAGIC)
+    assert not list(grid_sweep.glob(".summary*"))  # no temp files left behind by the atomic writes
+
+
+def test_seed_groups_mean_and_std(seed_sweep: Path) -> None:
+    summary = build_summary(seed_sweep)
+    assert summary.swept == ["model.bottleneck", "trainer.seed"]
+    assert summary.seed_headers[:3] == ["model.bottleneck", "seeds", "completed"]
+    by_block = {row[0]: dict(zip(summary.seed_headers, row)) for row in summary.seed_rows}
+    assert by_block["none"]["seeds"] == "0,1,2" and by_block["none"]["completed"] == "3/3"
+    assert by_block["none"]["best_val_dice"] == "0.6200 ± 0.0200"
+    assert by_block["masa"]["completed"] == "2/3"
+    assert by_block["masa"]["best_val_dice"] == f"0.7500 ± {math.sqrt(0.005):.4f}"  # failed seed left out
+    assert "model.bottleneck=masa -> best_val_dice 0.7500 ± 0.0707 over 2 seeds (jobs 3, 4)" in summary.best
+    summarize_sweep(seed_sweep)
+    assert "## Over seeds (`trainer.seed`): mean ± std" in (seed_sweep / "summary.md").read_text()
+
+
+def test_mean_std_edge_cases() -> None:
+    assert mean_std([0.5]) == (0.5, 0.0)
+    assert all(math.isnan(v) for v in mean_std([math.nan]))
+    assert format_mean_std([]) == "nan"
+
+
+def test_other_metric_and_direction(grid_sweep: Path) -> None:
+    (grid_sweep / "0" / "metrics.json").write_text(json.dumps(completed(0.70, seconds=5.0)))
+    summary = build_summary(grid_sweep, metric="train_seconds", higher_is_better=False)
+    assert "gamma=0.8 -> train_seconds 5.0000" in summary.best
+    per_class = build_summary(grid_sweep, metric="dice_dim_sphere")
+    assert "gamma=0.9 -> dice_dim_sphere 0.6700" in per_class.best
+    assert per_class.headers.count("dice_dim_sphere") == 1
+
+
+def test_bar_chart_without_numeric_parameters(seed_sweep: Path) -> None:
+    # model.bottleneck is a name and trainer.seed is never an x axis: one bar per block
+    summarize_sweep(seed_sweep)
+    assert (seed_sweep / "summary.png").read_bytes().startswith(PNG_MAGIC)
+
+
+def test_nothing_completed_still_reports(tmp_path: Path) -> None:
+    sweep = tmp_path / "sweep"
+    make_job(sweep, "0", ["model.bottleneck=cswin"], {"status": "failed", "reason": "x"})
+    make_job(sweep, "1", ["model.bottleneck=mha"], None)
+    summary = summarize_sweep(sweep)
+    assert summary.best.startswith("best setting: none")
+    assert (sweep / "summary.png").is_file()
+
+
+def test_callback_writes_summary_and_never_raises(
+    grid_sweep: Path, tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    callback = SummarizeSweep()
+    config = OmegaConf.create({"hydra": {"sweep": {"dir": str(grid_sweep)}}})
+    callback.on_multirun_start(config)
+    callback.on_multirun_end(config)
+    assert (grid_sweep / "summary.csv").is_file() and (grid_sweep / "summary.png").is_file()
+
+    broken = OmegaConf.create({"hydra": {"sweep": {"dir": str(tmp_path / "absent")}}})
+    with caplog.at_level(logging.ERROR, logger="medseg"):
+        SummarizeSweep().on_multirun_end(broken)
+        SummarizeSweep().on_multirun_end(OmegaConf.create({}))  # no hydra node at all
+    assert "could not summarise the sweep" in caplog.text and "scripts/summarize.py" in caplog.text
+
+
+def _job_return(output_dir: Path, value: Any) -> JobReturn:
+    hydra_cfg = OmegaConf.create({"hydra": {"runtime": {"output_dir": str(output_dir)}}})
+    return JobReturn(overrides=[], hydra_cfg=hydra_cfg, status=JobStatus.COMPLETED, _return_value=value)
+
+
+def test_failed_jobs_become_failed_optuna_trials(grid_sweep: Path) -> None:
+    callback = FailedJobsFailTrials()
+    failed = _job_return(grid_sweep / "2", math.nan)
+    callback.on_job_end(OmegaConf.create({}), failed)
+    assert failed.status == JobStatus.FAILED
+    with pytest.raises(TrialFailed, match="num_heads=3 must divide 32"):
+        _ = failed.return_value
+    fine = _job_return(grid_sweep / "0", 0.7)
+    callback.on_job_end(OmegaConf.create({}), fine)
+    assert fine.status == JobStatus.COMPLETED and fine.return_value == 0.7
+    unknown = _job_return(grid_sweep / "3", math.nan)  # no metrics.json: a generic reason
+    callback.on_job_end(OmegaConf.create({}), unknown)
+    with pytest.raises(TrialFailed, match="NaN"):
+        _ = unknown.return_value
+
+
+def _summarize_script() -> Any:
+    spec = importlib.util.spec_from_file_location("summarize_script", REPO / "scripts" / "summarize.py")
+    module = importlib.util.module_from_spec(spec)  # type: ignore[arg-type]
+    spec.loader.exec_module(module)  # type: ignore[union-attr]
+    return module
+
+
+def test_summarize_script(grid_sweep: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    script = _summarize_script()
+    assert script.main([str(grid_sweep), "--no-plot"]) == 0
+    out = capsys.readouterr().out
+    assert "best setting: model.bottleneck=none model.attention.gamma=0.9" in out
+    assert (grid_sweep / "summary.md").is_file() and not (grid_sweep / "summary.png").exists()
+    assert script.main([str(tmp_path / "absent")]) == 1
+    assert "does not exist" in capsys.readouterr().err

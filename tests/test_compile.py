@@ -1,0 +1,106 @@
+"""GPU speed paths, checked on the CPU: ``torch.compile``, activation checkpointing, bf16 autocast.
+
+``torch.compile`` uses Inductor's C++ backend on the CPU, so a compile that works here exercises the same
+graph capture (no graph-breaking Python in the blocks) that the GPU path relies on. Every bottleneck block is
+compiled in the slow suite; MaSA (the default block of the benchmarks) is in the default suite.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+import pytest
+import torch
+from omegaconf import OmegaConf
+from torch import nn
+
+from medseg.models import build_model
+
+from .conftest import CONFIGS
+
+BLOCKS = ("none", "masa", "masa_decomposed", "focused_linear", "cswin", "mha")
+# A 3-level 3D U-Net with a bottleneck grid of 4x4x2 tokens: small enough to compile every block in seconds.
+PATCH = (16, 16, 8)
+SMALL = {"channels": [8, 16, 32], "strides": [2, 2], "bottleneck_depth": 1}
+
+
+def small_unet(bottleneck: str, **overrides: object) -> nn.Module:
+    """The U-Net of ``configs/model/unet.yaml``, narrowed to 8-16-32 channels, with ``bottleneck`` in its slot."""
+    cfg = OmegaConf.merge(OmegaConf.load(CONFIGS / "model" / "unet.yaml"), SMALL,
+                          {"bottleneck": bottleneck, **overrides})
+    torch.manual_seed(0)
+    return build_model(OmegaConf.to_container(cfg), in_channels=1, out_channels=3, patch_size=PATCH)
+
+
+def _inputs() -> tuple[torch.Tensor, torch.Tensor]:
+    generator = torch.Generator().manual_seed(1)
+    image = torch.randn(2, 1, *PATCH, generator=generator)
+    label = torch.randint(0, 3, (2, *PATCH), generator=generator)
+    return image, label
+
+
+def _loss(model: Callable[[torch.Tensor], torch.Tensor], image: torch.Tensor, label: torch.Tensor) -> torch.Tensor:
+    return nn.functional.cross_entropy(model(image).float(), label)
+
+
+def _grads(model: nn.Module) -> dict[str, torch.Tensor]:
+    return {name: p.grad.detach().clone() for name, p in model.named_parameters() if p.grad is not None}
+
+
+def _check_compiled_matches_eager(bottleneck: str) -> None:
+    model = small_unet(bottleneck).train()
+    image, label = _inputs()
+    eager_out = model(image)
+    _loss(model, image, label).backward()
+    eager_grads = _grads(model)
+    model.zero_grad(set_to_none=True)
+
+    compiled = torch.compile(model)
+    compiled_out = compiled(image)
+    torch.testing.assert_close(compiled_out, eager_out, atol=1e-4, rtol=1e-4)
+    _loss(compiled, image, label).backward()
+    compiled_grads = _grads(model)
+    assert compiled_grads.keys() == eager_grads.keys()
+    for name, grad in compiled_grads.items():
+        assert torch.isfinite(grad).all(), name
+        torch.testing.assert_close(grad, eager_grads[name], atol=1e-3, rtol=1e-3, msg=name)
+
+
+def test_compile_matches_eager_masa() -> None:
+    torch._dynamo.reset()
+    _check_compiled_matches_eager("masa")
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("bottleneck", [b for b in BLOCKS if b != "masa"])
+def test_compile_matches_eager(bottleneck: str) -> None:
+    torch._dynamo.reset()
+    _check_compiled_matches_eager(bottleneck)
+
+
+@pytest.mark.parametrize("bottleneck", ["masa", "cswin"])
+def test_checkpointing_gives_the_same_gradients(bottleneck: str) -> None:
+    image, label = _inputs()
+    grads = []
+    for checkpointing in (False, True):
+        model = small_unet(bottleneck, checkpointing=checkpointing, bottleneck_depth=2).train()
+        _loss(model, image, label).backward()
+        grads.append(_grads(model))
+    assert grads[0].keys() == grads[1].keys() and any("bottleneck" in name for name in grads[0])
+    for name, grad in grads[0].items():
+        torch.testing.assert_close(grads[1][name], grad, atol=1e-6, rtol=1e-5, msg=name)
+
+
+def test_bf16_autocast_training_step_is_finite() -> None:
+    model = small_unet("masa").train()
+    optimizer = torch.optim.AdamW(model.parameters(), lr=1e-3)
+    image, label = _inputs()
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        output = model(image)
+    assert output.dtype == torch.bfloat16
+    loss = _loss(lambda _: output, image, label)
+    loss.backward()
+    assert torch.isfinite(loss)
+    assert all(torch.isfinite(p.grad).all() for p in model.parameters() if p.grad is not None)
+    optimizer.step()
+    assert all(torch.isfinite(p).all() for p in model.parameters())
