@@ -24,6 +24,13 @@ TINY_OVERRIDES = [
     "trainer.log_images=true",
 ]
 
+# Smaller still, for runs that are repeated within one test (resume equality, fault injection).
+MICRO_OVERRIDES = [
+    "data.num_cases=8", "data.patch_size=[16,16,16]", "data.samples_per_volume=1", "data.num_workers=0",
+    "model.channels=[4,8]", "model.strides=[2]", "trainer.val_every=1", "trainer.batch_size=2",
+    "trainer.progress=false", "trainer.log_images=false",
+]
+
 
 def compose_config(overrides: Sequence[str] = (), config_name: str = "train") -> DictConfig:
     """The real configs composed with Hydra's compose API (``hydra:`` interpolations are not available)."""

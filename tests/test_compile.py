@@ -1,8 +1,11 @@
 """GPU speed paths, checked on the CPU: ``torch.compile``, activation checkpointing, bf16 autocast.
 
-``torch.compile`` uses Inductor's C++ backend on the CPU, so a compile that works here exercises the same
-graph capture (no graph-breaking Python in the blocks) that the GPU path relies on. Every bottleneck block is
-compiled in the slow suite; MaSA (the default block of the benchmarks) is in the default suite.
+``torch.compile`` captures the same graphs on the CPU as on the GPU; only the code generation differs
+(Inductor's C++ backend here, Triton there). A cold Inductor compile of even this tiny U-Net takes 1-2 CPU
+minutes on the 2-core CI machine (C++ compilation dominates), so the default suite compiles MaSA (the
+benchmarks' default block) with the ``aot_eager`` backend: Dynamo capture plus AOTAutograd's joint
+forward/backward graph, i.e. everything but the kernel code generation. The slow suite compiles every
+bottleneck block with Inductor.
 """
 
 from __future__ import annotations
@@ -47,7 +50,7 @@ def _grads(model: nn.Module) -> dict[str, torch.Tensor]:
     return {name: p.grad.detach().clone() for name, p in model.named_parameters() if p.grad is not None}
 
 
-def _check_compiled_matches_eager(bottleneck: str) -> None:
+def _check_compiled_matches_eager(bottleneck: str, backend: str) -> None:
     model = small_unet(bottleneck).train()
     image, label = _inputs()
     eager_out = model(image)
@@ -55,7 +58,7 @@ def _check_compiled_matches_eager(bottleneck: str) -> None:
     eager_grads = _grads(model)
     model.zero_grad(set_to_none=True)
 
-    compiled = torch.compile(model)
+    compiled = torch.compile(model, backend=backend)
     compiled_out = compiled(image)
     torch.testing.assert_close(compiled_out, eager_out, atol=1e-4, rtol=1e-4)
     _loss(compiled, image, label).backward()
@@ -68,14 +71,14 @@ def _check_compiled_matches_eager(bottleneck: str) -> None:
 
 def test_compile_matches_eager_masa() -> None:
     torch._dynamo.reset()
-    _check_compiled_matches_eager("masa")
+    _check_compiled_matches_eager("masa", backend="aot_eager")
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("bottleneck", [b for b in BLOCKS if b != "masa"])
-def test_compile_matches_eager(bottleneck: str) -> None:
+@pytest.mark.parametrize("bottleneck", BLOCKS)
+def test_inductor_compile_matches_eager(bottleneck: str) -> None:
     torch._dynamo.reset()
-    _check_compiled_matches_eager(bottleneck)
+    _check_compiled_matches_eager(bottleneck, backend="inductor")
 
 
 @pytest.mark.parametrize("bottleneck", ["masa", "cswin"])

@@ -80,9 +80,7 @@ class SpatialAttention(nn.Module, ABC):
         if spatial_dims not in (2, 3):
             raise ValueError(f"spatial_dims must be 2 or 3, got {spatial_dims}")
         if num_heads < 1 or dim % num_heads != 0:
-            raise ValueError(
-                f"num_heads={num_heads} must be a positive divisor of the channel width dim={dim}"
-            )
+            raise ValueError(f"num_heads={num_heads} must be a positive divisor of the channel width dim={dim}")
         self.dim = dim
         self.spatial_dims = spatial_dims
         self.num_heads = num_heads
@@ -91,9 +89,7 @@ class SpatialAttention(nn.Module, ABC):
         self.proj = nn.Linear(dim, dim)
 
     @abstractmethod
-    def mix(
-        self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, spatial_shape: tuple[int, ...]
-    ) -> torch.Tensor:
+    def mix(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, spatial_shape: tuple[int, ...]) -> torch.Tensor:
         """Attend: q, k, v ``(B, N, C)`` on a ``spatial_shape`` grid -> ``(B, N, C)`` (before ``proj``)."""
 
     def attend(self, x: torch.Tensor, spatial_shape: tuple[int, ...]) -> torch.Tensor:

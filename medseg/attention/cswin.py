@@ -43,9 +43,7 @@ class CSWinAttention(SpatialAttention):
         self.group_heads = heads_per_axis(num_heads, spatial_dims)
         self.lepe = TokenDepthwiseConv(dim, spatial_dims, LEPE_KERNEL)
 
-    def mix(
-        self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, spatial_shape: tuple[int, ...]
-    ) -> torch.Tensor:
+    def mix(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, spatial_shape: tuple[int, ...]) -> torch.Tensor:
         groups = zip(*(split_heads(t, self.num_heads).split(self.group_heads, dim=1) for t in (q, k, v)))
         out = torch.cat(
             [

@@ -45,17 +45,11 @@ class FocusedLinearAttention(SpatialAttention):
         nn.init.trunc_normal_(self.positional, std=0.02)
         self.rank_restoration = TokenDepthwiseConv(self.head_dim, spatial_dims, kernel_size)
 
-    def mix(
-        self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, spatial_shape: tuple[int, ...]
-    ) -> torch.Tensor:
+    def mix(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, spatial_shape: tuple[int, ...]) -> torch.Tensor:
         k = k + to_tokens(resize_grid(self.positional, spatial_shape))
-        out = functional.focused_linear(
-            q, k, v, self.num_heads, self.focusing_factor, scale=F.softplus(self.scale)
-        )
+        out = functional.focused_linear(q, k, v, self.num_heads, self.focusing_factor, scale=F.softplus(self.scale))
         per_head = rearrange(v, "b n (h d) -> (b h) n d", h=self.num_heads)
-        restored = rearrange(
-            self.rank_restoration(per_head, spatial_shape), "(b h) n d -> b n (h d)", h=self.num_heads
-        )
+        restored = rearrange(self.rank_restoration(per_head, spatial_shape), "(b h) n d -> b n (h d)", h=self.num_heads)
         return out + restored
 
     def extra_repr(self) -> str:

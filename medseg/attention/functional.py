@@ -56,17 +56,18 @@ def decay_bias(
     device: torch.device,
     dtype: torch.dtype,
 ) -> torch.Tensor:
-    """MaSA's additive bias ``log(gamma_h) * dist``: ``(G, N, N)``, ``G = len(log_gamma)`` (1 or heads).
+    """MaSA's additive bias ``log(gamma_h) * dist``: ``(1, G, N, N)``, ``G = len(log_gamma)`` (1 or heads).
 
     Cached per (grid, scales, decays, device, dtype), so training at a fixed patch size builds it once,
-    directly in the attention dtype. Use :func:`clear_cache` to release it.
+    directly in the attention dtype. Use :func:`clear_cache` to release it. It is 4-D on purpose: CPU SDPA
+    broadcasts a 4-D mask over batch and heads in place, but copies a 3-D one to ``(B, heads, N, N)``.
     """
     work = torch.promote_types(dtype, torch.float32)
     dist = manhattan_distance(spatial_shape, scales, device, work)
     if len(log_gamma) == 1:
-        bias = dist.mul_(log_gamma[0]).unsqueeze(0)
+        bias = dist.mul_(log_gamma[0]).expand(1, 1, -1, -1)
     else:
-        bias = dist * torch.tensor(log_gamma, device=device, dtype=work).view(-1, 1, 1)
+        bias = dist * torch.tensor(log_gamma, device=device, dtype=work).view(1, -1, 1, 1)
     return bias.to(dtype)
 
 
@@ -75,6 +76,11 @@ def _check_tokens(q: torch.Tensor, spatial_shape: Sequence[int]) -> tuple[int, .
     if q.shape[-2] != math.prod(shape):
         raise ValueError(f"{q.shape[-2]} tokens do not match the grid {shape} ({math.prod(shape)} tokens)")
     return shape
+
+
+def _use_flex(q: torch.Tensor) -> bool:
+    head_dim = q.shape[-1]
+    return q.is_cuda and flex_attention is not None and head_dim >= 16 and head_dim & (head_dim - 1) == 0
 
 
 def masa(
@@ -91,18 +97,17 @@ def masa(
     ``dist`` is the Manhattan distance between token positions, summed over all spatial axes, each axis
     step counting ``spacing_a / min(spacing)`` (1 when ``spacing`` is None).
 
-    On CUDA with FlexAttention available it runs :func:`masa_flex` (no ``N x N`` tensor at all); elsewhere
-    fused SDPA with the cached bias from :func:`decay_bias`.
+    On CUDA with FlexAttention available (and a power-of-2 ``head_dim >= 16``, what its compiled kernels
+    are tuned for) it runs :func:`masa_flex`, which needs no ``N x N`` tensor at all; elsewhere fused SDPA
+    with the cached bias from :func:`decay_bias`.
 
     Returns:
         ``(B, heads, N, head_dim)``.
     """
     shape = _check_tokens(q, spatial_shape)
-    if q.is_cuda and flex_attention is not None:
+    if _use_flex(q):
         return masa_flex(q, k, v, shape, gamma, spacing=spacing)
-    bias = decay_bias(
-        shape, axis_scales(len(shape), spacing), log_gammas(gamma, q.shape[1]), q.device, q.dtype
-    )
+    bias = decay_bias(shape, axis_scales(len(shape), spacing), log_gammas(gamma, q.shape[1]), q.device, q.dtype)
     return F.scaled_dot_product_attention(q, k, v, attn_mask=bias)
 
 
@@ -124,10 +129,7 @@ def _manhattan_score_mod(
         q_idx: torch.Tensor,
         kv_idx: torch.Tensor,
     ) -> torch.Tensor:
-        dist = sum(
-            ((q_idx // stride) % size - (kv_idx // stride) % size).abs() * scale
-            for size, stride, scale in axes
-        )
+        dist = sum(((q_idx // stride) % size - (kv_idx // stride) % size).abs() * scale for size, stride, scale in axes)
         return score + decay[head] * dist
 
     return score_mod
@@ -202,9 +204,7 @@ def masa_decomposed(
         lines = f"(b {others}) h {names[axis]} d"
         bias = decay_bias((shape[axis],), (scales[axis],), log_gamma, q.device, q.dtype)
         ql, kl, vl = (rearrange(t, f"{grid} -> {lines}") for t in (q, k, out))
-        out = rearrange(
-            F.scaled_dot_product_attention(ql, kl, vl, attn_mask=bias), f"{lines} -> {grid}", **sizes
-        )
+        out = rearrange(F.scaled_dot_product_attention(ql, kl, vl, attn_mask=bias), f"{lines} -> {grid}", **sizes)
     return out.flatten(2, -2)
 
 

@@ -59,9 +59,7 @@ class MaSA(SpatialAttention):
         self.spacing = None if spacing is None else axis_scales(spatial_dims, spacing)
         self.lce = TokenDepthwiseConv(dim, spatial_dims, kernel_size)
 
-    def mix(
-        self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, spatial_shape: tuple[int, ...]
-    ) -> torch.Tensor:
+    def mix(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, spatial_shape: tuple[int, ...]) -> torch.Tensor:
         q, k, vh = (split_heads(t, self.num_heads) for t in (q, k, v))
         out = self.attention(q, k, vh, spatial_shape, self.gamma, spacing=self.spacing)
         return merge_heads(out) + self.lce(v, spatial_shape)

@@ -57,13 +57,9 @@ class MultiHeadAttention(SpatialAttention):
             x = x + sincos_embedding(spatial_shape, self.dim, x.device, x.dtype)
         return super().attend(x, spatial_shape)
 
-    def mix(
-        self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, spatial_shape: tuple[int, ...]
-    ) -> torch.Tensor:
+    def mix(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, spatial_shape: tuple[int, ...]) -> torch.Tensor:
         q, k, v = (split_heads(t, self.num_heads) for t in (q, k, v))
-        bias = (
-            relative_bias(self.relative_table, spatial_shape).to(q.dtype) if self.pe == "relative" else None
-        )
+        bias = relative_bias(self.relative_table, spatial_shape).to(q.dtype) if self.pe == "relative" else None
         return merge_heads(F.scaled_dot_product_attention(q, k, v, attn_mask=bias))
 
     def extra_repr(self) -> str:

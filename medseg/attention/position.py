@@ -75,9 +75,7 @@ def _sincos_table(spatial_shape: tuple[int, ...], dim: int) -> torch.Tensor:
     return table
 
 
-def sincos_embedding(
-    spatial_shape: Sequence[int], dim: int, device: torch.device, dtype: torch.dtype
-) -> torch.Tensor:
+def sincos_embedding(spatial_shape: Sequence[int], dim: int, device: torch.device, dtype: torch.dtype) -> torch.Tensor:
     """Fixed 2D/3D sin/cos absolute position embedding for the actual grid: ``(1, N, dim)``.
 
     Any ``dim`` works: MONAI's embedding fills the largest multiple of ``2 * ndim`` channels and the
@@ -115,14 +113,14 @@ def relative_bias(table: torch.Tensor, spatial_shape: Sequence[int]) -> torch.Te
         spatial_shape: the token grid ``S``; it needs offsets ``-(S_a - 1) .. S_a - 1``.
 
     Returns:
-        ``(heads, N, N)``. Axes where the table is larger than ``2 * S_a - 1`` are cropped around offset 0
-        (exact per-offset parameters); if the grid still needs a larger table it is interpolated.
+        ``(1, heads, N, N)``, 4-D so that SDPA broadcasts it over the batch without a copy. Axes where the
+        table is larger than ``2 * S_a - 1`` are cropped around offset 0 (exact per-offset parameters); if the
+        grid still needs a larger table it is interpolated.
     """
     target = tuple(2 * s - 1 for s in spatial_shape)
     crop = tuple(
-        slice((e - t) // 2, (e - t) // 2 + t) if e > t else slice(None)
-        for e, t in zip(table.shape[1:], target)
+        slice((e - t) // 2, (e - t) // 2 + t) if e > t else slice(None) for e, t in zip(table.shape[1:], target)
     )
     table = resize_grid(table[(slice(None), *crop)].unsqueeze(0), target).squeeze(0)
     index = relative_position_index(tuple(spatial_shape)).to(table.device)
-    return table.flatten(1)[:, index]
+    return table.flatten(1)[:, index].unsqueeze(0)

@@ -11,7 +11,7 @@ import argparse
 import importlib
 from collections.abc import Sequence
 
-SUBCOMMANDS: tuple[str, ...] = ("attention",)
+SUBCOMMANDS: tuple[str, ...] = ("attention", "models", "quality")
 
 
 def build_parser() -> argparse.ArgumentParser:

@@ -7,7 +7,8 @@ attention op: ``masa_naive``, the seed's form (materialise the softmax, multiply
 renormalise), and ``sdpa``, plain unmasked fused attention: the floor of what any global attention costs.
 
 * Time: one warm-up (the memory run below), then the median of up to ``--reps`` timed runs; a cell stops
-  early when the next run would take it past ``--max-seconds``.
+  early when the next run would take it past ``--max-seconds``. When the warm-up alone exceeds
+  ``--max-seconds`` its own time is reported (``reps = 0``, marked ``*``).
 * Peak memory: on CUDA ``torch.cuda.max_memory_allocated`` above the allocation before the run. On CPU,
   every allocation and free that PyTorch's CPU allocator reports to ``torch.profiler``
   (``profile_memory=True``) during one fwd+bwd, summed in time order; the peak of that running sum.
@@ -227,8 +228,13 @@ def measure(
     x = torch.randn(args.batch, args.dim, *shape, device=device)
     functional.clear_cache()
     try:
+        start = time.perf_counter()
         peak, out = peak_bytes(lambda: _fwd_bwd(block, x), device)
-        cell.time_ms, cell.reps = time_ms(lambda: _fwd_bwd(block, x), device, args.reps, args.max_seconds)
+        warm_up = time.perf_counter() - start
+        if warm_up > args.max_seconds:  # too slow to repeat: report the warm-up itself (reps = 0)
+            cell.time_ms, cell.reps = 1000 * warm_up, 0
+        else:
+            cell.time_ms, cell.reps = time_ms(lambda: _fwd_bwd(block, x), device, args.reps, args.max_seconds)
     except RuntimeError as error:  # torch.OutOfMemoryError is one
         message = str(error).splitlines()[0]
         out_of_memory = "out of memory" in message.lower() or "can't allocate" in message.lower()
@@ -275,7 +281,8 @@ def _cell_text(cell: Cell, key: str) -> str:
     if cell.status == "error":
         return "error"
     value = getattr(cell, key)
-    return f"{value:,.0f}" if value >= 100 else f"{value:.1f}"
+    text = f"{value:,.0f}" if value >= 100 else f"{value:.1f}"
+    return text + "*" if key == "time_ms" and cell.reps == 0 else text
 
 
 def _table(cells: Sequence[Cell], rows: Sequence[str], shapes: Sequence[tuple[int, ...]], key: str) -> list[str]:
@@ -295,7 +302,8 @@ def to_markdown(report: dict[str, Any], cells: Sequence[Cell], shapes: Sequence[
         "",
         f"{meta['device']} ({meta['threads']} threads), torch {meta['torch']}; batch {meta['batch']}, "
         f"dim {meta['dim']}, {meta['heads']} heads, float32; columns are grids (tokens). Time: median of up to "
-        f"{meta['reps']} runs after a warm-up. Peak memory: allocator high-water mark during one fwd+bwd, above "
+        f"{meta['reps']} runs after a warm-up (* = the warm-up alone, when it exceeded the {meta['max_seconds']:g} s "
+        f"budget of a cell). Peak memory: allocator high-water mark during one fwd+bwd, above "
         f"parameters and input. OOM: analytic estimate over the {meta['max_memory_gb']:g} GB budget, not run.",
         "",
         "## fwd+bwd time (ms)",

@@ -13,6 +13,7 @@ from itertools import combinations
 from typing import Any
 
 import numpy as np
+import torch
 from monai import transforms as mt
 
 from medseg.data.planning import thick_axis
@@ -47,8 +48,43 @@ def patch_size_3d(patch_size: Sequence[int], spatial_dims: int, axis: int) -> li
     return sizes
 
 
+class ClipZScored(mt.MapTransform):
+    """Clip to ``[low, high]``, then ``(x - mean) / std``: planned CT normalisation (values in HU).
+
+    ``clip`` is ``[low, high]`` and ``mean``/``std`` are numbers for every channel alike, or one
+    ``[low, high]`` pair and one number per channel (multi-channel CT, as planning writes it).
+    """
+
+    def __init__(self, keys: str | Sequence[str], clip: Sequence[Any], mean: float | Sequence[float],
+                 std: float | Sequence[float]) -> None:
+        super().__init__(keys)
+        bounds = np.asarray(clip, dtype=np.float64).reshape(-1, 2)
+        self.low, self.high = bounds[:, 0], bounds[:, 1]
+        self.mean = np.asarray(mean, dtype=np.float64).reshape(-1)
+        self.std = np.maximum(np.asarray(std, dtype=np.float64).reshape(-1), 1e-8)
+        if len({len(self.low), len(self.mean), len(self.std)}) != 1:
+            raise ValueError(f"data.normalization: clip {list(clip)}, mean {mean} and std {std} differ in channels")
+
+    def __call__(self, data: Mapping[str, Any]) -> dict[str, Any]:
+        out = dict(data)
+        for key in self.key_iterator(out):
+            image = out[key]
+            if len(self.mean) not in (1, image.shape[0]):
+                raise ValueError(f"data.normalization has statistics for {len(self.mean)} channels, "
+                                 f"the image has {image.shape[0]}")
+            low, high, mean, std = (_per_channel(v, image) for v in (self.low, self.high, self.mean, self.std))
+            out[key] = (torch.clamp(image, low, high) - mean) / std
+        return out
+
+
+def _per_channel(values: np.ndarray, like: torch.Tensor) -> torch.Tensor:
+    """(C,) or (1,) ``values`` shaped to broadcast over the channels of ``like`` (C, *spatial)."""
+    return torch.as_tensor(values, dtype=like.dtype, device=like.device).reshape((-1,) + (1,) * (like.ndim - 1))
+
+
 def normalization_transform(normalization: str | Mapping[str, Any]) -> list[mt.Transform]:
-    """``zscore``: per image and channel. ``ct`` dict: clip to ``clip`` then ``(x - mean) / std``."""
+    """``zscore``: per image and channel. ``ct`` dict: clip to ``clip`` then ``(x - mean) / std`` (see
+    :class:`ClipZScored`; per channel when the dict holds lists)."""
     scheme = normalization if isinstance(normalization, str) else normalization["scheme"]
     if scheme == "zscore":
         return [mt.NormalizeIntensityd(keys=IMAGE, channel_wise=True)]
@@ -57,11 +93,7 @@ def normalization_transform(normalization: str | Mapping[str, Any]) -> list[mt.T
     if scheme == "ct":
         if isinstance(normalization, str):
             raise ValueError("data.normalization=ct needs dataset statistics; leave it null so planning fills them")
-        low, high = normalization["clip"]
-        mean, std = normalization["mean"], max(normalization["std"], 1e-8)
-        # a linear map of [low, high] onto [(low-mean)/std, (high-mean)/std], with clipping, is clip + z-score
-        return [mt.ScaleIntensityRanged(keys=IMAGE, a_min=low, a_max=high, b_min=(low - mean) / std,
-                                        b_max=(high - mean) / std, clip=True)]
+        return [ClipZScored(IMAGE, normalization["clip"], normalization["mean"], normalization["std"])]
     raise ValueError(f"data.normalization={scheme!r}: expected zscore, ct or none")
 
 

@@ -322,7 +322,7 @@ def _blank_none(rows: Sequence[Sequence[Any]]) -> list[list[Any]]:
 
 
 def display_table(headers: Sequence[str], rows: Sequence[Sequence[Any]]) -> tuple[list[str], list[list[str]]]:
-    """Table cells for people: Dice to 4 decimals, seconds to 0.1, whole MB; no reason column if none failed."""
+    """Table cells for people: Dice to 4 decimals, seconds to 0.1, whole MB, 1,234 for counts; reasons only if any."""
     keep = [i for i, header in enumerate(headers) if header != "reason" or any(row[i] for row in rows)]
     cells = [[_cell(row[i], headers[i]) for i in keep] for row in rows]
     return [headers[i] for i in keep], cells
@@ -333,6 +333,8 @@ def _cell(value: Any, header: str) -> str:
         return ""
     if isinstance(value, str):
         return display_value(value)
+    if isinstance(value, int) and not isinstance(value, bool):
+        return f"{value:,}"  # parameter counts
     return format_value(value, DISPLAY_DIGITS.get(header, 4))
 
 

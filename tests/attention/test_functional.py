@@ -123,7 +123,7 @@ def test_decay_bias_is_cached_in_the_attention_dtype() -> None:
     functional.clear_cache()
     args = ((3, 4, 5), (1.0, 1.0, 1.0), (math.log(0.9),), torch.device("cpu"))
     first = functional.decay_bias(*args, torch.bfloat16)
-    assert first.dtype == torch.bfloat16 and first.shape == (1, 60, 60)
+    assert first.dtype == torch.bfloat16 and first.shape == (1, 1, 60, 60)
     assert functional.decay_bias(*args, torch.bfloat16) is first
     assert functional.decay_bias.cache_info().hits == 1
 

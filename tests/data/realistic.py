@@ -232,8 +232,9 @@ def write_mri_dataset(root: str | Path, fmt: str = "msd", num_cases: int = 6,
                   ["T1"], ["background", "structure"], file_ending)
 
 
-SAGITTAL_SHAPE, SAGITTAL_SPACING = (12, 48, 48), (4.0, 0.8, 0.8)
-"""Defaults of :func:`write_sagittal_dataset`: thick along R, so 2D slices are sagittal (across axis 0)."""
+SAGITTAL_SHAPE, SAGITTAL_SPACING = (12, 48, 40), (4.0, 0.8, 0.8)
+"""Defaults of :func:`write_sagittal_dataset`: thick along R, so 2D slices are sagittal (across axis 0);
+A and S differ in size, so a slice's two axes can be told apart."""
 
 
 def write_sagittal_dataset(root: str | Path, fmt: str = "msd", num_cases: int = 4,

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import importlib.util
 import os
 import subprocess
 import sys
@@ -11,6 +10,7 @@ from pathlib import Path
 import nibabel as nib
 import numpy as np
 import pytest
+import torch
 
 from medseg.data import planning
 from medseg.data.datalist import DatasetError, load_dataset
@@ -23,13 +23,19 @@ from medseg.data.planning import (
     format_plan,
     make_plan,
     plan_for,
+    plan_report,
     voxel_budget_for,
 )
+from medseg.data.transforms import normalization_transform, slice_axis
 from tests.data.realistic import (
+    SAGITTAL_SHAPE,
+    SAGITTAL_SPACING,
     SyntheticCase,
+    ct_case,
     write_ct_dataset,
     write_dataset,
     write_mri_dataset,
+    write_sagittal_dataset,
     write_thin_dataset,
     write_two_channel_dataset,
 )
@@ -39,8 +45,6 @@ CT_SPACINGS = [(0.7, 0.7, 5.0), (0.7, 0.7, 5.0), (0.8, 0.8, 5.0), (0.6, 0.6, 4.0
                (0.75, 0.75, 5.0)]
 """Per-case CT spacings (RAS, mm): thick, varying slices, so nnU-Net's anisotropy rule applies."""
 MRI_SHAPE = (48, 48, 40)
-SAGITTAL_SPACING, SAGITTAL_SHAPE = (4.0, 0.8, 0.8), (12, 48, 48)
-"""Thick axis R (sagittal slices): a 2D plan must slice across axis 0."""
 
 
 def fingerprint_of(root: Path, fmt: str = "msd", **kwargs) -> dict:
@@ -79,8 +83,7 @@ def datasets(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
         "ct_pir": write_ct_dataset(base / "ct_pir", "nnunet", num_cases=n, spacing=CT_SPACINGS,
                                    orientation="PIR"),
         "mri": write_mri_dataset(base / "mri", "msd", num_cases=4, shape=MRI_SHAPE),
-        "sagittal": write_mri_dataset(base / "sag", "msd", num_cases=4, shape=SAGITTAL_SHAPE,
-                                      spacing=SAGITTAL_SPACING, orientation="LPS"),
+        "sagittal": write_sagittal_dataset(base / "sag", "msd", num_cases=4),  # thick axis R: 2D slices across 0
         "thin": write_thin_dataset(base / "thin", "nnunet", num_cases=3),
         "mc_msd": write_two_channel_dataset(base / "mc_msd", "msd", num_cases=3),
         "mc_nnunet": write_two_channel_dataset(base / "mc_nnunet", "nnunet", num_cases=3),
@@ -149,6 +152,30 @@ def test_ct_normalization_matches_numpy(datasets: dict[str, Path], ct_fingerprin
     assert ct_fingerprint["intensity"][0]["max"] == pooled.max()
 
 
+def test_multi_channel_ct_is_normalized_per_channel(tmp_path: Path) -> None:
+    rng = np.random.default_rng(0)
+    cases = []
+    for i in range(3):  # two CT phases: the second 150 HU brighter and twice the spread
+        case = ct_case(f"phase_{i}", rng, (32, 32, 8), (0.8, 0.8, 4.0))
+        contrast = np.clip(2 * case.image[0].astype(np.int32) + 150, -1024, 3071).astype(np.int16)
+        cases.append(SyntheticCase(case.case, np.stack([case.image[0], contrast]), case.label, case.spacing))
+    root = write_dataset(tmp_path / "ct2", cases, ["CT", "CT"], ["background", "organ", "lesion"], fmt="nnunet")
+    norm = make_plan(fingerprint_of(root, "nnunet"), num_levels=2).normalization
+    assert norm["scheme"] == "ct" and len(norm["clip"]) == len(norm["mean"]) == len(norm["std"]) == 2
+    assert norm["mean"][1] > norm["mean"][0] + 100 and norm["std"][1] > 1.5 * norm["std"][0]
+    image = np.stack([c.image for c in cases], axis=-1).astype(np.float32)  # (2, X, Y, Z, cases): all at once
+    (transform,) = normalization_transform(norm)
+    out = transform({"image": torch.from_numpy(image)})["image"].numpy()
+    for channel in range(2):
+        low, high = norm["clip"][channel]
+        expected = (np.clip(image[channel], low, high) - norm["mean"][channel]) / norm["std"][channel]
+        assert np.allclose(out[channel], expected, atol=1e-5)
+    labels = np.stack([c.label for c in cases], axis=-1) > 0
+    assert abs(out[1][labels].mean()) < 0.1 and abs(out[1][labels].std() - 1) < 0.1, "z-scored foreground"
+    with pytest.raises(ValueError, match="statistics for 2 channels, the image has 3"):
+        transform({"image": torch.zeros(3, 4, 4, 4)})
+
+
 def test_sampling_is_deterministic_and_close(datasets: dict[str, Path], ct_fingerprint: dict) -> None:
     first = fingerprint_of(datasets["ct"], samples_per_case=300)
     again = fingerprint_of(datasets["ct"], samples_per_case=300)
@@ -188,6 +215,38 @@ def test_orientation_gives_the_same_ras_fingerprint(datasets: dict[str, Path], c
             assert ours["class_voxels"] == theirs["class_voxels"]
         assert other["intensity"] == ct_fingerprint["intensity"]
     assert {case["orientation"] for case in ct_fingerprint["cases"]} == {"LPS"}
+
+
+@pytest.mark.parametrize(("ending", "module"), [(".nrrd", "nrrd"), (".mha", "itk"), (".mhd", "itk")])
+def test_other_file_types_give_the_nifti_fingerprint(ending: str, module: str, tmp_path: Path,
+                                                     ct_fingerprint: dict) -> None:
+    pytest.importorskip(module, reason=f"{ending} needs the formats extra: pip install 'medseg[formats]'")
+    n = len(CT_SPACINGS)
+    root = write_ct_dataset(tmp_path / "ct", "nnunet", num_cases=n, spacing=CT_SPACINGS, orientation="PIR",
+                            file_ending=ending)
+    assert (root / "imagesTr" / f"ct_000_0000{ending}").is_file()
+    other = fingerprint_of(root, "nnunet")
+    for ours, theirs in zip(ct_fingerprint["cases"], other["cases"]):
+        assert theirs["spacing"] == pytest.approx(ours["spacing"])
+        assert theirs["shape"] == ours["shape"] and theirs["class_voxels"] == ours["class_voxels"]
+        assert theirs["orientation"] == "PIR"
+    assert other["intensity"] == ct_fingerprint["intensity"], "int16 HU read unchanged"
+
+
+def test_slice_axis_of_the_transforms_is_the_plans(datasets: dict[str, Path]) -> None:
+    plan = make_plan(fingerprint_of(datasets["sagittal"]), spatial_dims=2, num_levels=3)
+    assert slice_axis(plan.target_spacing) == plan.slice_axis == 0
+    near_tie = [1.0, 1.0, 1.0 - 1e-6]  # e.g. float32 spacing read back: still the last (S) axis, as planned
+    assert slice_axis(near_tie) == planning.thick_axis(near_tie) == 2
+    with pytest.raises(ValueError, match="expected 3 entries"):
+        slice_axis([1.0, 1.0])
+
+
+def test_apply_plan_completes_in_plane_spacing_in_2d(datasets: dict[str, Path]) -> None:
+    plan = make_plan(fingerprint_of(datasets["sagittal"]), spatial_dims=2, num_levels=2, target_spacing=[1.0, 1.2])
+    assert plan.target_spacing == pytest.approx([SAGITTAL_SPACING[0], 1.0, 1.2])
+    data, _ = apply_plan({"spacing": [1.0, 1.2], "patch_size": None, "normalization": None}, {"strides": None}, plan)
+    assert data["spacing"] == plan.target_spacing
 
 
 def test_two_channels_msd_4d_equals_nnunet_files(datasets: dict[str, Path]) -> None:
@@ -278,12 +337,12 @@ def test_format_plan_reports_plan_and_fingerprint(ct_fingerprint: dict) -> None:
         assert needle in text
 
 
-def test_script_demo_format_generates_the_dataset(tmp_path: Path) -> None:
-    spec = importlib.util.spec_from_file_location("plan_script", REPO / "scripts" / "plan.py")
-    script = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(script)
-    info = script.load_info({"root": str(tmp_path / "demo"), "format": "demo", "num_cases": 2})
-    assert len(info.training) == 2 and (tmp_path / "demo" / "dataset.json").is_file()
+def test_report_of_the_demo_format_generates_the_dataset(tmp_path: Path) -> None:
+    data_cfg = {"root": str(tmp_path / "demo"), "format": "demo", "num_cases": 2, "spacing": None,
+                "patch_size": None, "normalization": None}
+    text = plan_report(data_cfg, {"spatial_dims": 3, "channels": [8, 16, 32], "strides": None}, progress=False)
+    assert (tmp_path / "demo" / "dataset.json").is_file() and "2 cases" in text and "patch size" in text
+    assert (tmp_path / "demo" / ".medseg_cache" / "fingerprint.json").is_file()
 
 
 def test_script_prints_a_plan_and_fails_cleanly(datasets: dict[str, Path], tmp_path: Path) -> None:

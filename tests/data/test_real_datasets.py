@@ -21,7 +21,8 @@ import pytest
 import torch
 
 from medseg.config import to_plain, validate_config
-from medseg.data.datalist import load_dataset
+from medseg.data import planning
+from medseg.data.datalist import DatasetError, load_dataset
 from medseg.engine import data as engine_data
 from medseg.engine import run as run_module
 from medseg.engine import trainer as trainer_module
@@ -52,6 +53,16 @@ WRITERS: dict[str, Callable[..., Path]] = {
 }
 FAST = {("ct", "msd", 3), ("two_channel", "nnunet", 2)}
 """Matrix entries in the default suite; the thin, sagittal and fold/caching tests below add more."""
+
+
+@pytest.fixture(autouse=True)
+def cpu_sized_patches(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Plan small patches, so an epoch takes seconds on 2 CPU cores (3D convolution backward is slow there).
+
+    With ``channels[0]=8`` the budget is 4x these: 16k voxels in 3D (e.g. 32x32x16), 64x64 in 2D.
+    """
+    monkeypatch.setitem(planning.BASE_VOXEL_BUDGET, 3, 16**3)
+    monkeypatch.setitem(planning.BASE_VOXEL_BUDGET, 2, 32**2)
 
 
 @pytest.fixture(scope="module")
@@ -142,6 +153,17 @@ def check_run(metrics: dict[str, Any], output_dir: Path, root: Path, fmt: str, s
     return cfg
 
 
+@pytest.mark.parametrize("config_name", ["train", "plan"])
+@pytest.mark.parametrize("preset", ["msd", "nnunet", "demo3d_planned"])
+def test_dataset_presets_leave_the_plannable_keys_null(preset: str, config_name: str) -> None:
+    cfg = compose_config([f"data={preset}", "data.root=/data/Task01"], config_name=config_name)
+    assert cfg.data.spacing is None and cfg.data.patch_size is None and cfg.data.normalization is None
+    assert cfg.model.strides is None, "the network's pooling is planned too"
+    assert cfg.model.channels and cfg.model.spatial_dims == 3, "the rest of the model config is kept"
+    kept = compose_config([f"data={preset}", "data.root=/x", "model.strides=[2,2,2]"], config_name=config_name)
+    assert list(kept.model.strides) == [2, 2, 2], "a value typed on the command line wins"
+
+
 MATRIX = [
     pytest.param(kind, fmt, dims, id=f"{kind}-{fmt}-{dims}d",
                  marks=() if (kind, fmt, dims) in FAST else pytest.mark.slow)
@@ -172,17 +194,23 @@ def test_two_channels_load_the_same_from_msd_4d_and_nnunet_files(datasets: Calla
     assert channel_means == pytest.approx([0.0, 0.0], abs=1e-4), "each channel z-scored on its own"
 
 
-def test_volume_thinner_than_the_patch_pads_in_training_and_inference(
-    datasets: Callable[[str, str], Path], tmp_path: Path, calls: Calls
+@pytest.mark.parametrize(("spatial_dims", "patch"), [
+    pytest.param(3, [16, 16, 32], id="3d-32-slices"),
+    pytest.param(2, [96, 96], id="2d-larger-than-the-slice", marks=pytest.mark.slow),
+])
+def test_volume_smaller_than_the_patch_pads_in_training_and_inference(
+    spatial_dims: int, patch: list[int], datasets: Callable[[str, str], Path], tmp_path: Path, calls: Calls
 ) -> None:
-    root = datasets("thin", "nnunet")
-    metrics = train_on(root, "nnunet", tmp_path / "run", "data.patch_size=[32,32,32]")
-    cfg = check_run(metrics, tmp_path / "run", root, "nnunet", 3)
-    assert cfg["data"]["patch_size"] == [32, 32, 32]
-    assert calls.train_inputs and all(shape[2:] == (32, 32, 32) for shape in calls.train_inputs)
-    assert all(shape[2:] == (32, 32, 32) for shape in calls.eval_inputs)
+    root = datasets("thin", "nnunet")  # 64 x 64 x 12 voxels
+    metrics = train_on(root, "nnunet", tmp_path / "run", f"model.spatial_dims={spatial_dims}",
+                       f"data.patch_size=[{','.join(map(str, patch))}]")
+    cfg = check_run(metrics, tmp_path / "run", root, "nnunet", spatial_dims)
+    assert cfg["data"]["patch_size"] == patch
+    assert calls.train_inputs and all(list(shape[2:]) == patch for shape in calls.train_inputs)
+    assert calls.eval_inputs and all(list(shape[2:]) == patch for shape in calls.eval_inputs)
+    assert calls.volumes, "validation ran"
     for volume in calls.volumes:
-        assert volume["image"][-1] == 12 < 32, "the 12-slice volume is validated whole"
+        assert volume["image"][2:] == (64, 64, 12), "the volume is validated whole, smaller than the patch"
         assert volume["probs"][2:] == volume["image"][2:], "padding removed again after inference"
 
 
@@ -235,7 +263,7 @@ def test_folds_are_disjoint_cover_all_cases_and_are_stable(datasets: Callable[[s
 
 def test_fold_all_trains_and_validates_on_every_case(datasets: Callable[[str, str], Path], tmp_path: Path,
                                                      calls: Calls) -> None:
-    root = datasets("mri", "msd")
+    root = datasets("sagittal", "msd")
     metrics = train_on(root, "msd", tmp_path / "run", "data.fold=all")
     check_run(metrics, tmp_path / "run", root, "msd", 3)
     cases = sorted(entry["case"] for entry in load_dataset(root, "msd").training)
@@ -249,10 +277,11 @@ def test_fold_all_trains_and_validates_on_every_case(datasets: Callable[[str, st
 
 def test_disk_cache_writes_preprocessed_cases(datasets: Callable[[str, str], Path], tmp_path: Path,
                                               caplog: pytest.LogCaptureFixture) -> None:
-    root, cache_dir = datasets("ct", "nnunet"), tmp_path / "cache"
+    root, cache_dir = datasets("thin", "msd"), tmp_path / "cache"
     with caplog.at_level(logging.INFO, logger="medseg"):
-        metrics = train_on(root, "nnunet", tmp_path / "run", "data.cache=disk", f"data.cache_dir={cache_dir}")
-    check_run(metrics, tmp_path / "run", root, "nnunet", 3)
+        metrics = train_on(root, "msd", tmp_path / "run", "data.cache=disk", f"data.cache_dir={cache_dir}",
+                           "trainer.batch_size=1")  # every training case is loaded (none dropped)
+    check_run(metrics, tmp_path / "run", root, "msd", 3)
     assert "cache=disk (data.cache=disk)" in caplog.text
     train_files = list(cache_dir.glob("preprocessed_*/train_pad*/*.pt"))
     val_files = list(cache_dir.glob("preprocessed_*/val/*.pt"))
@@ -299,8 +328,9 @@ def test_other_file_types_plan_and_train(ending: str, module: str, fmt: str, tmp
     reference = write_ct_dataset(tmp_path / "ct_nifti", fmt, num_cases=4, shape=(48, 40, 12))
     assert sorted(p.suffix for p in (root / "imagesTr").iterdir()) == [ending] * 4
     plans = [prepare(r, fmt, tmp_path / f"prep{i}", "data.cache=none") for i, r in enumerate((root, reference))]
-    for key in ("spacing", "patch_size", "normalization"):
-        assert plans[0].data_cfg[key] == pytest.approx(plans[1].data_cfg[key]), key
+    assert plans[0].data_cfg["spacing"] == pytest.approx(plans[1].data_cfg["spacing"])  # NIfTI holds float32
+    for key in ("patch_size", "normalization"):
+        assert plans[0].data_cfg[key] == plans[1].data_cfg[key], key
     assert plans[0].model_cfg["strides"] == plans[1].model_cfg["strides"]
     ours, theirs = plans[0].val_dataset[0], plans[1].val_dataset[0]
     assert np.allclose(ours["image"].numpy(), theirs["image"].numpy(), atol=1e-5)
@@ -310,9 +340,6 @@ def test_other_file_types_plan_and_train(ending: str, module: str, fmt: str, tmp
 
 
 def test_missing_reader_package_is_a_clear_dataset_error(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    from medseg.data import planning
-    from medseg.data.datalist import DatasetError
-
     path = tmp_path / "case.mha"
     path.write_bytes(b"not an image")
     monkeypatch.setattr(planning.importlib.util, "find_spec", lambda name: None)

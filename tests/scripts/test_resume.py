@@ -12,11 +12,11 @@ import json
 import os
 import re
 import shlex
-import shutil
 import signal
 import subprocess
 import sys
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -25,14 +25,13 @@ import torch
 
 from medseg.engine.checkpoint import CheckpointError, load_checkpoint
 
-from ..conftest import REPO, run_script
+from ..conftest import MICRO_OVERRIDES, REPO, run_script
 
-EPOCHS, STEPS_PER_EPOCH = 3, 3  # 6 training cases of the tiny demo, batch 2
-RESUME_OVERRIDES = [
-    "data.num_cases=8", "data.patch_size=[16,16,16]", "data.samples_per_volume=1", "data.num_workers=0",
-    "model.channels=[4,8]", "model.strides=[2]", f"trainer.max_epochs={EPOCHS}", "trainer.val_every=1",
-    "trainer.batch_size=2", "trainer.progress=false", "trainer.log_images=false", "trainer.deterministic=true",
-]
+# A micro model on the tiny demo (8 cases, 6 of them for training): 3 steps of batch 2 per epoch.
+EPOCHS = 3
+# dropout draws from the torch RNG during each step, so a mid-epoch resume is exact only if it restores that RNG
+RESUME_OVERRIDES = [*MICRO_OVERRIDES, f"trainer.max_epochs={EPOCHS}", "trainer.deterministic=true",
+                    "model.dropout=0.1"]
 # one thread keeps the runs fast on shared CPUs; any fixed thread count gives the same equality
 ENV = {"OMP_NUM_THREADS": "1", "PYTHONUNBUFFERED": "1", "HYDRA_FULL_ERROR": "0"}
 TIMEOUT = 300.0
@@ -88,7 +87,8 @@ def _start_paused(root: Path, run_dir: Path, epoch: int, step: int, mode: str) -
     return _start(command, log_file), ready, log_file
 
 
-def _wait_for(condition: Any, proc: subprocess.Popen, log_file: Path, what: str, timeout: float = TIMEOUT) -> None:
+def _wait_for(condition: Callable[[], bool], proc: subprocess.Popen, log_file: Path, what: str,
+              timeout: float = TIMEOUT) -> None:
     """Poll ``condition()`` until true; fail if ``proc`` exits first or ``timeout`` passes."""
     deadline = time.monotonic() + timeout
     while not condition():
@@ -167,7 +167,8 @@ def test_sigkill_mid_training_then_resume_equals_uninterrupted_run(tmp_path: Pat
     _assert_same_run(run_dir, reference)
 
 
-@pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGINT], ids=["SIGTERM", "SIGINT"])
+@pytest.mark.parametrize("sig", [signal.SIGTERM, pytest.param(signal.SIGINT, marks=pytest.mark.slow)],
+                         ids=["SIGTERM", "SIGINT"])
 def test_graceful_stop_mid_epoch_then_resume_equals_uninterrupted_run(tmp_path: Path, tiny_demo_root: Path,
                                                                       reference: Path, sig: signal.Signals) -> None:
     run_dir = tmp_path / "run"
@@ -195,6 +196,7 @@ def test_graceful_stop_mid_epoch_then_resume_equals_uninterrupted_run(tmp_path: 
     _assert_same_run(run_dir, reference)
 
 
+@pytest.mark.slow
 def test_second_signal_stops_at_once_without_saving(tmp_path: Path, tiny_demo_root: Path) -> None:
     run_dir = tmp_path / "run"
     last = run_dir / "checkpoints" / "last.pt"
@@ -207,18 +209,3 @@ def test_second_signal_stops_at_once_without_saving(tmp_path: Path, tiny_demo_ro
     assert "received SIGINT again: stopping now without saving" in log_file.read_text()
     state = load_checkpoint(last)
     assert (state["epoch"], state["step"]) == (1, 0)
-
-
-def test_resume_with_another_architecture_is_one_clean_error(tmp_path: Path, tiny_demo_root: Path,
-                                                             reference: Path) -> None:
-    run_dir = tmp_path / "run"
-    shutil.copytree(reference, run_dir)
-    result = run_script("train.py", _train_args(tiny_demo_root, run_dir, "trainer.resume=true",
-                                                "model.bottleneck=masa"), cwd=tmp_path, timeout=TIMEOUT, env=ENV)
-    output = result.stdout + result.stderr
-    assert result.returncode == 1, output[-3000:]
-    assert "Traceback" not in output
-    errors = [line for line in output.splitlines() if "ERROR" in line]
-    assert len(errors) == 1, errors
-    assert "does not fit this model's architecture; missing: " in errors[0]
-    assert re.search(r"missing: [^;]*bottleneck\.", errors[0]), errors[0]

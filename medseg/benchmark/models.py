@@ -1,0 +1,364 @@
+"""``benchmark.py models``: training-step time, inference time, peak memory and size of whole networks.
+
+Rows: medseg's U-Net with each bottleneck block (``unet+<block>``) and MONAI's ``UNet``, ``SwinUNETR``
+(feature size 24) and ``UNETR``, all built by :func:`medseg.models.build_model` from the default model
+config (``configs/model/unet.yaml``, composed with Hydra exactly as ``scripts/train.py`` does), so the
+figures describe what users run. Every row gets the same input: ``(batch, 1, *patch)`` float32 images,
+3 classes (the demo task), the trainer's loss (``DiceCELoss``), grad clipping and AdamW.
+
+* **Train step**: zero grads, forward (under autocast when ``--precision bf16``), loss, backward, clip, step.
+  Median of ``--reps`` timed steps after ``--warmup`` untimed ones.
+* **Inference**: one forward of the same batch in eval mode under ``torch.no_grad`` (a patch, not a
+  sliding window over a volume). Median of ``--reps`` after a warm-up.
+* **Peak memory** (MiB, all tensors alive at the high-water mark): on CUDA ``torch.cuda.max_memory_allocated``
+  during one step. On the CPU the same quantity from the allocator events ``torch.profiler`` records
+  (``profile_memory=True``, :func:`medseg.benchmark.attention.peak_bytes`) during one step, plus the tensors
+  alive before it (parameters, gradients, AdamW state, batch). Memory that libraries allocate outside
+  PyTorch's allocator (oneDNN scratch, the Python heap) is not included. Training is measured in steady
+  state (after warm-up, so AdamW state exists); inference before any training (no gradients, no optimizer).
+"""
+
+from __future__ import annotations
+
+import argparse
+import gc
+import sys
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Any
+
+import torch
+from hydra import compose, initialize_config_dir
+from monai.losses import DiceCELoss
+from omegaconf import DictConfig, OmegaConf
+from torch import nn
+
+from medseg.benchmark.attention import Target, peak_bytes, ratio, time_ms
+from medseg.engine.inference import autocast_context
+from medseg.engine.report import markdown_table, text_table
+from medseg.io import atomic_write_json, atomic_write_text
+from medseg.models import build_model
+
+CONFIG_DIR = Path(__file__).resolve().parents[2] / "configs"
+BLOCKS = ("none", "masa", "masa_decomposed", "focused_linear", "cswin", "mha")
+MONAI_MODELS = ("monai_unet", "monai_swinunetr", "monai_unetr")
+ROWS = (*(f"unet+{block}" for block in BLOCKS), *MONAI_MODELS)
+REFERENCE = "monai_swinunetr"
+IN_CHANNELS, NUM_CLASSES = 1, 3
+MIB = 2**20
+
+
+@dataclass(frozen=True)
+class Sizes:
+    """One benchmark setting: patch, batch, autocast precision, repetitions."""
+
+    patch: tuple[int, int, int]
+    batch: int
+    precision: str
+    reps: int
+    warmup: int
+
+
+CPU_SIZES = Sizes((64, 64, 64), batch=2, precision="fp32", reps=3, warmup=1)
+GPU_SIZES = Sizes((128, 128, 128), batch=4, precision="bf16", reps=10, warmup=3)
+QUICK_SIZES = Sizes((32, 32, 64), batch=2, precision="fp32", reps=1, warmup=1)
+"""For tests. SwinUNETR's deepest stage must keep more than one voxel (instance norm): 32x32x64 is its least input."""
+
+
+@dataclass
+class Row:
+    """One network's measurements (None where it did not run)."""
+
+    model: str
+    status: str = "ok"
+    """``ok`` | ``oom`` | ``error``."""
+    detail: str = ""
+    params: int | None = None
+    train_s: float | None = None
+    infer_s: float | None = None
+    train_peak_mib: float | None = None
+    infer_peak_mib: float | None = None
+
+
+def compose_train_config(overrides: Sequence[str] = ()) -> DictConfig:
+    """``configs/train.yaml`` with ``overrides``, composed as ``scripts/train.py`` would (no Hydra run context)."""
+    with initialize_config_dir(config_dir=str(CONFIG_DIR), version_base="1.3"):
+        return compose(config_name="train", overrides=list(overrides))
+
+
+def model_config(row: str, overrides: Sequence[str] = ()) -> dict[str, Any]:
+    """The plain ``model`` node of ``row``: the default U-Net config with its bottleneck, or a MONAI network."""
+    name_override = f"model.bottleneck={row.split('+', 1)[1]}" if row.startswith("unet+") else f"model.name={row}"
+    cfg = compose_train_config([name_override, *overrides])
+    return OmegaConf.to_container(cfg.model, resolve=True)  # type: ignore[return-value]
+
+
+def _amp(precision: str) -> torch.dtype | None:
+    return torch.bfloat16 if precision == "bf16" else None
+
+
+def _tensor_bytes(tensors: Sequence[torch.Tensor | None]) -> int:
+    return sum(t.numel() * t.element_size() for t in tensors if t is not None)
+
+
+def resident_bytes(model: nn.Module, optimizer: torch.optim.Optimizer | None, batch: Sequence[torch.Tensor]) -> int:
+    """Bytes of the tensors alive between steps: parameters, gradients, optimizer state, batch."""
+    params = list(model.parameters())
+    state = (
+        []
+        if optimizer is None
+        else [v for s in optimizer.state.values() for v in s.values() if isinstance(v, torch.Tensor)]
+    )
+    return _tensor_bytes([*params, *(p.grad for p in params), *state, *batch])
+
+
+def absolute_peak_mib(fn: Callable[[], torch.Tensor], device: torch.device, before: int) -> float:
+    """Peak MiB of all tensors while ``fn`` runs: ``before`` (CPU: tensors alive already) plus the rise above it.
+
+    On CUDA the allocator's own count of what is allocated replaces ``before``.
+    """
+    if device.type == "cuda":
+        before = torch.cuda.memory_allocated(device)
+    rise, _ = peak_bytes(fn, device)
+    return (before + rise) / MIB
+
+
+def make_train_step(
+    model: nn.Module, image: torch.Tensor, label: torch.Tensor, amp: torch.dtype | None
+) -> tuple[Callable[[], torch.Tensor], torch.optim.Optimizer]:
+    """The trainer's step (zero grads, autocast forward, DiceCE, backward, clip 12, AdamW) as a closure."""
+    optimizer = torch.optim.AdamW(model.parameters(), lr=1e-4)
+    loss_fn = DiceCELoss(to_onehot_y=True, softmax=True)
+
+    def step() -> torch.Tensor:
+        optimizer.zero_grad(set_to_none=True)
+        with autocast_context(image.device, amp):
+            output = model(image)
+        loss = loss_fn(output.float(), label)
+        loss.backward()
+        nn.utils.clip_grad_norm_(model.parameters(), 12.0)
+        optimizer.step()
+        return loss.detach()
+
+    return step, optimizer
+
+
+def make_inference(model: nn.Module, image: torch.Tensor, amp: torch.dtype | None) -> Callable[[], torch.Tensor]:
+    """One eval-mode, no-grad forward of ``image`` as a closure."""
+
+    def infer() -> torch.Tensor:
+        with torch.no_grad(), autocast_context(image.device, amp):
+            return model(image)
+
+    return infer
+
+
+def measure(row: str, sizes: Sizes, device: torch.device, max_seconds: float, overrides: Sequence[str] = ()) -> Row:
+    """All figures of one network (see the module docstring); an error or OOM is recorded, not raised."""
+    result = Row(row)
+    amp = _amp(sizes.precision)
+    generator = torch.Generator().manual_seed(0)
+    image = torch.randn(sizes.batch, IN_CHANNELS, *sizes.patch, generator=generator).to(device)
+    label = torch.randint(0, NUM_CLASSES, (sizes.batch, 1, *sizes.patch), generator=generator).to(device)
+    try:
+        torch.manual_seed(0)
+        model = build_model(model_config(row, overrides), IN_CHANNELS, NUM_CLASSES, sizes.patch).to(device)
+        result.params = sum(p.numel() for p in model.parameters())
+        infer = make_inference(model.eval(), image, amp)
+        result.infer_peak_mib = absolute_peak_mib(infer, device, resident_bytes(model, None, [image]))
+        result.infer_s = time_ms(infer, device, sizes.reps, max_seconds)[0] / 1000
+        step, optimizer = make_train_step(model.train(), image, label, amp)
+        for _ in range(sizes.warmup):
+            step()
+        result.train_peak_mib = absolute_peak_mib(step, device, resident_bytes(model, optimizer, [image, label]))
+        result.train_s = time_ms(step, device, sizes.reps, max_seconds)[0] / 1000
+    except (RuntimeError, ValueError) as error:  # torch.OutOfMemoryError is a RuntimeError
+        message = str(error).splitlines()[0] if str(error) else type(error).__name__
+        out_of_memory = "out of memory" in message.lower() or "can't allocate" in message.lower()
+        result.status, result.detail = ("oom" if out_of_memory else "error"), message[:200]
+    finally:
+        gc.collect()
+        if device.type == "cuda":
+            torch.cuda.empty_cache()
+    return result
+
+
+def _per_reference(rows: Sequence[Row], key: str) -> dict[str, float | None]:
+    """Each row's ``key`` divided by the reference row's (SwinUNETR), None where either is missing."""
+    ref = next((r for r in rows if r.model == REFERENCE), None)
+    return {r.model: ratio(getattr(r, key), None if ref is None else getattr(ref, key)) for r in rows}
+
+
+def targets(rows: Sequence[Row], sizes: Sizes, device: torch.device) -> list[Target]:
+    """CPU: U-Net+MaSA step time <= 0.25 x SwinUNETR's. GPU (128³ bf16): its throughput >= 2 x SwinUNETR's."""
+    step = _per_reference(rows, "train_s")["unet+masa"] if any(r.model == "unet+masa" for r in rows) else None
+    where = f"{'x'.join(map(str, sizes.patch))}, batch {sizes.batch}, {sizes.precision}, {device.type}"
+    if device.type == "cuda":
+        return [
+            Target(f"unet+masa training throughput / SwinUNETR's ({where})", None if not step else 1 / step, ">=", 2.0)
+        ]
+    return [Target(f"unet+masa train step time / SwinUNETR's ({where})", step, "<=", 0.25)]
+
+
+def _fmt(value: float | None, digits: int = 3) -> str:
+    return "n/a" if value is None else f"{value:.{digits}g}"
+
+
+def table(rows: Sequence[Row]) -> tuple[list[str], list[list[Any]]]:
+    """Headers and cells of the results table; ratios are against SwinUNETR."""
+    ratios = {key: _per_reference(rows, key) for key in ("train_s", "infer_s", "train_peak_mib")}
+    headers = [
+        "model",
+        "params (M)",
+        "train step (s)",
+        "× Swin",
+        "inference (s)",
+        "× Swin",
+        "train peak (MiB)",
+        "× Swin",
+        "inference peak (MiB)",
+    ]
+    cells = []
+    for r in rows:
+        if r.status != "ok":
+            cells.append(
+                [r.model, _fmt(r.params and r.params / 1e6), r.status.upper(), "", r.detail[:60], "", "", "", ""]
+            )
+            continue
+        cells.append(
+            [
+                r.model,
+                _fmt(r.params / 1e6),
+                _fmt(r.train_s),
+                _fmt(ratios["train_s"][r.model], 2),
+                _fmt(r.infer_s),
+                _fmt(ratios["infer_s"][r.model], 2),
+                f"{r.train_peak_mib:,.0f}",
+                _fmt(ratios["train_peak_mib"][r.model], 2),
+                f"{r.infer_peak_mib:,.0f}",
+            ]
+        )
+    return headers, cells
+
+
+def machine(device: torch.device) -> str:
+    """The device in words: GPU name, or CPU threads."""
+    if device.type == "cuda":
+        return torch.cuda.get_device_name(device)
+    return f"CPU, {torch.get_num_threads()} threads"
+
+
+def to_markdown(report: dict[str, Any], rows: Sequence[Row]) -> str:
+    meta = report["meta"]
+    headers, cells = table(rows)
+    lines = [
+        "# Networks: training step, inference, peak memory",
+        "",
+        f"{meta['machine']}, torch {meta['torch']}, MONAI {meta['monai']}; input {meta['batch']} × 1 × "
+        f"{'×'.join(map(str, meta['patch']))}, {meta['precision']}, 3 classes; medians of {meta['reps']} runs "
+        f"after {meta['warmup']} warm-up. medseg rows: `configs/model/unet.yaml` with `model.bottleneck=<block>`. "
+        f"Peak memory: {meta['memory_method']}.",
+        "",
+        markdown_table(headers, cells),
+        "",
+        "## targets",
+        "",
+        markdown_table(
+            ["target", "value", "goal", "met"],
+            [
+                [
+                    t["label"],
+                    _fmt(t["value"]),
+                    f"{t['relation']} {t['goal']:g}",
+                    {True: "yes", False: "**no**", None: "n/a"}[t["met"]],
+                ]
+                for t in report["targets"]
+            ],
+        ),
+    ]
+    return "\n".join(lines) + "\n"
+
+
+def choose_sizes(args: argparse.Namespace) -> Sizes:
+    """``--quick`` / ``--gpu-sizes`` presets, else the CPU defaults; explicit flags override the preset."""
+    base = QUICK_SIZES if args.quick else GPU_SIZES if args.gpu_sizes else CPU_SIZES
+    return Sizes(
+        patch=tuple(args.patch) if args.patch else base.patch,
+        batch=args.batch or base.batch,
+        precision=args.precision or base.precision,
+        reps=args.reps or base.reps,
+        warmup=base.warmup if args.warmup is None else args.warmup,
+    )
+
+
+def run(args: argparse.Namespace) -> int:
+    """Measure every row, print the markdown report, and write ``models.md`` / ``models.json`` under ``--out``."""
+    device = torch.device(args.device)
+    sizes = choose_sizes(args)
+    rows = []
+    for name in args.models:
+        started = time.perf_counter()
+        row = measure(name, sizes, device, args.max_seconds, args.override)
+        rows.append(row)
+        print(
+            f"{name:>22}: {row.status} train {_fmt(row.train_s)} s, inference {_fmt(row.infer_s)} s "
+            f"({time.perf_counter() - started:.0f} s)",
+            file=sys.stderr,
+        )
+    import monai
+
+    report = {
+        "meta": {
+            "machine": machine(device),
+            "device": str(device),
+            "threads": torch.get_num_threads(),
+            "torch": torch.__version__,
+            "monai": monai.__version__,
+            **asdict(sizes),
+            "memory_method": (
+                "torch.cuda.max_memory_allocated"
+                if device.type == "cuda"
+                else "PyTorch CPU-allocator high-water mark (torch.profiler) plus the tensors alive before the step"
+            ),
+            "overrides": list(args.override),
+        },
+        "results": [asdict(r) for r in rows],
+        "targets": [asdict(t) for t in targets(rows, sizes, device)],
+    }
+    headers, cells = table(rows)
+    print(text_table(headers, cells))
+    markdown = to_markdown(report, rows)
+    print("\n" + markdown.split("## targets", 1)[1].strip())
+    if args.out is not None:
+        atomic_write_text(args.out / "models.md", markdown)
+        atomic_write_json(args.out / "models.json", report)
+    return 0
+
+
+def add_subcommand(subparsers: argparse._SubParsersAction) -> None:
+    """Register ``models`` with :func:`medseg.benchmark.build_parser`."""
+    parser = subparsers.add_parser(
+        "models",
+        help="train/inference time and memory of whole networks",
+        description=__doc__,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    parser.add_argument("--models", nargs="+", default=list(ROWS), choices=ROWS, help="rows to measure")
+    parser.add_argument(
+        "--gpu-sizes",
+        action="store_true",
+        help=f"{'x'.join(map(str, GPU_SIZES.patch))}, batch {GPU_SIZES.batch}, bf16, {GPU_SIZES.reps} reps",
+    )
+    parser.add_argument("--quick", action="store_true", help="32x32x64, batch 2, one rep (for tests)")
+    parser.add_argument("--patch", type=int, nargs=3, default=None, help="override the preset's patch")
+    parser.add_argument("--batch", type=int, default=None, help="override the preset's batch")
+    parser.add_argument("--precision", choices=("fp32", "bf16"), default=None, help="override the preset's")
+    parser.add_argument("--reps", type=int, default=None, help="timed runs (median)")
+    parser.add_argument("--warmup", type=int, default=None, help="untimed training steps first")
+    parser.add_argument("--max-seconds", type=float, default=120.0, help="time budget of a row's timed runs")
+    parser.add_argument("--override", nargs="*", default=[], help="extra config overrides, e.g. model.channels=[...]")
+    parser.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
+    parser.add_argument("--out", type=Path, default=None, help="write models.md and models.json here")
+    parser.set_defaults(func=run)

@@ -1,0 +1,171 @@
+"""DDP plumbing: SLURM -> torchrun variable mapping, collectives on gloo, a failing rank, the SLURM launcher config."""
+
+from __future__ import annotations
+
+import os
+import socket
+import subprocess
+import sys
+import textwrap
+import time
+from pathlib import Path
+
+import pytest
+import torch
+import torch.multiprocessing as mp
+
+from medseg.engine import distributed
+from medseg.engine.distributed import (
+    DistInfo,
+    any_rank,
+    broadcast_object,
+    distributed_environment,
+    first_slurm_host,
+    gather_objects,
+    hydra_rank_overrides,
+    reduce_max,
+    slurm_environment,
+)
+
+from ..conftest import compose_config
+
+SRUN_TASK = {  # what srun sets for task 3 of a 2-node x 2-task step of job 123456
+    "SLURM_JOB_ID": "123456", "SLURM_PROCID": "3", "SLURM_LOCALID": "1", "SLURM_NTASKS": "4",
+    "SLURM_STEP_NUM_TASKS": "4", "SLURM_STEP_NUM_NODES": "2", "SLURM_JOB_NUM_NODES": "2",
+    "SLURM_JOB_NODELIST": "gpu-a[07-08]", "SLURM_STEP_NODELIST": "gpu-a[07-08]",
+}
+
+
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+@pytest.mark.parametrize(("nodelist", "first"), [
+    ("node01", "node01"), ("gpu[03-05,9],cpu1", "gpu03"), ("a1,b[2-3]", "a1"), ("rack[2-3]-n[10,12]", "rack2-n10"),
+])
+def test_first_slurm_host(nodelist: str, first: str) -> None:
+    assert first_slurm_host(nodelist) == first
+
+
+def test_srun_task_maps_to_torchrun_variables() -> None:
+    env = slurm_environment(SRUN_TASK)
+    assert env == {"RANK": "3", "WORLD_SIZE": "4", "LOCAL_RANK": "1", "LOCAL_WORLD_SIZE": "2",
+                   "MASTER_ADDR": "gpu-a07", "MASTER_PORT": str(20000 + 123456 % 20000)}
+    # every task of the job derives the same master
+    other = slurm_environment({**SRUN_TASK, "SLURM_PROCID": "0", "SLURM_LOCALID": "0"})
+    assert (other["MASTER_ADDR"], other["MASTER_PORT"]) == (env["MASTER_ADDR"], env["MASTER_PORT"])
+
+
+def test_slurm_keeps_a_chosen_master() -> None:
+    env = slurm_environment({**SRUN_TASK, "MASTER_ADDR": "10.0.0.1", "MASTER_PORT": "29400"})
+    assert "MASTER_ADDR" not in env and "MASTER_PORT" not in env
+
+
+@pytest.mark.parametrize("env", [
+    {},  # no SLURM
+    {k: v for k, v in SRUN_TASK.items() if not k.startswith("SLURM_STEP")},  # a batch script / salloc shell
+    {**SRUN_TASK, "SLURM_PROCID": "0", "SLURM_STEP_NUM_TASKS": "1", "SLURM_NTASKS": "1"},  # one task
+])
+def test_not_distributed_outside_a_multi_task_srun_step(env: dict[str, str]) -> None:
+    assert slurm_environment(env) == {}
+    assert distributed_environment(dict(env)) == DistInfo()
+
+
+def test_torchrun_variables_win_and_slurm_ones_are_exported() -> None:
+    torchrun = {**SRUN_TASK, "RANK": "1", "WORLD_SIZE": "2", "LOCAL_RANK": "1"}
+    assert distributed_environment(torchrun) == DistInfo(rank=1, world_size=2, local_rank=1)
+    env = dict(SRUN_TASK)
+    assert distributed_environment(env) == DistInfo(rank=3, world_size=4, local_rank=1)
+    assert env["RANK"] == "3" and env["MASTER_ADDR"] == "gpu-a07"  # what init_process_group(env://) reads
+
+
+def test_hydra_overrides_only_for_other_ranks(monkeypatch: pytest.MonkeyPatch) -> None:
+    for key in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "SLURM_PROCID"):
+        monkeypatch.delenv(key, raising=False)
+    assert hydra_rank_overrides() == []
+    monkeypatch.setenv("RANK", "1")
+    monkeypatch.setenv("WORLD_SIZE", "2")
+    monkeypatch.setenv("LOCAL_RANK", "1")
+    assert "hydra.output_subdir=null" in hydra_rank_overrides()
+
+
+def test_local_device_follows_local_rank() -> None:
+    info = DistInfo(rank=3, world_size=4, local_rank=1)
+    assert distributed.local_device(torch.device("cpu"), info) == torch.device("cpu")
+    if torch.cuda.is_available():
+        assert distributed.local_device(torch.device("cuda"), info).index == 1 % torch.cuda.device_count()
+
+
+def _collectives(rank: int, world_size: int, port: int, results: dict) -> None:
+    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), RANK=str(rank), WORLD_SIZE=str(world_size),
+                      LOCAL_RANK=str(rank))
+    cpu = torch.device("cpu")
+    info = distributed.init_distributed(cpu)
+    try:
+        results[rank] = {
+            "any": any_rank(rank == 1, info, cpu),
+            "none": any_rank(False, info, cpu),
+            "max": reduce_max(float(10 * rank + 1), info, cpu),
+            "gather": gather_objects({"rank": rank}, info),
+            "broadcast": broadcast_object(f"from {rank}", info),
+        }
+    finally:
+        distributed.cleanup(info)
+
+
+def test_collectives_on_two_gloo_ranks() -> None:
+    with mp.Manager() as manager:
+        results = manager.dict()
+        mp.spawn(_collectives, args=(2, free_port(), results), nprocs=2, join=True)
+        results = dict(results)
+    for rank in (0, 1):
+        assert results[rank] == {"any": True, "none": False, "max": 11.0, "gather": [{"rank": 0}, {"rank": 1}],
+                                 "broadcast": "from 0"}
+
+
+FAILING_RANK = textwrap.dedent("""
+    import torch
+    from medseg.engine.distributed import any_rank, init_distributed
+
+    info = init_distributed(torch.device("cpu"))
+    if info.rank == 1:
+        raise RuntimeError("rank 1 fails")
+    any_rank(False, info, torch.device("cpu"))  # rank 0 waits here for a rank that is gone
+""")
+
+
+def test_a_failing_rank_does_not_hang_the_others(tmp_path: Path) -> None:
+    script = tmp_path / "failing_rank.py"
+    script.write_text(FAILING_RANK)
+    started = time.monotonic()
+    result = subprocess.run(
+        [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node=2", f"--master_port={free_port()}",
+         str(script)], capture_output=True, text=True, timeout=240, env={**os.environ, "OMP_NUM_THREADS": "1"})
+    assert result.returncode != 0
+    assert "rank 1 fails" in result.stdout + result.stderr
+    assert time.monotonic() - started < 200
+
+
+def test_slurm_launcher_config_composes() -> None:
+    pytest.importorskip("hydra_plugins.hydra_submitit_launcher")
+    from hydra import compose, initialize_config_dir
+    from hydra.utils import instantiate
+
+    from ..conftest import CONFIGS
+
+    with initialize_config_dir(config_dir=str(CONFIGS), version_base="1.3"):
+        cfg = compose("train", overrides=["hydra/launcher=slurm", "hydra.launcher.tasks_per_node=2",
+                                          "hydra.launcher.gpus_per_node=2", "hydra.launcher.partition=gpu"],
+                      return_hydra_config=True)
+    launcher = cfg.hydra.launcher
+    assert launcher._target_.endswith("SlurmLauncher")
+    assert (launcher.tasks_per_node, launcher.gpus_per_node, launcher.partition) == (2, 2, "gpu")
+    for key in ("timeout_min", "cpus_per_task", "mem_gb", "nodes", "name", "setup"):
+        assert launcher[key] is not None, key
+    params = instantiate(launcher).params  # what submitit's executor receives, interpolations resolved
+    assert params["tasks_per_node"] == 2 and params["name"].startswith("medseg")
+    assert any("SLURM_KILL_BAD_EXIT=1" in line for line in params["setup"])
+    # the task config is unchanged by the launcher choice
+    assert compose_config(["hydra/launcher=slurm"]).model.bottleneck == compose_config().model.bottleneck
