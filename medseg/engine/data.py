@@ -137,8 +137,9 @@ def prepare_data(cfg: dict[str, Any], output_dir: Path, dist_info: DistInfo, pro
     roi = patch_size_3d(data_cfg["patch_size"], spatial_dims, axis)
     train_dir, val_dir = _disk_cache_dirs(cache_dir, info, data_cfg, roi)
     if dist_info.is_main:
-        log.info("data: %d training / %d validation cases; cache=%s (%s)%s", len(train_cases), len(val_cases),
-                 cache, _cache_reason(data_cfg["cache"], plan.dataset_bytes),
+        per_rank = f" (rank 0's share of {dist_info.world_size} ranks)" if dist_info.enabled else ""
+        log.info("data: %d training / %d validation cases%s; cache=%s (%s)%s", len(train_cases), len(val_cases),
+                 per_rank, cache, _cache_reason(data_cfg["cache"], plan.dataset_bytes),
                  f"; preprocessed cases in {train_dir.parent}" if cache == "disk" else "")
     workers = data_cfg["num_workers"]
     train_ds = _dataset(train_cases, train_transforms(data_cfg, spatial_dims), cache, train_dir, workers)

@@ -5,10 +5,12 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+import pytest
+import torch
 from omegaconf import OmegaConf
 
 from medseg.benchmark import main
-from medseg.benchmark.models import ROWS, model_config
+from medseg.benchmark.models import QUICK_SIZES, ROWS, Row, model_config, table, targets
 from medseg.benchmark.quality import MODELS, epochs_for_budget
 
 from ..conftest import CONFIGS
@@ -24,10 +26,23 @@ def test_rows_use_the_default_model_config() -> None:
     assert len(ROWS) == 9
 
 
-def test_quick_models_benchmark(tmp_path: Path) -> None:
-    rows = ["unet+masa", "monai_swinunetr"]
-    assert main(["models", "--quick", "--models", *rows, "--out", str(tmp_path)]) == 0
-    report = json.loads((tmp_path / "models.json").read_text())
+def test_ratios_and_targets_against_swinunetr() -> None:
+    rows = [Row("unet+masa", params=2_000_000, train_s=1.0, infer_s=0.2, train_peak_mib=100.0, infer_peak_mib=20.0),
+            Row("monai_swinunetr", params=16_000_000, train_s=8.0, infer_s=1.0, train_peak_mib=400.0,
+                infer_peak_mib=50.0),
+            Row("monai_unetr", status="oom", detail="CUDA out of memory")]
+    (target,) = targets(rows, QUICK_SIZES, torch.device("cpu"))
+    assert target.value == 1.0 / 8.0 and target.met
+    (gpu_target,) = targets(rows, QUICK_SIZES, torch.device("cuda"))
+    assert gpu_target.value == 8.0 and gpu_target.met  # throughput: SwinUNETR's step time / ours
+    headers, cells = table(rows)
+    masa = dict(zip(headers, cells[0]))
+    assert masa["train step (s)"] == "1" and cells[0][3] == "0.12" and cells[0][5] == "0.2"
+    assert cells[2][2] == "OOM"
+
+
+def _check_models_report(out: Path, rows: list[str]) -> dict:
+    report = json.loads((out / "models.json").read_text())
     results = {r["model"]: r for r in report["results"]}
     assert list(results) == rows
     for r in results.values():
@@ -35,11 +50,26 @@ def test_quick_models_benchmark(tmp_path: Path) -> None:
         assert r["params"] > 0 and r["train_s"] > 0 and r["infer_s"] > 0
         # training keeps weights, gradients and AdamW state (3x the parameters) plus activations
         assert r["train_peak_mib"] > r["infer_peak_mib"] > 4 * r["params"] / 2**20
+    markdown = (out / "models.md").read_text()
+    assert all(f"| {row} |" in markdown for row in rows) and "## targets" in markdown
+    return report
+
+
+def test_quick_models_benchmark(tmp_path: Path) -> None:
+    rows = ["unet+masa", "monai_unet"]
+    assert main(["models", "--quick", "--models", *rows, "--out", str(tmp_path)]) == 0
+    report = _check_models_report(tmp_path, rows)
+    assert report["meta"]["patch"] == list(QUICK_SIZES.patch) and report["targets"][0]["value"] is None
+
+
+@pytest.mark.slow
+def test_quick_models_benchmark_against_swinunetr(tmp_path: Path) -> None:
+    rows = ["unet+masa", "monai_swinunetr"]
+    assert main(["models", "--quick", "--models", *rows, "--out", str(tmp_path)]) == 0
+    results = {r["model"]: r for r in _check_models_report(tmp_path, rows)["results"]}
     assert results["monai_swinunetr"]["params"] > results["unet+masa"]["params"]
-    (target,) = report["targets"]
+    (target,) = json.loads((tmp_path / "models.json").read_text())["targets"]
     assert target["value"] == results["unet+masa"]["train_s"] / results["monai_swinunetr"]["train_s"]
-    markdown = (tmp_path / "models.md").read_text()
-    assert "| unet+masa |" in markdown and "× Swin" in markdown and "## targets" in markdown
 
 
 def test_epochs_for_budget() -> None:
@@ -47,13 +77,24 @@ def test_epochs_for_budget() -> None:
     assert epochs_for_budget(10, 30) == 1
 
 
-def test_quick_quality_benchmark(tmp_path: Path, tiny_demo_root: Path) -> None:
-    assert main(["quality", "--quick", "--override", f"data.root={tiny_demo_root}", "--out", str(tmp_path)]) == 0
-    report = json.loads((tmp_path / "quality.json").read_text())
-    assert [r["model"] for r in report["results"]] == list(MODELS)
+def _check_quality_report(out: Path, models: list[str]) -> dict:
+    report = json.loads((out / "quality.json").read_text())
+    assert [r["model"] for r in report["results"]] == models
     for r in report["results"]:
         assert r["epochs"] == 1 and 0.0 <= r["val_dice"] <= 1.0 and r["train_seconds"] > 0
         assert (Path(r["run_dir"]) / "metrics.json").is_file()
-    (target,) = report["targets"]
+    assert all(f"| {m} |" in (out / "quality.md").read_text() for m in models)
+    return report
+
+
+def test_quick_quality_benchmark_one_model(tmp_path: Path, tiny_demo_root: Path) -> None:
+    args = ["quality", "--quick", "--models", "monai_unet", "--override", f"data.root={tiny_demo_root}"]
+    assert main([*args, "--out", str(tmp_path)]) == 0
+    assert _check_quality_report(tmp_path, ["monai_unet"])["targets"][0]["value"] is None
+
+
+@pytest.mark.slow
+def test_quick_quality_benchmark(tmp_path: Path, tiny_demo_root: Path) -> None:
+    assert main(["quality", "--quick", "--override", f"data.root={tiny_demo_root}", "--out", str(tmp_path)]) == 0
+    (target,) = _check_quality_report(tmp_path, list(MODELS))["targets"]
     assert target["value"] is not None
-    assert "| unet+masa |" in (tmp_path / "quality.md").read_text()
