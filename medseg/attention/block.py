@@ -9,7 +9,7 @@ from monai.networks.layers import DropPath
 from torch import nn
 from torch.utils.checkpoint import checkpoint
 
-from medseg.attention.common import SpatialAttention, depthwise_conv, to_spatial, to_tokens
+from medseg.attention.common import DepthwiseConv, SpatialAttention, to_spatial, to_tokens
 
 CPE_KERNEL = 3
 """Kernel of the conditional position encoding ``x + DWConv(x)`` in front of the attention."""
@@ -51,7 +51,7 @@ class TransformerBlock(nn.Module):
         super().__init__()
         dim = attention.dim
         hidden = int(round(dim * float(mlp_ratio)))
-        self.cpe = depthwise_conv(dim, attention.spatial_dims, CPE_KERNEL)
+        self.cpe = DepthwiseConv(dim, attention.spatial_dims, CPE_KERNEL)
         self.attention_norm = nn.LayerNorm(dim)
         self.attention = attention
         self.ffn_norm = nn.LayerNorm(dim)

@@ -9,13 +9,17 @@ Layouts used throughout the package:
 
 from __future__ import annotations
 
+import math
 from abc import ABC, abstractmethod
 from collections.abc import Sequence
+from typing import Any
 
 import torch
+import torch.nn.functional as F
 from einops import rearrange
-from monai.networks.layers import Conv
 from torch import nn
+
+_CONV = {1: F.conv1d, 2: F.conv2d, 3: F.conv3d}
 
 
 def to_tokens(x: torch.Tensor) -> torch.Tensor:
@@ -38,12 +42,76 @@ def merge_heads(x: torch.Tensor) -> torch.Tensor:
     return rearrange(x, "b h n d -> b n (h d)")
 
 
-def depthwise_conv(channels: int, spatial_dims: int, kernel_size: int) -> nn.Module:
-    """A ``spatial_dims``-D depthwise convolution with 'same' padding: ``(B, C, *sp) -> (B, C, *sp)``."""
-    if kernel_size % 2 != 1:
-        raise ValueError(f"depthwise kernel_size must be odd to keep the spatial size, got {kernel_size}")
-    conv = Conv[Conv.CONV, spatial_dims]
-    return conv(channels, channels, kernel_size, padding=kernel_size // 2, groups=channels)
+def _depthwise(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
+    """Depthwise 'same' convolution of ``(B, C, *sp)`` with ``weight`` ``(C, 1, k, ...)``, odd ``k``."""
+    return _CONV[x.ndim - 2](x, weight, bias, padding=weight.shape[-1] // 2, groups=x.shape[1])
+
+
+class _DepthwiseConvFunction(torch.autograd.Function):
+    """:func:`_depthwise` whose backward pass is two more forward convolutions.
+
+    ``grad_x = conv(grad, flipped weight)``; ``grad_w[c] = sum_b xcorr(pad(x)[b, c], grad[b, c])``, run as one
+    grouped convolution with the gradient as the kernel. On CPU this is 4-15x faster than PyTorch's native
+    depthwise backward (measured for 3D, kernel 5, 16^3-32^3 voxels, 128 channels), whose cost also grows
+    far faster than the voxel count when the cores are shared.
+    """
+
+    @staticmethod
+    @torch.amp.custom_fwd(device_type="cpu")
+    def forward(ctx: Any, x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor) -> torch.Tensor:
+        ctx.save_for_backward(x, weight)
+        return _depthwise(x, weight, bias)
+
+    @staticmethod
+    @torch.amp.custom_bwd(device_type="cpu")
+    def backward(ctx: Any, grad: torch.Tensor) -> tuple[torch.Tensor | None, ...]:
+        x, weight = ctx.saved_tensors
+        spatial = tuple(range(2, x.ndim))
+        grad_x = grad_w = grad_b = None
+        if ctx.needs_input_grad[0]:
+            grad_x = _depthwise(grad, weight.flip(spatial), None).to(x.dtype)
+        if ctx.needs_input_grad[1]:
+            batch, channels, pad = x.shape[0], x.shape[1], weight.shape[-1] // 2
+            padded = F.pad(x, (pad,) * (2 * len(spatial))).reshape(
+                1, batch * channels, *(s + 2 * pad for s in x.shape[2:])
+            )
+            kernels = grad.reshape(batch * channels, 1, *grad.shape[2:])
+            grad_w = _CONV[len(spatial)](padded, kernels, groups=batch * channels)
+            grad_w = grad_w.reshape(batch, channels, *weight.shape[2:]).sum(0).unsqueeze(1).to(weight.dtype)
+        if ctx.needs_input_grad[2]:
+            grad_b = grad.sum((0, *spatial)).to(weight.dtype)
+        return grad_x, grad_w, grad_b
+
+
+class DepthwiseConv(nn.Module):
+    """Depthwise convolution with 'same' padding and bias: ``(B, C, *sp) -> (B, C, *sp)``.
+
+    Initialised like ``nn.ConvNd``. On CPU it runs :class:`_DepthwiseConvFunction` (fast backward); on other
+    devices the native kernels.
+
+    Args:
+        channels: ``C``.
+        spatial_dims: 1, 2 or 3.
+        kernel_size: odd kernel side.
+    """
+
+    def __init__(self, channels: int, spatial_dims: int, kernel_size: int) -> None:
+        super().__init__()
+        if kernel_size % 2 != 1:
+            raise ValueError(f"depthwise kernel_size must be odd to keep the spatial size, got {kernel_size}")
+        self.weight = nn.Parameter(torch.empty(channels, 1, *(kernel_size,) * spatial_dims))
+        self.bias = nn.Parameter(torch.empty(channels))
+        nn.init.kaiming_uniform_(self.weight, a=math.sqrt(5))
+        bound = 1 / math.sqrt(kernel_size**spatial_dims)
+        nn.init.uniform_(self.bias, -bound, bound)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if x.device.type == "cpu":
+            return _DepthwiseConvFunction.apply(x, self.weight, self.bias)
+        return _depthwise(x, self.weight, self.bias)
+
+    def extra_repr(self) -> str:
+        return f"channels={self.weight.shape[0]}, kernel_size={tuple(self.weight.shape[2:])}"
 
 
 class TokenDepthwiseConv(nn.Module):
@@ -55,7 +123,7 @@ class TokenDepthwiseConv(nn.Module):
 
     def __init__(self, channels: int, spatial_dims: int, kernel_size: int) -> None:
         super().__init__()
-        self.conv = depthwise_conv(channels, spatial_dims, kernel_size)
+        self.conv = DepthwiseConv(channels, spatial_dims, kernel_size)
 
     def forward(self, tokens: torch.Tensor, spatial_shape: Sequence[int]) -> torch.Tensor:
         return to_tokens(self.conv(to_spatial(tokens, spatial_shape)))

@@ -9,7 +9,9 @@ figures describe what users run. Every row gets the same input: ``(batch, 1, *pa
 * **Train step**: zero grads, forward (under autocast when ``--precision bf16``), loss, backward, clip, step.
   Median of ``--reps`` timed steps after ``--warmup`` untimed ones.
 * **Inference**: one forward of the same batch in eval mode under ``torch.no_grad`` (a patch, not a
-  sliding window over a volume). Median of ``--reps`` after a warm-up.
+  sliding window over a volume). Median of ``--reps``, after the memory run as warm-up.
+* Timing is **round-robin**: every network is built first, then each round runs every network once, so a
+  change in machine load during the benchmark (shared machines) hits all rows alike and their ratios stay fair.
 * **Peak memory** (MiB, all tensors alive at the high-water mark): on CUDA ``torch.cuda.max_memory_allocated``
   during one step. On the CPU the same quantity from the allocator events ``torch.profiler`` records
   (``profile_memory=True``, :func:`medseg.benchmark.attention.peak_bytes`) during one step, plus the tensors
@@ -22,6 +24,7 @@ from __future__ import annotations
 
 import argparse
 import gc
+import statistics
 import sys
 import time
 from collections.abc import Callable, Sequence
@@ -133,6 +136,7 @@ def make_train_step(
     loss_fn = DiceCELoss(to_onehot_y=True, softmax=True)
 
     def step() -> torch.Tensor:
+        model.train()
         optimizer.zero_grad(set_to_none=True)
         with autocast_context(image.device, amp):
             output = model(image)
@@ -149,40 +153,90 @@ def make_inference(model: nn.Module, image: torch.Tensor, amp: torch.dtype | Non
     """One eval-mode, no-grad forward of ``image`` as a closure."""
 
     def infer() -> torch.Tensor:
+        model.eval()
         with torch.no_grad(), autocast_context(image.device, amp):
             return model(image)
 
     return infer
 
 
-def measure(row: str, sizes: Sizes, device: torch.device, max_seconds: float, overrides: Sequence[str] = ()) -> Row:
-    """All figures of one network (see the module docstring); an error or OOM is recorded, not raised."""
-    result = Row(row)
+@dataclass
+class Runnable:
+    """A built network with its measurements so far and its two timed closures (None after a failure)."""
+
+    row: Row
+    infer: Callable[[], torch.Tensor] | None = None
+    step: Callable[[], torch.Tensor] | None = None
+
+
+def _record_failure(row: Row, error: Exception) -> None:
+    message = str(error).splitlines()[0] if str(error) else type(error).__name__
+    out_of_memory = "out of memory" in message.lower() or "can't allocate" in message.lower()
+    row.status, row.detail = ("oom" if out_of_memory else "error"), message[:200]
+
+
+def prepare(name: str, sizes: Sizes, device: torch.device, overrides: Sequence[str] = ()) -> Runnable:
+    """Build ``name``, measure its parameters and peak memory (inference first, then training after warm-up)."""
+    runnable = Runnable(Row(name))
     amp = _amp(sizes.precision)
     generator = torch.Generator().manual_seed(0)
     image = torch.randn(sizes.batch, IN_CHANNELS, *sizes.patch, generator=generator).to(device)
     label = torch.randint(0, NUM_CLASSES, (sizes.batch, 1, *sizes.patch), generator=generator).to(device)
     try:
         torch.manual_seed(0)
-        model = build_model(model_config(row, overrides), IN_CHANNELS, NUM_CLASSES, sizes.patch).to(device)
-        result.params = sum(p.numel() for p in model.parameters())
-        infer = make_inference(model.eval(), image, amp)
-        result.infer_peak_mib = absolute_peak_mib(infer, device, resident_bytes(model, None, [image]))
-        result.infer_s = time_ms(infer, device, sizes.reps, max_seconds)[0] / 1000
-        step, optimizer = make_train_step(model.train(), image, label, amp)
+        model = build_model(model_config(name, overrides), IN_CHANNELS, NUM_CLASSES, sizes.patch).to(device)
+        runnable.row.params = sum(p.numel() for p in model.parameters())
+        infer = make_inference(model, image, amp)
+        runnable.row.infer_peak_mib = absolute_peak_mib(infer, device, resident_bytes(model, None, [image]))
+        step, optimizer = make_train_step(model, image, label, amp)
         for _ in range(sizes.warmup):
             step()
-        result.train_peak_mib = absolute_peak_mib(step, device, resident_bytes(model, optimizer, [image, label]))
-        result.train_s = time_ms(step, device, sizes.reps, max_seconds)[0] / 1000
+        runnable.row.train_peak_mib = absolute_peak_mib(step, device, resident_bytes(model, optimizer, [image, label]))
+        runnable.infer, runnable.step = infer, step
     except (RuntimeError, ValueError) as error:  # torch.OutOfMemoryError is a RuntimeError
-        message = str(error).splitlines()[0] if str(error) else type(error).__name__
-        out_of_memory = "out of memory" in message.lower() or "can't allocate" in message.lower()
-        result.status, result.detail = ("oom" if out_of_memory else "error"), message[:200]
-    finally:
-        gc.collect()
-        if device.type == "cuda":
-            torch.cuda.empty_cache()
-    return result
+        _record_failure(runnable.row, error)
+    return runnable
+
+
+def interleaved_seconds(runnables: Sequence[Runnable], kind: str, device: torch.device, reps: int,
+                        max_seconds: float) -> None:
+    """Median seconds of ``kind`` (``infer`` | ``step``) per network, timed round-robin.
+
+    One run of every network per round, so a change in machine load during the benchmark hits all rows
+    alike and the ratios between them stay fair. A network leaves the rounds after ``reps`` runs or once
+    its runs add up to ``max_seconds``.
+    """
+    times: dict[str, list[float]] = {r.row.model: [] for r in runnables}
+    for _ in range(reps):
+        for runnable in runnables:
+            fn, spent = getattr(runnable, kind), times[runnable.row.model]
+            if fn is None or (spent and sum(spent) >= max_seconds):
+                continue
+            try:
+                spent.append(time_ms(fn, device, 1, float("inf"))[0] / 1000)
+            except RuntimeError as error:
+                _record_failure(runnable.row, error)
+                runnable.infer = runnable.step = None
+    for runnable in runnables:
+        spent = times[runnable.row.model]
+        if spent and runnable.row.status == "ok":
+            setattr(runnable.row, "infer_s" if kind == "infer" else "train_s", statistics.median(spent))
+
+
+def measure(names: Sequence[str], sizes: Sizes, device: torch.device, max_seconds: float,
+            overrides: Sequence[str] = ()) -> list[Row]:
+    """Every network's figures (see the module docstring); errors and OOMs are recorded, not raised."""
+    runnables = []
+    for name in names:
+        started = time.perf_counter()
+        runnables.append(prepare(name, sizes, device, overrides))
+        row = runnables[-1].row
+        print(f"{name:>22}: {row.status} {row.detail} ({time.perf_counter() - started:.0f} s to build, warm up "
+              f"and measure memory)", file=sys.stderr)
+    for kind in ("infer", "step"):
+        interleaved_seconds(runnables, kind, device, sizes.reps, max_seconds)
+    gc.collect()
+    return [r.row for r in runnables]
 
 
 def _per_reference(rows: Sequence[Row], key: str) -> dict[str, float | None]:
@@ -297,16 +351,7 @@ def run(args: argparse.Namespace) -> int:
     """Measure every row, print the markdown report, and write ``models.md`` / ``models.json`` under ``--out``."""
     device = torch.device(args.device)
     sizes = choose_sizes(args)
-    rows = []
-    for name in args.models:
-        started = time.perf_counter()
-        row = measure(name, sizes, device, args.max_seconds, args.override)
-        rows.append(row)
-        print(
-            f"{name:>22}: {row.status} train {_fmt(row.train_s)} s, inference {_fmt(row.infer_s)} s "
-            f"({time.perf_counter() - started:.0f} s)",
-            file=sys.stderr,
-        )
+    rows = measure(args.models, sizes, device, args.max_seconds, args.override)
     import monai
 
     report = {
