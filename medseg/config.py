@@ -36,6 +36,7 @@ class ModelConfig:
     dropout: float = 0.0
     deep_supervision: bool = False
     checkpointing: bool = False
+    channels_last: bool = True
     bottleneck: str = "none"
     bottleneck_depth: int = 2
     decoder: str = "none"
@@ -64,15 +65,15 @@ class DataConfig:
 
 @dataclass
 class TrainerConfig:
-    max_epochs: int = 40
-    batch_size: int = 4
+    max_epochs: int = 6
+    batch_size: int = 2
     lr: float = 3e-3
     weight_decay: float = 3e-5
     optimizer: str = "adamw"
     momentum: float = 0.99
     scheduler: str = "cosine"
     warmup_epochs: int = 0
-    val_every: int = 5
+    val_every: int = 2
     sw_batch_size: int = 4
     sw_overlap: float = 0.25
     device: str = "auto"

@@ -198,29 +198,30 @@ def prepare(name: str, sizes: Sizes, device: torch.device, overrides: Sequence[s
     return runnable
 
 
-def interleaved_seconds(runnables: Sequence[Runnable], kind: str, device: torch.device, reps: int,
-                        max_seconds: float) -> None:
-    """Median seconds of ``kind`` (``infer`` | ``step``) per network, timed round-robin.
+def interleaved_seconds(runnables: Sequence[Runnable], device: torch.device, reps: int, max_seconds: float) -> None:
+    """Median seconds of inference and of a training step per network, timed round-robin.
 
-    One run of every network per round, so a change in machine load during the benchmark hits all rows
-    alike and the ratios between them stay fair. A network leaves the rounds after ``reps`` runs or once
-    its runs add up to ``max_seconds``.
+    Each round runs every network's inference and training step once, so a change in machine load during
+    the benchmark hits all rows and both columns alike and the ratios between them stay fair. A network
+    leaves the rounds after ``reps`` rounds or once its runs add up to ``max_seconds``.
     """
-    times: dict[str, list[float]] = {r.row.model: [] for r in runnables}
+    times: dict[str, dict[str, list[float]]] = {r.row.model: {"infer": [], "step": []} for r in runnables}
     for _ in range(reps):
         for runnable in runnables:
-            fn, spent = getattr(runnable, kind), times[runnable.row.model]
-            if fn is None or (spent and sum(spent) >= max_seconds):
+            spent = times[runnable.row.model]
+            over_budget = bool(spent["step"]) and sum(map(sum, spent.values())) >= max_seconds
+            if runnable.step is None or over_budget:
                 continue
             try:
-                spent.append(time_ms(fn, device, 1, float("inf"))[0] / 1000)
-            except RuntimeError as error:
+                for kind in ("infer", "step"):
+                    spent[kind].append(time_ms(getattr(runnable, kind), device, 1, float("inf"))[0] / 1000)
+            except RuntimeError as error:  # e.g. out of memory
                 _record_failure(runnable.row, error)
                 runnable.infer = runnable.step = None
     for runnable in runnables:
         spent = times[runnable.row.model]
-        if spent and runnable.row.status == "ok":
-            setattr(runnable.row, "infer_s" if kind == "infer" else "train_s", statistics.median(spent))
+        if runnable.row.status == "ok" and spent["step"]:
+            runnable.row.infer_s, runnable.row.train_s = (statistics.median(spent[k]) for k in ("infer", "step"))
 
 
 def measure(names: Sequence[str], sizes: Sizes, device: torch.device, max_seconds: float,
@@ -233,8 +234,7 @@ def measure(names: Sequence[str], sizes: Sizes, device: torch.device, max_second
         row = runnables[-1].row
         print(f"{name:>22}: {row.status} {row.detail} ({time.perf_counter() - started:.0f} s to build, warm up "
               f"and measure memory)", file=sys.stderr)
-    for kind in ("infer", "step"):
-        interleaved_seconds(runnables, kind, device, sizes.reps, max_seconds)
+    interleaved_seconds(runnables, device, sizes.reps, max_seconds)
     gc.collect()
     return [r.row for r in runnables]
 

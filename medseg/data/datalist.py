@@ -187,6 +187,11 @@ def load_dataset(root: str | Path, format: str = "msd") -> DatasetInfo:
     return info
 
 
+def splits_path(cache_dir: str | Path, data_cfg: Mapping[str, Any]) -> Path:
+    """The file under a dataset's cache dir that stores the fold split for ``split_seed`` and ``num_folds``."""
+    return Path(cache_dir) / f"splits_seed{data_cfg['split_seed']}_k{data_cfg['num_folds']}.json"
+
+
 def split_cases(
     info: DatasetInfo, fold: int | str, num_folds: int = 5, seed: int = 12345, splits_file: Path | None = None
 ) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:

@@ -1,7 +1,7 @@
 """Built-in demo data: synthetic MRI-like volumes with two foreground classes, as an MSD-style folder.
 
 The volumes come from MONAI's ``create_test_image_3d`` with a fixed seed (spheres of two intensity
-classes in noise), saved as ``.nii.gz`` with a realistic geometry: LPS orientation, anisotropic
+classes in noise, both in every case), saved as ``.nii.gz`` with a realistic geometry: LPS orientation, anisotropic
 0.8 x 0.8 x 2.0 mm spacing and a non-zero origin. They go through exactly the loader path of real
 data, so the demo exercises orientation and spacing handling too.
 """
@@ -42,6 +42,22 @@ def _save_nifti(path: Path, array: np.ndarray, affine: np.ndarray) -> None:
     atomic_write(path, lambda handle: handle.write(data))
 
 
+def _case_with_every_class(shape: tuple[int, int, int], rng: np.random.RandomState) -> tuple[np.ndarray, np.ndarray]:
+    """One ``(image, label)`` pair of spheres, ``shape`` each, that holds both foreground classes.
+
+    Draws are repeated until both classes are visible (spheres of random class may all share one class, or
+    hide one another), as in most MSD tasks, where every structure is in every case.
+    """
+    rad_max = max(2, min(shape) // 4)
+    while True:
+        image, label = create_test_image_3d(
+            *shape, num_objs=6, rad_max=rad_max, rad_min=max(1, rad_max // 2 - 1), noise_max=0.25,
+            num_seg_classes=2, random_state=rng,
+        )
+        if {1, 2} <= set(np.unique(label).tolist()):
+            return image, label
+
+
 def generate_demo_dataset(
     root: str | Path,
     num_cases: int = 40,
@@ -57,13 +73,9 @@ def generate_demo_dataset(
     """
     root = Path(root)
     rng = np.random.RandomState(seed)
-    rad_max = max(2, min(shape) // 4)
     training = []
     for index in tqdm(range(num_cases), desc="demo data", disable=not progress):
-        image, label = create_test_image_3d(
-            *shape, num_objs=6, rad_max=rad_max, rad_min=max(1, rad_max // 2 - 1), noise_max=0.25,
-            num_seg_classes=2, random_state=rng,
-        )
+        image, label = _case_with_every_class(shape, rng)
         origin = tuple(float(v) for v in rng.uniform(-100.0, 100.0, size=3))
         affine = lps_affine(DEMO_SPACING, origin)
         name = f"demo_{index:03d}.nii.gz"

@@ -12,7 +12,7 @@ from typing import Any
 
 from monai.data import CacheDataset, DataLoader, Dataset, PersistentDataset, partition_dataset
 
-from medseg.data.datalist import DatasetInfo, dataset_from_config, split_cases
+from medseg.data.datalist import DatasetInfo, dataset_from_config, split_cases, splits_path
 from medseg.data.planning import apply_plan, default_cache_dir, files_digest, plan_for
 from medseg.data.transforms import eval_transforms, patch_size_3d, slice_axis, train_transforms
 from medseg.data.verify import check_dataset
@@ -118,10 +118,8 @@ def prepare_data(cfg: dict[str, Any], output_dir: Path, dist_info: DistInfo, pro
         plan = plan_for(info, data_cfg, model_cfg, cache_dir, progress=False)
     data_cfg, model_cfg = apply_plan(data_cfg, model_cfg, plan)
 
-    train_cases, val_cases = split_cases(
-        info, data_cfg["fold"], data_cfg["num_folds"], data_cfg["split_seed"],
-        splits_file=cache_dir / f"splits_seed{data_cfg['split_seed']}_k{data_cfg['num_folds']}.json",
-    )
+    train_cases, val_cases = split_cases(info, data_cfg["fold"], data_cfg["num_folds"], data_cfg["split_seed"],
+                                         splits_file=splits_path(cache_dir, data_cfg))
     if dist_info.is_main:
         atomic_write_json(output_dir / "splits.json", {
             "fold": data_cfg["fold"], "train": [c["case"] for c in train_cases], "val": [c["case"] for c in val_cases],

@@ -10,6 +10,8 @@ class names. ``input`` is one of:
   ``CASE.nii.gz``) are recognised;
 - an MSD or nnU-Net ``dataset.json`` (the file or its folder) with ``split`` = ``test`` |
   ``training`` | ``validation``; test images get labels from ``labelsTs/`` when they are there.
+  ``validation`` is the file's own validation list or, without one, the validation fold the checkpoint
+  was trained with (its ``data.fold``, ``num_folds`` and ``split_seed``; the stored split when there is one).
 
 Each case is preprocessed by :func:`medseg.data.transforms.eval_transforms`, predicted by
 :func:`medseg.engine.inference.predict_volume` (gaussian sliding windows, optional mirroring TTA),
@@ -58,7 +60,8 @@ from omegaconf.errors import ConfigKeyError, MissingMandatoryValue, ValidationEr
 from torch import nn
 from tqdm import tqdm
 
-from medseg.data.datalist import NIFTI_ENDINGS, DatasetError, case_id, load_dataset
+from medseg.data.datalist import NIFTI_ENDINGS, DatasetError, case_id, load_dataset, split_cases, splits_path
+from medseg.data.planning import default_cache_dir
 from medseg.data.transforms import IMAGE, eval_transforms
 from medseg.data.verify import NIBABEL_ENDINGS, affine_difference, read_volume
 from medseg.engine.checkpoint import CheckpointError, load_checkpoint, load_model_state
@@ -72,6 +75,9 @@ from medseg.models import build_model
 log = logging.getLogger("medseg")
 
 SPLITS = ("test", "training", "validation")
+PREPROCESSING_KEYS = ("spacing", "patch_size", "normalization")
+DATA_KEYS = (*PREPROCESSING_KEYS, "fold", "num_folds", "split_seed", "cache_dir")
+"""The training run's ``data`` keys that evaluation uses."""
 PRED = "pred"
 CHANNEL_FILE = re.compile(r"^(?P<case>.+)_(?P<channel>\d{4})$")
 """nnU-Net image names: ``CASE_0000`` for channel 0, ``CASE_0001`` for channel 1, ..."""
@@ -129,7 +135,8 @@ class EvalModel:
 
     model: nn.Module
     data_cfg: dict[str, Any]
-    """``spacing`` (mm, RAS order), ``patch_size`` and ``normalization`` from the training run."""
+    """``spacing`` (mm, RAS order), ``patch_size``, ``normalization`` and the fold (``fold``, ``num_folds``,
+    ``split_seed``, ``cache_dir``) of the training run."""
     spatial_dims: int
     roi_size: list[int]
     """The 3D sliding window (1 voxel thick along ``slice_axis`` for 2D models)."""
@@ -222,7 +229,7 @@ def load_model(path: str | Path, device: torch.device | str = "cpu") -> EvalMode
     state = load_checkpoint(path, map_location="cpu")
     try:
         cfg, dataset = state["config"], state["dataset"]
-        data_cfg = {key: cfg["data"][key] for key in ("spacing", "patch_size", "normalization")}
+        data_cfg = {key: cfg["data"][key] for key in DATA_KEYS}
         model_cfg = dict(cfg["model"])
         spatial_dims = int(model_cfg["spatial_dims"])
         labels = {int(k): str(v) for k, v in dataset["labels"].items()}
@@ -231,7 +238,7 @@ def load_model(path: str | Path, device: torch.device | str = "cpu") -> EvalMode
     except (KeyError, TypeError, ValueError, AttributeError) as err:
         raise CheckpointError(f"checkpoint {path} lacks the config or dataset description evaluation needs "
                               f"({type(err).__name__}: {err})") from None
-    unset = [key for key, value in data_cfg.items() if value is None]
+    unset = [key for key in PREPROCESSING_KEYS if data_cfg[key] is None]
     if unset:
         raise CheckpointError(f"checkpoint {path} has no resolved data.{', data.'.join(unset)}")
     net_patch = roi if spatial_dims == 3 else [s for a, s in enumerate(roi) if a != axis]
@@ -288,16 +295,21 @@ def attach_labels(cases: list[Case], label_dir: Path) -> list[Case]:
     return cases
 
 
-def _dataset_cases(json_path: Path, split: str) -> list[Case]:
+def _dataset_cases(json_path: Path, split: str, trained_on: Mapping[str, Any] | None) -> list[Case]:
     root = json_path.parent
     try:
         meta = json.loads(json_path.read_text())
         info = load_dataset(root, "nnunet" if "channel_names" in meta else "msd")
+        if split == "validation" and not info.validation and trained_on is not None:
+            stored = splits_path(default_cache_dir(info, trained_on), trained_on)
+            _, entries = split_cases(info, trained_on["fold"], trained_on["num_folds"], trained_on["split_seed"],
+                                     splits_file=stored if stored.is_file() else None)
+        else:
+            entries = {"training": info.training, "test": info.test, "validation": info.validation or []}[split]
     except json.JSONDecodeError as err:
         raise EvaluationError(f"{json_path}: not valid JSON ({err})") from None
     except DatasetError as err:
         raise EvaluationError(str(err)) from None
-    entries = {"training": info.training, "test": info.test, "validation": info.validation or []}[split]
     if not entries:
         raise EvaluationError(f"{json_path}: the {split!r} list is empty (choose split=test|training|validation)")
     cases = [Case(e["case"], e["image"], e.get("label")) for e in entries]
@@ -306,8 +318,12 @@ def _dataset_cases(json_path: Path, split: str) -> list[Case]:
     return cases
 
 
-def find_cases(input_path: str | Path, split: str, num_channels: int) -> list[Case]:
+def find_cases(input_path: str | Path, split: str, num_channels: int,
+               trained_on: Mapping[str, Any] | None = None) -> list[Case]:
     """The cases of ``input_path`` (see the module docstring for the accepted layouts).
+
+    ``trained_on`` is the checkpoint's data config (:attr:`EvalModel.data_cfg`); with it, ``split=validation``
+    on a dataset without a validation list means the validation fold of that training run.
 
     Raises:
         EvaluationError: the path does not exist, holds no images, or has duplicate case ids.
@@ -318,11 +334,11 @@ def find_cases(input_path: str | Path, split: str, num_channels: int) -> list[Ca
     if path.is_file() and path.suffix == ".json":
         if path.name != "dataset.json":
             raise EvaluationError(f"input={path}: a dataset description must be named dataset.json")
-        cases = _dataset_cases(path, split)
+        cases = _dataset_cases(path, split, trained_on)
     elif path.is_file():
         cases = [Case(case_id(path), str(path))]
     elif (path / "dataset.json").is_file():
-        cases = _dataset_cases(path / "dataset.json", split)
+        cases = _dataset_cases(path / "dataset.json", split, trained_on)
     else:
         image_dir = next((path / d for d in ("imagesTs", "imagesTr") if (path / d).is_dir()), path)
         cases = group_channels(_image_files(image_dir), num_channels)
@@ -555,7 +571,7 @@ def evaluate(cfg: EvaluateConfig | Mapping[str, Any] | DictConfig) -> Evaluation
     started = time.perf_counter()
     net = load_model(settings.ckpt)
     predictor = Predictor(net, settings)
-    cases = find_cases(settings.input, settings.split, net.in_channels)
+    cases = find_cases(settings.input, settings.split, net.in_channels, net.data_cfg)
     output = Path(settings.output).expanduser()
     _check_output(cases, output)
     log.info("evaluating %d case(s) from %s with %s (%dD, spacing %s mm) on %s", len(cases), settings.input,

@@ -348,7 +348,9 @@ class Trainer:
     def validate(self) -> tuple[float, dict[str, float]]:
         """Sliding-window Dice per foreground class over this rank's validation cases, gathered over ranks."""
         self.model.eval()
-        metric = DiceMetric(include_background=False, reduction="none", ignore_empty=True)
+        # The convention of evaluate.py (medseg.engine.metrics): a class absent from both label and prediction
+        # scores 1, any prediction of a class the label lacks scores 0; so validation and evaluation agree.
+        metric = DiceMetric(include_background=False, reduction="none", ignore_empty=False)
         rows, first = [], None
         for index in range(len(self.data.val_dataset)):
             item = self.data.val_dataset[index]
@@ -436,7 +438,7 @@ class Trainer:
         """The end-of-run table printed to the terminal."""
         rows = [["best val Dice (mean fg)", metrics["best_val_dice"]], ["best epoch", metrics["best_epoch"]]]
         rows += [[f"  Dice {name}", value] for name, value in metrics["val_dice_per_class"].items()]
-        rows += [["epochs", metrics["epochs"]], ["train time (s)", metrics["train_seconds"]],
-                 ["parameters", f"{metrics['params']:,}"], ["peak memory (MB)", metrics["peak_memory_mb"]],
+        rows += [["epochs", metrics["epochs"]], ["train time (s)", f"{metrics['train_seconds']:.1f}"],
+                 ["parameters", f"{metrics['params']:,}"], ["peak memory (MB)", f"{metrics['peak_memory_mb']:.0f}"],
                  ["checkpoints", str(self.ckpt_dir)]]
         return text_table(["result", "value"], rows)

@@ -46,6 +46,7 @@ def _slotted_unet(cfg: Mapping[str, Any], in_channels: int, out_channels: int,
         norm=cfg["norm"], dropout=cfg["dropout"], deep_supervision=cfg["deep_supervision"],
         bottleneck=cfg["bottleneck"], bottleneck_depth=cfg["bottleneck_depth"], decoder=cfg["decoder"],
         decoder_levels=cfg["decoder_levels"], attention=cfg["attention"], checkpointing=cfg["checkpointing"],
+        channels_last=cfg["channels_last"],
     )
 
 

@@ -63,6 +63,8 @@ class SlottedUNet(nn.Module):
             and is scaled to each slot's resolution.
         deep_supervision: in training mode, also return logits of the lower decoder stages.
         checkpointing: activation checkpointing inside the transformer blocks.
+        channels_last: for ``spatial_dims=3``, keep weights and activations in the channels-last 3D memory
+            format (faster convolutions and their backward; ignored in 2D, where it measured slower on the CPU).
 
     Shapes: ``(B, in_channels, *spatial) -> (B, out_channels, *spatial)``; with deep supervision in
     training mode, a list of such tensors at full, 1/2, 1/4 ... resolution.
@@ -85,6 +87,7 @@ class SlottedUNet(nn.Module):
         decoder_levels: int = 1,
         attention: Mapping[str, Any] | None = None,
         checkpointing: bool = False,
+        channels_last: bool = True,
     ) -> None:
         super().__init__()
         if len(strides) != len(channels) - 1:
@@ -93,13 +96,21 @@ class SlottedUNet(nn.Module):
         self.strides = per_axis_strides(strides, spatial_dims)
         self.total_stride = tuple(math.prod(s[a] for s in self.strides) for a in range(spatial_dims))
         self.deep_supervision = deep_supervision
+        self.memory_format = torch.channels_last_3d if channels_last and spatial_dims == 3 else torch.contiguous_format
         attention = dict(attention or {})
-        norm_name = (norm, {"affine": True}) if norm == "instance" else norm
-        conv = {"spatial_dims": spatial_dims, "kernel_size": kernel_size, "norm_name": norm_name, "dropout": dropout}
 
-        self.stem = UnetResBlock(in_channels=in_channels, out_channels=channels[0], stride=1, **conv)
+        def conv(width: int) -> dict[str, Any]:
+            """Arguments of a MONAI conv block whose norms see ``width`` channels."""
+            # Instance norm as GroupNorm with one group per channel: the same normalisation and parameters,
+            # but its kernels keep channels-last tensors as they are (InstanceNorm copies them to contiguous).
+            norm_name = ("group", {"num_groups": width, "affine": True}) if norm == "instance" else norm
+            return {"spatial_dims": spatial_dims, "kernel_size": kernel_size, "norm_name": norm_name,
+                    "dropout": dropout}
+
+        self.stem = UnetResBlock(in_channels=in_channels, out_channels=channels[0], stride=1, **conv(channels[0]))
         self.down = nn.ModuleList(
-            UnetResBlock(in_channels=channels[i], out_channels=channels[i + 1], stride=self.strides[i], **conv)
+            UnetResBlock(in_channels=channels[i], out_channels=channels[i + 1], stride=self.strides[i],
+                         **conv(channels[i + 1]))
             for i in range(len(self.strides))
         )
         num_levels = len(self.strides)
@@ -117,7 +128,7 @@ class SlottedUNet(nn.Module):
         # up[i] takes level i+1 features to level i; decoder slot i follows it.
         self.up = nn.ModuleList(
             UnetUpBlock(in_channels=channels[i + 1], out_channels=channels[i], stride=self.strides[i],
-                        upsample_kernel_size=self.strides[i], **conv)
+                        upsample_kernel_size=self.strides[i], **conv(channels[i]))
             for i in range(num_levels)
         )
         self.decoder_slots = nn.ModuleList(
@@ -127,6 +138,7 @@ class SlottedUNet(nn.Module):
         self.deep_heads = nn.ModuleList(
             UnetOutBlock(spatial_dims, channels[i], out_channels) for i in range(1, num_levels) if deep_supervision
         )
+        self.to(memory_format=self.memory_format)
 
     def _pad(self, x: torch.Tensor) -> tuple[torch.Tensor, list[int]]:
         """Pad the spatial axes of ``x`` up to a multiple of the total stride; return the original size."""
@@ -142,7 +154,7 @@ class SlottedUNet(nn.Module):
         return x[(..., *(slice(0, s) for s in size))]
 
     def forward(self, x: torch.Tensor) -> torch.Tensor | list[torch.Tensor]:
-        x, size = self._pad(x)
+        x, size = self._pad(x.contiguous(memory_format=self.memory_format))
         skips = [self.stem(x)]
         for block in self.down:
             skips.append(block(skips[-1]))

@@ -21,6 +21,7 @@ import torch
 from torch import nn
 
 from medseg.config import to_plain, validate_config
+from medseg.data.datalist import load_dataset, split_cases, splits_path
 from medseg.data.transforms import patch_size_3d, slice_axis
 from medseg.engine import evaluate as evaluate_module
 from medseg.engine.checkpoint import CheckpointError, save_checkpoint
@@ -40,7 +41,7 @@ LABELS = {"0": "background", "1": "dim sphere", "2": "bright sphere"}
 TARGET_SPACING = (1.0, 1.0, 1.5)
 TINY_MODEL = {"name": "unet", "channels": [8, 16], "strides": [2], "kernel_size": 3, "norm": "instance",
               "dropout": 0.0, "deep_supervision": False, "bottleneck": "none", "bottleneck_depth": 1,
-              "decoder": "none", "decoder_levels": 0, "checkpointing": False}
+              "decoder": "none", "decoder_levels": 0, "checkpointing": False, "channels_last": True}
 
 
 def save_test_checkpoint(path: Path, spatial_dims: int = 3, spacing=TARGET_SPACING, patch=(32, 32, 16),
@@ -262,6 +263,20 @@ def test_case_discovery(tmp_path: Path) -> None:
         find_cases(tmp_path / "missing", "test", 1)
     with pytest.raises(EvaluationError, match="would overwrite"):
         evaluate_module._check_output(find_cases(tmp_path, "test", 1), tmp_path)
+
+
+def test_validation_split_is_the_fold_the_checkpoint_was_trained_with(tiny_demo_root: Path, tmp_path: Path) -> None:
+    trained_on = {"fold": 1, "num_folds": 3, "split_seed": 7, "cache_dir": None}
+    _, expected = split_cases(load_dataset(tiny_demo_root, "msd"), 1, 3, 7)
+    cases = find_cases(tiny_demo_root, "validation", 1, trained_on)
+    assert [c.case for c in cases] == [e["case"] for e in expected] and len(cases) == 3
+    assert all(c.label is not None for c in cases)
+    # a split stored by a training run under the cache dir wins (users may edit it, as in nnU-Net)
+    trained_on["cache_dir"] = str(tmp_path)
+    ids = sorted(e["case"] for e in load_dataset(tiny_demo_root, "msd").training)
+    stored = [{"train": ids[i + 1:] + ids[:i], "val": [ids[i]]} for i in range(3)]
+    splits_path(tmp_path, trained_on).write_text(json.dumps(stored))
+    assert [c.case for c in find_cases(tiny_demo_root, "validation", 1, trained_on)] == [ids[1]]
 
 
 def test_script_end_to_end(tiny_demo_root: Path, ckpt_3d: Path, tmp_path: Path) -> None:

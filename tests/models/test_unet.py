@@ -54,6 +54,34 @@ def test_deep_supervision_outputs_in_training_only() -> None:
     assert model(torch.randn(1, 1, 16, 16, 16)).shape == (1, 3, 16, 16, 16)
 
 
+def test_channels_last_gives_the_same_outputs_and_gradients() -> None:
+    torch.manual_seed(0)
+    kwargs = {"channels": (8, 16, 32), "strides": (2, 2), "bottleneck": "masa", "attention": ATTENTION}
+    plain = SlottedUNet(3, 1, 3, channels_last=False, **kwargs)
+    fast = SlottedUNet(3, 1, 3, channels_last=True, **kwargs)
+    fast.load_state_dict(plain.state_dict())
+    assert fast.stem.conv1.conv.weight.is_contiguous(memory_format=torch.channels_last_3d)
+    x = torch.randn(2, 1, 11, 8, 6)
+    out_plain, out_fast = plain(x), fast(x)
+    torch.testing.assert_close(out_fast, out_plain, rtol=1e-4, atol=1e-5)
+    out_plain.square().sum().backward()
+    out_fast.square().sum().backward()
+    for (name, p), q in zip(plain.named_parameters(), fast.parameters()):
+        torch.testing.assert_close(q.grad, p.grad, rtol=1e-4, atol=1e-5 * p.grad.abs().max().item(), msg=name)
+
+
+def test_instance_norm_normalises_each_channel_of_each_sample() -> None:
+    """``norm=instance`` (built as one group per channel) equals torch's InstanceNorm with affine."""
+    model = SlottedUNet(3, 1, 2, channels=(8, 16), strides=(2,))
+    norm = model.stem.norm1
+    torch.nn.init.normal_(norm.weight)
+    torch.nn.init.normal_(norm.bias)
+    reference = torch.nn.InstanceNorm3d(8, affine=True)
+    reference.load_state_dict(norm.state_dict())
+    x = torch.randn(2, 8, 5, 6, 7) * 3 + 1
+    torch.testing.assert_close(norm(x), reference(x), rtol=1e-5, atol=1e-5)
+
+
 def test_build_model_monai_reference_networks() -> None:
     cfg = {"name": "monai_unet", "spatial_dims": 3, "channels": [8, 16, 32], "strides": [2, 2]}
     assert build_model(cfg, 1, 3, [16, 16, 16])(torch.randn(1, 1, 16, 16, 16)).shape == (1, 3, 16, 16, 16)

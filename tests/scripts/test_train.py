@@ -10,6 +10,7 @@ import torch
 from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
 from medseg.engine.checkpoint import load_checkpoint
+from medseg.engine.evaluate import evaluate
 from medseg.models import build_model
 
 from ..conftest import TINY_OVERRIDES, run_script
@@ -53,7 +54,12 @@ def _check_outputs(run_dir: Path, spatial_dims: int) -> dict:
 
 def test_train_3d_with_masa_bottleneck(tmp_path: Path, tiny_demo_root: Path) -> None:
     run_dir = _train(tmp_path, tiny_demo_root, "model.bottleneck=masa", "model.decoder=focused_linear")
-    _check_outputs(run_dir, 3)
+    metrics = _check_outputs(run_dir, 3)
+    # evaluate.py on the same validation cases reports the Dice the run selected its best checkpoint by
+    evaluated = evaluate({"ckpt": str(run_dir / "checkpoints" / "best.pt"), "input": str(tiny_demo_root),
+                          "split": "validation", "overlap": 0.25, "output": str(tmp_path / "preds"), "progress": False})
+    assert evaluated.summary["num_scored"] == len(json.loads((run_dir / "splits.json").read_text())["val"])
+    assert evaluated.summary["foreground_mean"]["dice"] == pytest.approx(metrics["best_val_dice"], abs=0.02)
     state = load_checkpoint(run_dir / "checkpoints" / "last.pt")
     assert state["config"]["model"]["bottleneck"] == "masa"
     assert any(key.startswith("bottleneck.0.attention.lce") for key in state["model"])  # MaSA's LCE conv
