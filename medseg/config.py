@@ -56,7 +56,7 @@ class DataConfig:
     patch_size: list[int] | None = None
     normalization: Any = None
     pos_fraction: float = 0.67
-    samples_per_volume: int = 2
+    samples_per_volume: int | None = None
     augment: bool = True
     cache: str = "auto"
     cache_dir: str | None = None

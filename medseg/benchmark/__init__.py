@@ -9,9 +9,20 @@ from __future__ import annotations
 
 import argparse
 import importlib
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+from typing import Any
+
+from medseg.io import atomic_write_json, atomic_write_text
 
 SUBCOMMANDS: tuple[str, ...] = ("attention", "models", "quality")
+
+
+def write_report(out: Path | None, name: str, markdown: str, report: Mapping[str, Any]) -> None:
+    """Write ``<out>/<name>.md`` and ``<out>/<name>.json`` (atomically; nothing when ``out`` is None)."""
+    if out is not None:
+        atomic_write_text(out / f"{name}.md", markdown)
+        atomic_write_json(out / f"{name}.json", report)
 
 
 def build_parser() -> argparse.ArgumentParser:

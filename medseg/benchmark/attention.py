@@ -21,7 +21,6 @@ renormalise), and ``sdpa``, plain unmasked fused attention: the floor of what an
 from __future__ import annotations
 
 import argparse
-import json
 import math
 import operator
 import statistics
@@ -41,6 +40,7 @@ from torch.profiler import ProfilerActivity, profile
 from medseg.attention import available_blocks, build_attention, functional
 from medseg.attention.masa import MaSA
 from medseg.attention.position import axis_scales
+from medseg.benchmark import write_report
 
 DEFAULT_SIZES = ("8^3", "16^3", "24^3", "32^3", "32^2", "64^2", "128^2")
 QUICK_SIZES = ("4^3", "6^2")
@@ -363,10 +363,7 @@ def run(args: argparse.Namespace) -> int:
     }
     markdown = to_markdown(report, cells, shapes)
     print(markdown)
-    if args.out is not None:
-        args.out.mkdir(parents=True, exist_ok=True)
-        (args.out / "attention.md").write_text(markdown)
-        (args.out / "attention.json").write_text(json.dumps(report, indent=2))
+    write_report(args.out, "attention", markdown, report)
     return 0
 
 

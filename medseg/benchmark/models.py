@@ -38,10 +38,10 @@ from monai.losses import DiceCELoss
 from omegaconf import DictConfig, OmegaConf
 from torch import nn
 
+from medseg.benchmark import write_report
 from medseg.benchmark.attention import Target, peak_bytes, ratio, time_ms
 from medseg.engine.inference import autocast_context
 from medseg.engine.report import markdown_table, text_table
-from medseg.io import atomic_write_json, atomic_write_text
 from medseg.models import build_model
 
 CONFIG_DIR = Path(__file__).resolve().parents[2] / "configs"
@@ -376,9 +376,7 @@ def run(args: argparse.Namespace) -> int:
     print(text_table(headers, cells))
     markdown = to_markdown(report, rows)
     print("\n" + markdown.split("## targets", 1)[1].strip())
-    if args.out is not None:
-        atomic_write_text(args.out / "models.md", markdown)
-        atomic_write_json(args.out / "models.json", report)
+    write_report(args.out, "models", markdown, report)
     return 0
 
 

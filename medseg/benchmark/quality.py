@@ -27,10 +27,10 @@ from typing import Any
 
 import torch
 
+from medseg.benchmark import write_report
 from medseg.benchmark.attention import Target
 from medseg.benchmark.models import compose_train_config, machine
 from medseg.engine.report import markdown_table, text_table
-from medseg.io import atomic_write_json, atomic_write_text
 
 MODELS: dict[str, tuple[str, ...]] = {
     "unet+masa": ("model.bottleneck=masa",),
@@ -191,8 +191,7 @@ def run(args: argparse.Namespace) -> int:
     print(text_table(*table(results)), file=sys.stdout)
     markdown = to_markdown(report, results)
     print("\n" + markdown.split("## targets", 1)[1].strip())
-    atomic_write_text(args.out / "quality.md", markdown)
-    atomic_write_json(args.out / "quality.json", report)
+    write_report(args.out, "quality", markdown, report)
     return 0
 
 

@@ -110,6 +110,17 @@ def preprocessing(spacing: Sequence[float], normalization: str | Mapping[str, An
     ]
 
 
+DEFAULT_SAMPLES_PER_VOLUME = {3: 2, 2: 16}
+"""``data.samples_per_volume: null``: patches per volume and epoch. A 2D slice costs a small fraction of a 3D
+patch, so 2D mode draws many more of them per volume (nnU-Net's 2D batches are larger for the same reason)."""
+
+
+def samples_per_volume(data_cfg: Mapping[str, Any], spatial_dims: int) -> int:
+    """``data.samples_per_volume``, or its default for ``spatial_dims`` when null."""
+    value = data_cfg["samples_per_volume"]
+    return DEFAULT_SAMPLES_PER_VOLUME[spatial_dims] if value is None else int(value)
+
+
 def train_transforms(data_cfg: Mapping[str, Any], spatial_dims: int) -> mt.Compose:
     """The training chain; ``data_cfg`` must have ``spacing``, ``patch_size`` and ``normalization`` resolved."""
     axis = slice_axis(data_cfg["spacing"])
@@ -120,7 +131,7 @@ def train_transforms(data_cfg: Mapping[str, Any], spatial_dims: int) -> mt.Compo
         mt.SpatialPadd(keys=[IMAGE, LABEL], spatial_size=crop),
         mt.RandCropByPosNegLabeld(
             keys=[IMAGE, LABEL], label_key=LABEL, spatial_size=crop, pos=pos, neg=1.0 - pos,
-            num_samples=int(data_cfg["samples_per_volume"]), allow_smaller=False,
+            num_samples=samples_per_volume(data_cfg, spatial_dims), allow_smaller=False,
         ),
     ]
     if spatial_dims == 2:

@@ -116,7 +116,15 @@ def prepare_data(cfg: dict[str, Any], output_dir: Path, dist_info: DistInfo, pro
         if message:
             raise ValueError(message)
         plan = plan_for(info, data_cfg, model_cfg, cache_dir, progress=False)
+    planned = [f"data.{k}" for k in ("spacing", "patch_size", "normalization") if data_cfg[k] is None]
+    planned += ["model.strides"] if model_cfg.get("strides") is None else []
     data_cfg, model_cfg = apply_plan(data_cfg, model_cfg, plan)
+    if dist_info.is_main:
+        normalization = data_cfg["normalization"]
+        log.info("preprocessing: spacing %s mm, patch %s, strides %s, normalization %s (planned: %s)",
+                 data_cfg["spacing"], data_cfg["patch_size"], model_cfg["strides"],
+                 normalization if isinstance(normalization, str) else normalization["scheme"],
+                 ", ".join(planned) or "nothing, all set in the config")
 
     train_cases, val_cases = split_cases(info, data_cfg["fold"], data_cfg["num_folds"], data_cfg["split_seed"],
                                          splits_file=splits_path(cache_dir, data_cfg))

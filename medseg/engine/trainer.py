@@ -9,6 +9,7 @@ transforms' random streams advance as before), restores the RNG, and goes on fro
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import math
 import os
@@ -108,11 +109,28 @@ def lr_factor(schedule: str, epoch: int, max_epochs: int, warmup: int) -> float:
     return 1.0
 
 
+def reset_peak_memory(device: torch.device) -> None:
+    """Start a new window for :func:`peak_memory_mb` (a Hydra multirun trains its jobs in one process).
+
+    On the CPU this resets the process's peak resident memory to its current value (Linux ``clear_refs``);
+    where that is unavailable, the peak stays the process's lifetime peak.
+    """
+    if device.type == "cuda":
+        torch.cuda.reset_peak_memory_stats(device)
+        return
+    with contextlib.suppress(OSError):
+        Path("/proc/self/clear_refs").write_text("5")
+
+
 def peak_memory_mb(device: torch.device) -> float:
-    """Peak GPU memory allocated on CUDA; peak resident memory of the process on the CPU."""
+    """Peak GPU memory allocated on CUDA; peak resident memory of the process on the CPU (MiB)."""
     if device.type == "cuda":
         return torch.cuda.max_memory_allocated(device) / 2**20
-    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+    try:
+        status = Path("/proc/self/status").read_text()
+        return int(status.split("VmHWM:", 1)[1].split()[0]) / 1024
+    except (OSError, IndexError, ValueError):
+        return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
 
 
 class Trainer:
@@ -377,6 +395,7 @@ class Trainer:
     def fit(self) -> dict[str, Any]:
         """Train to ``max_epochs`` (from a resumed epoch if any); returns the metrics written to metrics.json."""
         previous = self._install_signal_handlers()
+        reset_peak_memory(self.device)
         max_epochs, val_every = self.tcfg["max_epochs"], self.tcfg["val_every"]
         try:
             while self.epoch < max_epochs:

@@ -48,7 +48,10 @@ def test_chains_reorient_pad_and_crop(tiny_demo_root: Path) -> None:
     # 20 slices requested from a 16-slice volume: padded, never smaller than the patch
     assert patches[0]["image"].shape == (1, 24, 40, 20) and patches[0]["label"].shape == (1, 24, 40, 20)
     slices = train_transforms({**cfg, "patch_size": [24, 24]}, 2)(entry)
-    assert slices[0]["image"].shape == (1, 24, 24)
+    assert len(slices) == 3 and slices[0]["image"].shape == (1, 24, 24)
+    # samples_per_volume: null draws 2 patches in 3D and 16 slices in 2D
+    assert len(train_transforms({**cfg, "samples_per_volume": None}, 3)(entry)) == 2
+    assert len(train_transforms({**cfg, "patch_size": [24, 24], "samples_per_volume": None}, 2)(entry)) == 16
     whole = eval_transforms(cfg)(entry)
     assert whole["image"].shape == (1, 32, 32, 16)
     assert nib.aff2axcodes(whole["image"].affine.numpy()) == ("R", "A", "S")

@@ -119,7 +119,7 @@ SAME_BATCH_TOLERANCE = {"final_loss": 0.05, "best_val_dice": 0.1}
 """1x2 vs 2x1 processes share the initial weights (same seed) and the maths of a step (DDP averages the per-rank
 mean gradients: the gradient of the global batch mean), but not which cases a step sees or their random crops
 (partitioned data, per-rank augmentation seeds), so they agree only up to data-order noise. Measured with this
-config (docs/performance.md): 1 vs 2 processes at seeds 0 / 1 differ by 0.008 / 0.005 in final loss and
+config: 1 vs 2 processes at seeds 0 / 1 differ by 0.008 / 0.005 in final loss and
 0.028 / 0.004 in Dice; seeds 0-2 of one process spread 0.31 in final loss (the initial weights dominate) and
 0.033 in Dice. The loss tolerance is 6x the same-seed difference and far below the seed spread; the Dice
 tolerance is 3x the seed spread."""
