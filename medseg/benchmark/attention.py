@@ -40,7 +40,7 @@ from torch.profiler import ProfilerActivity, profile
 from medseg.attention import available_blocks, build_attention, functional
 from medseg.attention.masa import MaSA
 from medseg.attention.position import axis_scales
-from medseg.benchmark import write_report
+from medseg.benchmark import targets_markdown, write_report
 
 DEFAULT_SIZES = ("8^3", "16^3", "24^3", "32^3", "32^2", "64^2", "128^2")
 QUICK_SIZES = ("4^3", "6^2")
@@ -316,13 +316,8 @@ def to_markdown(report: dict[str, Any], cells: Sequence[Cell], shapes: Sequence[
         "",
         "## targets",
         "",
-        "| target | value | goal | met |",
-        "|---|---|---|---|",
+        targets_markdown(report["targets"]),
     ]
-    for target in report["targets"]:
-        value = "n/a" if target["value"] is None else f"{target['value']:.3g}"
-        met = {True: "yes", False: "**no**", None: "n/a"}[target["met"]]
-        lines.append(f"| {target['label']} | {value} | {target['relation']} {target['goal']:g} | {met} |")
     return "\n".join(lines) + "\n"
 
 

@@ -38,7 +38,7 @@ from monai.losses import DiceCELoss
 from omegaconf import DictConfig, OmegaConf
 from torch import nn
 
-from medseg.benchmark import write_report
+from medseg.benchmark import targets_markdown, write_report
 from medseg.benchmark.attention import Target, peak_bytes, ratio, time_ms
 from medseg.engine.inference import autocast_context
 from medseg.engine.report import markdown_table, text_table
@@ -319,18 +319,7 @@ def to_markdown(report: dict[str, Any], rows: Sequence[Row]) -> str:
         "",
         "## targets",
         "",
-        markdown_table(
-            ["target", "value", "goal", "met"],
-            [
-                [
-                    t["label"],
-                    _fmt(t["value"]),
-                    f"{t['relation']} {t['goal']:g}",
-                    {True: "yes", False: "**no**", None: "n/a"}[t["met"]],
-                ]
-                for t in report["targets"]
-            ],
-        ),
+        targets_markdown(report["targets"]),
     ]
     return "\n".join(lines) + "\n"
 

@@ -27,7 +27,7 @@ from typing import Any
 
 import torch
 
-from medseg.benchmark import write_report
+from medseg.benchmark import targets_markdown, write_report
 from medseg.benchmark.attention import Target
 from medseg.benchmark.models import compose_train_config, machine
 from medseg.engine.report import markdown_table, text_table
@@ -152,18 +152,7 @@ def to_markdown(report: dict[str, Any], results: Sequence[Result]) -> str:
         "",
         "## targets",
         "",
-        markdown_table(
-            ["target", "value", "goal", "met"],
-            [
-                [
-                    t["label"],
-                    "n/a" if t["value"] is None else f"{t['value']:+.4f}",
-                    f"{t['relation']} {t['goal']:g}",
-                    {True: "yes", False: "**no**", None: "n/a"}[t["met"]],
-                ]
-                for t in report["targets"]
-            ],
-        ),
+        targets_markdown(report["targets"], value_format="+.4f"),
     ]
     return "\n".join(lines) + "\n"
 

@@ -559,6 +559,10 @@ def plan_for(
     return plan_from_config(compute_fingerprint(info, cache_file, progress), data_cfg, model_cfg)
 
 
+PLANNED_DATA_KEYS = ("spacing", "patch_size", "normalization")
+"""The ``data`` keys that planning fills when they are null (``model.strides`` too)."""
+
+
 def apply_plan(
     data_cfg: Mapping[str, Any], model_cfg: Mapping[str, Any], plan: Plan
 ) -> tuple[dict[str, Any], dict[str, Any]]:
@@ -569,8 +573,7 @@ def apply_plan(
     resampled in 3D.
     """
     data, model = copy.deepcopy(data_cfg), copy.deepcopy(model_cfg)
-    planned = {"spacing": plan.target_spacing, "patch_size": plan.patch_size,
-               "normalization": plan.normalization}
+    planned = dict(zip(PLANNED_DATA_KEYS, (plan.target_spacing, plan.patch_size, plan.normalization)))
     for key, value in planned.items():
         if data.get(key) is None:
             data[key] = copy.deepcopy(value)

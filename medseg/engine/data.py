@@ -13,7 +13,7 @@ from typing import Any
 from monai.data import CacheDataset, DataLoader, Dataset, PersistentDataset, partition_dataset
 
 from medseg.data.datalist import DatasetInfo, dataset_from_config, split_cases, splits_path
-from medseg.data.planning import apply_plan, default_cache_dir, files_digest, plan_for
+from medseg.data.planning import PLANNED_DATA_KEYS, apply_plan, default_cache_dir, files_digest, plan_for
 from medseg.data.transforms import eval_transforms, patch_size_3d, slice_axis, train_transforms
 from medseg.data.verify import check_dataset
 from medseg.engine.distributed import DistInfo, barrier, broadcast_object
@@ -116,7 +116,7 @@ def prepare_data(cfg: dict[str, Any], output_dir: Path, dist_info: DistInfo, pro
         if message:
             raise ValueError(message)
         plan = plan_for(info, data_cfg, model_cfg, cache_dir, progress=False)
-    planned = [f"data.{k}" for k in ("spacing", "patch_size", "normalization") if data_cfg[k] is None]
+    planned = [f"data.{k}" for k in PLANNED_DATA_KEYS if data_cfg[k] is None]
     planned += ["model.strides"] if model_cfg.get("strides") is None else []
     data_cfg, model_cfg = apply_plan(data_cfg, model_cfg, plan)
     if dist_info.is_main:

@@ -61,7 +61,7 @@ from torch import nn
 from tqdm import tqdm
 
 from medseg.data.datalist import NIFTI_ENDINGS, DatasetError, case_id, load_dataset, split_cases, splits_path
-from medseg.data.planning import default_cache_dir
+from medseg.data.planning import PLANNED_DATA_KEYS, default_cache_dir
 from medseg.data.transforms import IMAGE, eval_transforms
 from medseg.data.verify import NIBABEL_ENDINGS, affine_difference, read_volume
 from medseg.engine.checkpoint import CheckpointError, load_checkpoint, load_model_state
@@ -75,8 +75,7 @@ from medseg.models import build_model
 log = logging.getLogger("medseg")
 
 SPLITS = ("test", "training", "validation")
-PREPROCESSING_KEYS = ("spacing", "patch_size", "normalization")
-DATA_KEYS = (*PREPROCESSING_KEYS, "fold", "num_folds", "split_seed", "cache_dir")
+DATA_KEYS = (*PLANNED_DATA_KEYS, "fold", "num_folds", "split_seed", "cache_dir")
 """The training run's ``data`` keys that evaluation uses."""
 PRED = "pred"
 CHANNEL_FILE = re.compile(r"^(?P<case>.+)_(?P<channel>\d{4})$")
@@ -238,7 +237,7 @@ def load_model(path: str | Path, device: torch.device | str = "cpu") -> EvalMode
     except (KeyError, TypeError, ValueError, AttributeError) as err:
         raise CheckpointError(f"checkpoint {path} lacks the config or dataset description evaluation needs "
                               f"({type(err).__name__}: {err})") from None
-    unset = [key for key in PREPROCESSING_KEYS if data_cfg[key] is None]
+    unset = [key for key in PLANNED_DATA_KEYS if data_cfg[key] is None]
     if unset:
         raise CheckpointError(f"checkpoint {path} has no resolved data.{', data.'.join(unset)}")
     net_patch = roi if spatial_dims == 3 else [s for a, s in enumerate(roi) if a != axis]
