@@ -10,7 +10,8 @@ another orientation (DICOM's LPS, or permuted axes) are reoriented on reading.
    foreground voxels per case is pooled into dataset-level statistics. The result is JSON, cached
    and reused while the case files are unchanged.
 2. :func:`make_plan` turns the fingerprint into a :class:`Plan` (target spacing, patch size,
-   per-level strides, normalisation) with nnU-Net's rules; :func:`apply_plan` fills the ``null``
+   per-level strides, normalisation) with nnU-Net's rules, except that a 3D patch covers at most
+   ``MAX_PATCH_COVERAGE`` of the median volume; :func:`apply_plan` fills the ``null``
    keys of the data and model configs from it.
 """
 
@@ -49,6 +50,12 @@ PERCENTILES = (0.5, 99.5)
 BASE_VOXEL_BUDGET = {3: 48**3, 2: 256**2}
 """Patch voxels for a network whose first level has ``BASE_CHANNELS`` feature maps."""
 BASE_CHANNELS = 32
+MAX_PATCH_COVERAGE = 0.5
+"""Most of the median (resampled) volume one 3D patch may cover. nnU-Net takes the whole median volume
+when it fits; medseg keeps random crops room to move, so that foreground oversampling still changes
+what a patch sees and short trainings see more distinct views per epoch (measured on the demo data:
+README, "What is planned"). A 2D slice covers a small share of a volume and is not limited by it in
+practice."""
 AXIS_NAMES = ("R", "A", "S")
 _RAS = axcodes2ornt("RAS")
 
@@ -478,6 +485,7 @@ def make_plan(
             in-plane axes).
         num_levels: down-sampling steps of the network (``len(channels) - 1``).
         voxel_budget: most patch voxels; default ``BASE_VOXEL_BUDGET[spatial_dims]`` (48**3 / 256**2).
+            The patch also covers at most ``MAX_PATCH_COVERAGE`` of the median volume's voxels.
         min_feature_size: smallest feature-map size (voxels) an axis may be pooled down to.
         is_ct: selects CT normalisation; default the fingerprint's ``is_ct``.
         target_spacing, patch_size, strides: user-set values to keep (e.g. non-null config keys);
@@ -499,7 +507,8 @@ def make_plan(
         patch = [int(n) for n in _per_axis(patch_size, axes, "patch_size")]
         level_strides = fixed_strides or plan_strides(full[axes], patch, num_levels, min_feature_size)
     else:
-        budget = voxel_budget or BASE_VOXEL_BUDGET[spatial_dims]
+        budget = min(voxel_budget or BASE_VOXEL_BUDGET[spatial_dims],
+                     int(MAX_PATCH_COVERAGE * np.median(shapes, axis=0).prod()))
         patch, level_strides = _fit_patch(full[axes], median_shape, budget, num_levels, min_feature_size,
                                           fixed_strides)
     return Plan(

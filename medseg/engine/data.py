@@ -121,8 +121,9 @@ def prepare_data(cfg: dict[str, Any], output_dir: Path, dist_info: DistInfo, pro
     data_cfg, model_cfg = apply_plan(data_cfg, model_cfg, plan)
     if dist_info.is_main:
         normalization = data_cfg["normalization"]
-        log.info("preprocessing: spacing %s mm, patch %s, strides %s, normalization %s (planned: %s)",
-                 data_cfg["spacing"], data_cfg["patch_size"], model_cfg["strides"],
+        spacing = ", ".join(f"{float(mm):.4g}" for mm in data_cfg["spacing"])
+        log.info("preprocessing: spacing [%s] mm, patch %s, strides %s, normalization %s (planned: %s)",
+                 spacing, data_cfg["patch_size"], model_cfg["strides"],
                  normalization if isinstance(normalization, str) else normalization["scheme"],
                  ", ".join(planned) or "nothing, all set in the config")
 
