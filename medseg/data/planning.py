@@ -501,14 +501,15 @@ def make_plan(
     if target_spacing is not None:
         full[axes] = _per_axis(target_spacing, axes, "spacing")
     shapes = _resampled_shapes(fingerprint, full, keep_axis=slice_axis if spatial_dims == 2 else None)
-    median_shape = np.round(np.median(shapes, axis=0)).astype(np.int64)[axes]
+    median_volume = np.median(shapes, axis=0)
+    median_shape = np.round(median_volume).astype(np.int64)[axes]
     fixed_strides = None if strides is None else _normalize_strides(strides, num_levels, spatial_dims)
     if patch_size is not None:
         patch = [int(n) for n in _per_axis(patch_size, axes, "patch_size")]
         level_strides = fixed_strides or plan_strides(full[axes], patch, num_levels, min_feature_size)
     else:
         budget = min(voxel_budget or BASE_VOXEL_BUDGET[spatial_dims],
-                     int(MAX_PATCH_COVERAGE * np.median(shapes, axis=0).prod()))
+                     int(MAX_PATCH_COVERAGE * median_volume.prod()))
         patch, level_strides = _fit_patch(full[axes], median_shape, budget, num_levels, min_feature_size,
                                           fixed_strides)
     return Plan(
