@@ -4,23 +4,26 @@ Checks every case (missing or corrupt files, shapes, affines, channels, label va
 prints one report of all problems. Exit code 0 when the dataset has no errors, 1 otherwise.
 """
 
-from __future__ import annotations
-
 import sys
 
 import hydra
 from omegaconf import DictConfig
 
-from medseg.data.verify import check_data_cli
+from medseg.cli import one_line_errors, run
+from medseg.config import CheckDataConfig, to_typed
 
 
 @hydra.main(version_base="1.3", config_path="../configs", config_name="check_data")
+@one_line_errors
 def main(cfg: DictConfig) -> None:
     """Hydra entry point: verify ``cfg.data`` and exit with the report's status."""
-    code = check_data_cli(cfg.data, progress=bool(cfg.progress))
+    from medseg.data.verify import check_data_cli  # numpy and nibabel load only when a job runs
+
+    settings = to_typed(CheckDataConfig, cfg, context=" (e.g. data=msd data.root=/path/to/Task09_Spleen)")
+    code = check_data_cli(settings.data, progress=settings.progress)
     if code:
         sys.exit(code)
 
 
 if __name__ == "__main__":
-    main()
+    run(main, CheckDataConfig)

@@ -5,23 +5,25 @@ writes per-case metrics (``metrics.csv``) and means (``summary.json``). Exit cod
 was evaluated, 1 when any failed or the checkpoint/input is unusable.
 """
 
-from __future__ import annotations
-
 import sys
 
 import hydra
 from omegaconf import DictConfig
 
-from medseg.engine.evaluate import evaluate_cli
+from medseg.cli import one_line_errors, run
+from medseg.config import EvaluateConfig
 
 
 @hydra.main(version_base="1.3", config_path="../configs", config_name="evaluate")
+@one_line_errors
 def main(cfg: DictConfig) -> None:
     """Hydra entry point: evaluate and exit with the status."""
+    from medseg.engine.evaluate import evaluate_cli  # torch and MONAI load only when a job runs
+
     code = evaluate_cli(cfg)
     if code:
         sys.exit(code)
 
 
 if __name__ == "__main__":
-    main()
+    run(main, EvaluateConfig)

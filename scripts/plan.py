@@ -1,31 +1,24 @@
-"""Print the automatic plan of a dataset: `python scripts/plan.py data=msd data.root=DIR [model=...]`.
+"""Print the automatic plan of a dataset: `python scripts/plan.py data=msd data.root=DIR [model.channels=...]`.
 
-``data.format=demo`` (the default data config) generates the demo dataset at ``data.root`` first if
-it is missing. Dataset and config errors print one line and exit with status 1.
+``data=demo3d`` (the default) generates the demo dataset at ``data.root`` first if it is missing. Dataset and
+config errors print one line and exit with status 1.
 """
 
-from __future__ import annotations
-
-import sys
-
 import hydra
-from omegaconf import DictConfig, OmegaConf
-from omegaconf.errors import MissingMandatoryValue
+from omegaconf import DictConfig
 
-from medseg.data.datalist import DatasetError
-from medseg.data.planning import PlanError, plan_report
+from medseg.cli import one_line_errors, run
+from medseg.config import PlanConfig, to_typed
 
 
 @hydra.main(version_base="1.3", config_path="../configs", config_name="plan")
+@one_line_errors
 def main(cfg: DictConfig) -> None:
-    try:
-        print(plan_report(OmegaConf.to_container(cfg.data, resolve=True, throw_on_missing=True),
-                          OmegaConf.to_container(cfg.model, resolve=True, throw_on_missing=True),
-                          progress=bool(cfg.progress)))
-    except (DatasetError, PlanError, MissingMandatoryValue) as err:
-        print(f"error: {str(err).splitlines()[0]}", file=sys.stderr)
-        sys.exit(1)
+    from medseg.data.planning import plan_report  # numpy and nibabel load only when a job runs
+
+    settings = to_typed(PlanConfig, cfg, context=" (e.g. data=msd data.root=/path/to/Task09_Spleen)")
+    print(plan_report(settings.data, settings.model, progress=settings.progress))
 
 
 if __name__ == "__main__":
-    main()
+    run(main, PlanConfig)

@@ -13,6 +13,8 @@ import torch
 from hydra import compose, initialize_config_dir
 from omegaconf import DictConfig
 
+import medseg.config  # noqa: F401  (registers the schemas the configs compose onto)
+
 REPO = Path(__file__).resolve().parents[1]
 CONFIGS = REPO / "configs"
 

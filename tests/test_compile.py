@@ -14,12 +14,9 @@ from collections.abc import Callable
 
 import pytest
 import torch
-from omegaconf import OmegaConf
 from torch import nn
 
 from medseg.models import build_model
-
-from .conftest import CONFIGS
 
 BLOCKS = ("none", "masa", "masa_decomposed", "focused_linear", "cswin", "mha")
 # A 3-level 3D U-Net with a bottleneck grid of 4x4x2 tokens: small enough to compile every block in seconds.
@@ -28,11 +25,10 @@ SMALL = {"channels": [8, 16, 32], "strides": [2, 2], "bottleneck_depth": 1}
 
 
 def small_unet(bottleneck: str, **overrides: object) -> nn.Module:
-    """The U-Net of ``configs/model/unet.yaml``, narrowed to 8-16-32 channels, with ``bottleneck`` in its slot."""
-    cfg = OmegaConf.merge(OmegaConf.load(CONFIGS / "model" / "unet.yaml"), SMALL,
-                          {"bottleneck": bottleneck, **overrides})
+    """The default U-Net (:class:`ModelConfig`), narrowed to 8-16-32 channels, with ``bottleneck`` in its slot."""
     torch.manual_seed(0)
-    return build_model(OmegaConf.to_container(cfg), in_channels=1, out_channels=3, patch_size=PATCH)
+    return build_model({**SMALL, "bottleneck": bottleneck, **overrides}, in_channels=1, out_channels=3,
+                       patch_size=PATCH)
 
 
 def _inputs() -> tuple[torch.Tensor, torch.Tensor]:
@@ -112,9 +108,9 @@ def test_bf16_autocast_training_step_is_finite() -> None:
 @pytest.mark.gpu
 def test_cuda_compiled_bf16_masa_step_matches_eager() -> None:
     """On CUDA: the default U-Net with MaSA (FlexAttention path: head_dim 32) compiled, bf16, fwd+bwd."""
-    cfg = OmegaConf.merge(OmegaConf.load(CONFIGS / "model" / "unet.yaml"), {"bottleneck": "masa"})
     torch.manual_seed(0)
-    model = build_model(OmegaConf.to_container(cfg), in_channels=1, out_channels=3, patch_size=(64, 64, 64))
+    model = build_model({"bottleneck": "masa", "strides": [2, 2, 2]}, in_channels=1, out_channels=3,
+                        patch_size=(64, 64, 64))
     model = model.cuda().train()
     image = torch.randn(2, 1, 64, 64, 64, device="cuda")
     label = torch.randint(0, 3, (2, 64, 64, 64), device="cuda")

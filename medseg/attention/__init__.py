@@ -11,7 +11,6 @@ Pure tensor ops live in :mod:`medseg.attention.functional`; one module per block
 
 from medseg.attention.block import TransformerBlock
 from medseg.attention.common import SpatialAttention
-from medseg.attention.config import ATTENTION_KEYS, AttentionConfig
 from medseg.attention.registry import (
     ATTENTION_BLOCKS,
     available_blocks,
@@ -22,8 +21,6 @@ from medseg.attention.registry import (
 
 __all__ = [
     "ATTENTION_BLOCKS",
-    "ATTENTION_KEYS",
-    "AttentionConfig",
     "SpatialAttention",
     "TransformerBlock",
     "available_blocks",

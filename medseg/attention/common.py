@@ -19,6 +19,8 @@ import torch.nn.functional as F
 from einops import rearrange
 from torch import nn
 
+from medseg.errors import ConfigError
+
 _CONV = {1: F.conv1d, 2: F.conv2d, 3: F.conv3d}
 
 
@@ -98,7 +100,7 @@ class DepthwiseConv(nn.Module):
     def __init__(self, channels: int, spatial_dims: int, kernel_size: int) -> None:
         super().__init__()
         if kernel_size % 2 != 1:
-            raise ValueError(f"depthwise kernel_size must be odd to keep the spatial size, got {kernel_size}")
+            raise ConfigError(f"depthwise kernel_size must be odd to keep the spatial size, got {kernel_size}")
         self.weight = nn.Parameter(torch.empty(channels, 1, *(kernel_size,) * spatial_dims))
         self.bias = nn.Parameter(torch.empty(channels))
         nn.init.kaiming_uniform_(self.weight, a=math.sqrt(5))
@@ -146,9 +148,10 @@ class SpatialAttention(nn.Module, ABC):
     def __init__(self, dim: int, spatial_dims: int, num_heads: int) -> None:
         super().__init__()
         if spatial_dims not in (2, 3):
-            raise ValueError(f"spatial_dims must be 2 or 3, got {spatial_dims}")
+            raise ConfigError(f"model.spatial_dims must be 2 or 3, got {spatial_dims}")
         if num_heads < 1 or dim % num_heads != 0:
-            raise ValueError(f"num_heads={num_heads} must be a positive divisor of the channel width dim={dim}")
+            raise ConfigError(
+                f"model.attention.num_heads={num_heads} must be a positive divisor of the channel width {dim}")
         self.dim = dim
         self.spatial_dims = spatial_dims
         self.num_heads = num_heads

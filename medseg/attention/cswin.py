@@ -6,6 +6,7 @@ import torch
 
 from medseg.attention import functional
 from medseg.attention.common import SpatialAttention, TokenDepthwiseConv, merge_heads, split_heads
+from medseg.errors import ConfigError
 
 LEPE_KERNEL = 3
 """CSWin's locally-enhanced positional encoding is a 3x3(x3) depthwise conv on v."""
@@ -14,8 +15,9 @@ LEPE_KERNEL = 3
 def heads_per_axis(num_heads: int, spatial_dims: int) -> list[int]:
     """Distribute heads over one stripe group per spatial axis as evenly as possible (earlier axes first)."""
     if num_heads < spatial_dims:
-        raise ValueError(
-            f"cswin needs num_heads >= {spatial_dims} (one stripe group per spatial axis), got {num_heads}"
+        raise ConfigError(
+            f"cswin needs model.attention.num_heads >= {spatial_dims} (one stripe group per spatial axis), "
+            f"got {num_heads}"
         )
     base, extra = divmod(num_heads, spatial_dims)
     return [base + (axis < extra) for axis in range(spatial_dims)]
@@ -38,7 +40,7 @@ class CSWinAttention(SpatialAttention):
     def __init__(self, dim: int, spatial_dims: int, num_heads: int = 4, split_size: int = 2) -> None:
         super().__init__(dim, spatial_dims, num_heads)
         if split_size < 1:
-            raise ValueError(f"split_size must be >= 1, got {split_size}")
+            raise ConfigError(f"model.attention.split_size must be >= 1, got {split_size}")
         self.split_size = int(split_size)
         self.group_heads = heads_per_axis(num_heads, spatial_dims)
         self.lepe = TokenDepthwiseConv(dim, spatial_dims, LEPE_KERNEL)

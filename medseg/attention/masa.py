@@ -9,6 +9,7 @@ import torch
 from medseg.attention import functional
 from medseg.attention.common import SpatialAttention, TokenDepthwiseConv, merge_heads, split_heads
 from medseg.attention.position import axis_scales
+from medseg.errors import ConfigError
 
 
 def head_gammas(gamma: float, heads_range: float, num_heads: int) -> float | tuple[float, ...]:
@@ -18,7 +19,7 @@ def head_gammas(gamma: float, heads_range: float, num_heads: int) -> float | tup
     ``gamma = 0.75, heads_range = 4`` reproduces official RMT's multi-scale decays.
     """
     if not 0.0 < gamma <= 1.0:
-        raise ValueError(f"gamma must lie in (0, 1], got {gamma}")
+        raise ConfigError(f"model.attention.gamma must lie in (0, 1], got {gamma}")
     if heads_range == 0:
         return gamma
     return tuple(1.0 - (1.0 - gamma) * 2.0 ** (-heads_range * h / num_heads) for h in range(num_heads))

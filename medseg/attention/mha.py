@@ -8,8 +8,10 @@ from torch import nn
 
 from medseg.attention.common import SpatialAttention, merge_heads, split_heads
 from medseg.attention.position import relative_bias, sincos_embedding
+from medseg.errors import ConfigError
 
-PE_CHOICES = ("sincos", "relative", "none")
+POSITION_ENCODINGS = ("sincos", "relative", "none")
+"""The values of ``model.attention.pe``."""
 
 DEFAULT_RELATIVE_SIZE = 16
 """``max_relative_size = 0``: the table holds exact per-offset entries for grids up to this many tokens per
@@ -44,8 +46,8 @@ class MultiHeadAttention(SpatialAttention):
         max_relative_size: int = 0,
     ) -> None:
         super().__init__(dim, spatial_dims, num_heads)
-        if pe not in PE_CHOICES:
-            raise ValueError(f"pe={pe!r} is not one of {list(PE_CHOICES)}")
+        if pe not in POSITION_ENCODINGS:
+            raise ConfigError(f"model.attention.pe={pe!r} is not one of {list(POSITION_ENCODINGS)}")
         self.pe = pe
         if pe == "relative":
             extent = 2 * (int(max_relative_size) or DEFAULT_RELATIVE_SIZE) - 1

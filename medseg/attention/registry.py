@@ -4,17 +4,19 @@ from __future__ import annotations
 
 import inspect
 from collections.abc import Callable, Mapping
+from dataclasses import fields
 from typing import Any, TypeVar
 
 from omegaconf import OmegaConf
 
 from medseg.attention.block import TransformerBlock
 from medseg.attention.common import SpatialAttention
-from medseg.attention.config import ATTENTION_KEYS
 from medseg.attention.cswin import CSWinAttention
 from medseg.attention.focused_linear import FocusedLinearAttention
 from medseg.attention.masa import MaSA, MaSADecomposed
 from medseg.attention.mha import MultiHeadAttention
+from medseg.config import AttentionConfig
+from medseg.errors import ConfigError
 
 ATTENTION_BLOCKS: dict[str, type[SpatialAttention]] = {
     "masa": MaSA,
@@ -35,7 +37,7 @@ def register_attention(name: str) -> Callable[[Block], Block]:
 
     The class must subclass :class:`~medseg.attention.common.SpatialAttention` and take
     ``(dim, spatial_dims, **keys)`` where every key is a field of
-    :class:`~medseg.attention.config.AttentionConfig`.
+    :class:`medseg.config.AttentionConfig`.
     """
 
     def register(cls: Block) -> Block:
@@ -60,9 +62,10 @@ def _plain(value: Any) -> Any:
 
 
 def _validated(attention_cfg: Mapping[str, Any]) -> dict[str, Any]:
-    unknown = sorted(set(attention_cfg) - set(ATTENTION_KEYS))
+    valid = [f.name for f in fields(AttentionConfig)]
+    unknown = sorted(set(attention_cfg) - set(valid))
     if unknown:
-        raise ValueError(f"unknown model.attention key(s) {unknown}; valid keys: {list(ATTENTION_KEYS)}")
+        raise ConfigError(f"unknown model.attention key(s) {unknown}; valid keys: {valid}")
     return {key: _plain(value) for key, value in attention_cfg.items()}
 
 
@@ -82,10 +85,10 @@ def build_attention(name: str, dim: int, spatial_dims: int, **attention_cfg: Any
         **attention_cfg: ``model.attention`` keys; the block takes the ones it uses and ignores the rest.
 
     Raises:
-        ValueError: unknown ``name`` or unknown key (the message lists the valid ones).
+        ConfigError: unknown ``name`` or unknown key (the message lists the valid ones); a ``ValueError``.
     """
     if name not in ATTENTION_BLOCKS:
-        raise ValueError(f"unknown attention block {name!r}; valid blocks: {available_blocks()}")
+        raise ConfigError(f"unknown attention block {name!r}; valid blocks: {available_blocks()}")
     cls = ATTENTION_BLOCKS[name]
     return cls(dim, spatial_dims, **_accepted(cls, _validated(attention_cfg)))
 

@@ -40,7 +40,7 @@ from torch import nn
 
 from medseg.benchmark import targets_markdown, write_report
 from medseg.benchmark.attention import Target, peak_bytes, ratio, time_ms
-from medseg.engine.inference import autocast_context
+from medseg.engine.device import autocast
 from medseg.engine.report import markdown_table, text_table
 from medseg.models import build_model
 
@@ -138,7 +138,7 @@ def make_train_step(
     def step() -> torch.Tensor:
         model.train()
         optimizer.zero_grad(set_to_none=True)
-        with autocast_context(image.device, amp):
+        with autocast(image.device, amp):
             output = model(image)
         loss = loss_fn(output.float(), label)
         loss.backward()
@@ -154,7 +154,7 @@ def make_inference(model: nn.Module, image: torch.Tensor, amp: torch.dtype | Non
 
     def infer() -> torch.Tensor:
         model.eval()
-        with torch.no_grad(), autocast_context(image.device, amp):
+        with torch.no_grad(), autocast(image.device, amp):
             return model(image)
 
     return infer

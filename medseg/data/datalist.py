@@ -8,24 +8,29 @@ typed twice in a config.
 
 from __future__ import annotations
 
+import hashlib
 import json
+import logging
+import os
 import random
-from collections.abc import Mapping
 from dataclasses import dataclass, field
+from functools import cache
 from pathlib import Path
 from typing import Any
 
 from monai.data import load_decathlon_datalist
 
+from medseg.config import DataConfig
 from medseg.data.demo import ensure_demo_dataset
+from medseg.errors import DatasetError
 from medseg.io import atomic_write_json
 
-DATASET_FORMATS = ("msd", "nnunet")
+log = logging.getLogger("medseg")
+
+CACHE_FOLDER = ".medseg_cache"
+"""The cache folder inside a writable dataset folder."""
+
 NIFTI_ENDINGS = (".nii.gz", ".nii", ".nrrd", ".mha", ".mhd")
-
-
-class DatasetError(ValueError):
-    """A dataset folder or ``dataset.json`` that medseg cannot use; the message names the file."""
 
 
 @dataclass
@@ -48,6 +53,11 @@ class DatasetInfo:
     def num_classes(self) -> int:
         """Number of output classes, background included."""
         return len(self.labels)
+
+    @property
+    def class_names(self) -> list[str]:
+        """The foreground classes' names, in class-index order."""
+        return [self.labels[index] for index in sorted(self.labels) if index > 0]
 
     @property
     def in_channels(self) -> int:
@@ -170,7 +180,7 @@ def _load_nnunet(root: Path) -> DatasetInfo:
 
 
 def load_dataset(root: str | Path, format: str = "msd") -> DatasetInfo:
-    """Read the dataset at ``root`` (a folder holding ``dataset.json``) in the given format.
+    """Read the dataset at ``root`` (a folder holding ``dataset.json``) in the given on-disk format.
 
     Raises:
         DatasetError: the folder, its ``dataset.json`` or its layout is unusable; the message names it.
@@ -178,18 +188,21 @@ def load_dataset(root: str | Path, format: str = "msd") -> DatasetInfo:
     root = Path(root).expanduser().resolve()
     if not root.is_dir():
         raise DatasetError(f"data.root={root}: folder not found")
-    loaders = {"msd": _load_msd, "nnunet": _load_nnunet}
-    if format not in loaders:
-        raise DatasetError(f"data.format={format!r}: expected one of {list(loaders)}")
-    info = loaders[format](root)
+    info = LOADERS[format](root)
     if not info.training:
         raise DatasetError(f"{root / 'dataset.json'}: the training list is empty")
     return info
 
 
-def splits_path(cache_dir: str | Path, data_cfg: Mapping[str, Any]) -> Path:
+LOADERS = {"msd": _load_msd, "nnunet": _load_nnunet}
+"""On-disk dataset layouts -> their readers."""
+DATASET_FORMATS = ("demo", *LOADERS)
+"""The values of ``data.format``: ``demo`` is an MSD folder medseg generates on first use."""
+
+
+def splits_path(cache_dir: str | Path, data: DataConfig) -> Path:
     """The file under a dataset's cache dir that stores the fold split for ``split_seed`` and ``num_folds``."""
-    return Path(cache_dir) / f"splits_seed{data_cfg['split_seed']}_k{data_cfg['num_folds']}.json"
+    return Path(cache_dir) / f"splits_seed{data.split_seed}_k{data.num_folds}.json"
 
 
 def split_cases(
@@ -207,8 +220,6 @@ def split_cases(
     if fold == "all":
         return info.training, info.training
     fold = int(fold)
-    if not 0 <= fold < num_folds:
-        raise DatasetError(f"data.fold={fold}: expected 0..{num_folds - 1} or 'all'")
     ids = sorted(entry["case"] for entry in info.training)
     if splits_file is not None and splits_file.is_file():
         splits = json.loads(splits_file.read_text())
@@ -226,13 +237,43 @@ def split_cases(
             [e for e in info.training if e["case"] in val_ids])
 
 
-def dataset_from_config(data_cfg: Mapping[str, Any]) -> DatasetInfo:
+def dataset_from_config(data: DataConfig) -> DatasetInfo:
     """The :class:`DatasetInfo` of a ``data`` config (``format``: demo | msd | nnunet, ``root``).
 
     ``demo`` is an MSD folder at ``root``, generated (``num_cases`` cases) when missing.
     """
-    fmt, root = str(data_cfg["format"]), Path(str(data_cfg["root"])).expanduser()
-    if fmt == "demo":
-        ensure_demo_dataset(root, num_cases=int(data_cfg.get("num_cases", 40)))
-        fmt = "msd"
-    return load_dataset(root, fmt)
+    root = Path(data.root).expanduser()
+    if data.format == "demo":
+        ensure_demo_dataset(root, num_cases=data.num_cases)
+        return load_dataset(root, "msd")
+    return load_dataset(root, data.format)
+
+
+def user_cache_root() -> Path:
+    """medseg's folder in the user's cache directory (``$XDG_CACHE_HOME/medseg``, else ``~/.cache/medseg``)."""
+    return Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "medseg"
+
+
+def _writable(folder: Path) -> bool:
+    """Whether ``folder`` can be created or written to (its nearest existing ancestor is writable)."""
+    existing = next(p for p in (folder, *folder.parents) if p.exists())
+    return os.access(existing, os.W_OK)
+
+
+@cache
+def dataset_cache_dir(root: str | Path, cache_dir: str | None = None) -> Path:
+    """Where a dataset's fingerprint, fold splits and disk cache go.
+
+    ``data.cache_dir`` when set; else ``<root>/.medseg_cache``; else, when the dataset lives on read-only
+    storage, a folder under :func:`user_cache_root` named after the dataset and keyed by its resolved path
+    (logged once).
+    """
+    if cache_dir:
+        return Path(cache_dir).expanduser()
+    root = Path(root).expanduser().resolve()
+    default = root / CACHE_FOLDER
+    if _writable(default):
+        return default
+    fallback = user_cache_root() / f"{root.name}-{hashlib.sha1(str(root).encode()).hexdigest()[:10]}"
+    log.info("data.root %s is not writable: its caches go to %s (set data.cache_dir to choose)", root, fallback)
+    return fallback

@@ -24,7 +24,7 @@ import json
 import os
 import warnings
 from collections.abc import Mapping, Sequence
-from dataclasses import asdict, dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
@@ -34,8 +34,10 @@ from nibabel.filebasedimages import ImageFileError
 from nibabel.orientations import apply_orientation, axcodes2ornt, io_orientation, ornt_transform
 from tqdm import tqdm
 
-from medseg.data.datalist import DatasetError, DatasetInfo, dataset_from_config
+from medseg.config import DataConfig, ModelConfig
+from medseg.data.datalist import DatasetInfo, dataset_cache_dir, dataset_from_config
 from medseg.data.verify import read_volume
+from medseg.errors import ConfigError, DatasetError
 from medseg.io import atomic_write_json
 
 FINGERPRINT_VERSION = 1
@@ -58,10 +60,6 @@ README, "What is planned"). A 2D slice covers a small share of a volume and is n
 practice."""
 AXIS_NAMES = ("R", "A", "S")
 _RAS = axcodes2ornt("RAS")
-
-
-class PlanError(ValueError):
-    """A planning request that cannot be met (e.g. a user-set value with the wrong number of axes)."""
 
 
 # ---------------------------------------------------------------------------------------------------
@@ -342,12 +340,6 @@ class Plan:
     def spatial_dims(self) -> int:
         return len(self.patch_size)
 
-    def to_dict(self) -> dict[str, Any]:
-        return asdict(self)
-
-    @classmethod
-    def from_dict(cls, data: Mapping[str, Any]) -> Plan:
-        return cls(**data)
 
 
 def full_resolution_spacing(fingerprint: Mapping[str, Any]) -> np.ndarray:
@@ -439,14 +431,14 @@ def _per_axis(values: Sequence[Any], axes: list[int], name: str) -> list[Any]:
         return values
     if len(values) == 3:
         return [values[axis] for axis in axes]
-    raise PlanError(f"{name}={values}: expected {len(axes)} entries (or 3 in RAS order)")
+    raise ConfigError(f"{name}={values}: expected {len(axes)} entries (or 3 in RAS order)")
 
 
 def _normalize_strides(strides: Sequence[Any], num_levels: int, dims: int) -> list[list[int]]:
     """User strides (per level an int or one int per axis) as ``num_levels`` lists of ``dims`` ints."""
     levels = [[int(s)] * dims if isinstance(s, int) else [int(v) for v in s] for s in strides]
     if len(levels) != num_levels or any(len(level) != dims for level in levels):
-        raise PlanError(f"model.strides={list(strides)}: expected {num_levels} levels of {dims} axes")
+        raise ConfigError(f"model.strides={list(strides)}: expected {num_levels} levels of {dims} axes")
     return levels
 
 
@@ -492,7 +484,7 @@ def make_plan(
             the rest is planned around them. In 2D, 3-entry spacing/patch are read in RAS order.
     """
     if spatial_dims not in (2, 3):
-        raise PlanError(f"spatial_dims={spatial_dims}: expected 2 or 3")
+        raise ConfigError(f"spatial_dims={spatial_dims}: expected 2 or 3")
     full = full_resolution_spacing(fingerprint)
     if target_spacing is not None and len(target_spacing) == 3:
         full = np.asarray(list(target_spacing), dtype=float)
@@ -528,69 +520,57 @@ def make_plan(
 # ---------------------------------------------------------------------------------------------------
 
 
-def voxel_budget_for(model_cfg: Mapping[str, Any]) -> int:
+def voxel_budget_for(model: ModelConfig) -> int:
     """Patch voxel budget for a model: ``BASE_VOXEL_BUDGET`` scaled by ``BASE_CHANNELS / channels[0]``.
 
     The first level's activations (channels[0] x patch voxels) dominate memory, so halving the width
     doubles the patch: 3D with channels[0]=32 -> 48**3 voxels, with 16 -> 2 * 48**3.
     """
-    return int(BASE_VOXEL_BUDGET[int(model_cfg["spatial_dims"])] * BASE_CHANNELS / model_cfg["channels"][0])
+    return int(BASE_VOXEL_BUDGET[model.spatial_dims] * BASE_CHANNELS / model.channels[0])
 
 
-def plan_from_config(
-    fingerprint: Mapping[str, Any], data_cfg: Mapping[str, Any], model_cfg: Mapping[str, Any]
-) -> Plan:
+def plan_from_config(fingerprint: Mapping[str, Any], data: DataConfig, model: ModelConfig) -> Plan:
     """:func:`make_plan` for a model config, keeping the user-set (non-null) spacing, patch and strides."""
     return make_plan(
         fingerprint,
-        spatial_dims=int(model_cfg["spatial_dims"]),
-        num_levels=len(model_cfg["channels"]) - 1,
-        voxel_budget=voxel_budget_for(model_cfg),
-        target_spacing=data_cfg.get("spacing"),
-        patch_size=data_cfg.get("patch_size"),
-        strides=model_cfg.get("strides"),
+        spatial_dims=model.spatial_dims,
+        num_levels=len(model.channels) - 1,
+        voxel_budget=voxel_budget_for(model),
+        target_spacing=data.spacing,
+        patch_size=data.patch_size,
+        strides=model.strides,
     )
 
 
-def default_cache_dir(info: DatasetInfo, data_cfg: Mapping[str, Any]) -> Path:
-    """``data.cache_dir`` if set, else ``<root>/.medseg_cache``."""
-    return Path(data_cfg.get("cache_dir") or info.root / ".medseg_cache")
-
-
-def plan_for(
-    info: DatasetInfo,
-    data_cfg: Mapping[str, Any],
-    model_cfg: Mapping[str, Any],
-    cache_dir: str | Path | None = None,
-    progress: bool = True,
-) -> Plan:
+def plan_for(info: DatasetInfo, data: DataConfig, model: ModelConfig, cache_dir: str | Path | None = None,
+             progress: bool = True) -> Plan:
     """Fingerprint ``info`` (cached in ``<cache_dir>/fingerprint.json``; none if None) and plan for the configs."""
     cache_file = Path(cache_dir) / FINGERPRINT_FILE if cache_dir is not None else None
-    return plan_from_config(compute_fingerprint(info, cache_file, progress), data_cfg, model_cfg)
+    return plan_from_config(compute_fingerprint(info, cache_file, progress), data, model)
 
 
-PLANNED_DATA_KEYS = ("spacing", "patch_size", "normalization")
-"""The ``data`` keys that planning fills when they are null (``model.strides`` too)."""
+def plannable_values(data: DataConfig, model: ModelConfig) -> dict[str, Any]:
+    """The keys planning fills when they are null, with their values in the configs."""
+    return {"data.spacing": data.spacing, "data.patch_size": data.patch_size,
+            "data.normalization": data.normalization, "model.strides": model.strides}
 
 
-def apply_plan(
-    data_cfg: Mapping[str, Any], model_cfg: Mapping[str, Any], plan: Plan
-) -> tuple[dict[str, Any], dict[str, Any]]:
-    """Copies of the configs with null ``data.spacing/patch_size/normalization`` and ``model.strides`` planned.
+def unset_keys(data: DataConfig, model: ModelConfig) -> list[str]:
+    """The plannable keys the configs leave null: planning fills them."""
+    return [key for key, value in plannable_values(data, model).items() if value is None]
 
-    User-set (non-null) values are left untouched; ``normalization`` becomes the plan's dict. A 2D
-    model's two in-plane spacings become the plan's 3 RAS entries (which hold them), since volumes are
-    resampled in 3D.
+
+def apply_plan(data: DataConfig, model: ModelConfig, plan: Plan) -> tuple[DataConfig, ModelConfig]:
+    """Copies of the configs with their null plannable keys (:func:`plannable_values`) taken from ``plan``.
+
+    User-set (non-null) values are kept; ``normalization`` becomes the plan's dict. A 2D model's two
+    in-plane spacings become the plan's 3 RAS entries (which hold them), since volumes are resampled in 3D.
     """
-    data, model = copy.deepcopy(data_cfg), copy.deepcopy(model_cfg)
-    planned = dict(zip(PLANNED_DATA_KEYS, (plan.target_spacing, plan.patch_size, plan.normalization)))
-    for key, value in planned.items():
-        if data.get(key) is None:
-            data[key] = copy.deepcopy(value)
-    if len(data["spacing"]) != 3:
-        data["spacing"] = list(plan.target_spacing)
-    if model.get("strides") is None:
-        model["strides"] = copy.deepcopy(plan.strides)
+    spacing = data.spacing if data.spacing is not None and len(data.spacing) == 3 else plan.target_spacing
+    data = replace(
+        data, spacing=list(spacing), patch_size=list(data.patch_size or plan.patch_size),
+        normalization=copy.deepcopy(plan.normalization if data.normalization is None else data.normalization))
+    model = replace(model, strides=copy.deepcopy(plan.strides if model.strides is None else model.strides))
     return data, model
 
 
@@ -668,18 +648,12 @@ def format_plan(plan: Plan, fingerprint: Mapping[str, Any]) -> str:
     return "\n".join(lines)
 
 
-def _user_set(data_cfg: dict[str, Any], model_cfg: dict[str, Any]) -> list[str]:
-    """The plannable keys the configs already set (kept as they are, planned around)."""
-    keys = [(f"data.{k}", data_cfg.get(k)) for k in ("spacing", "patch_size", "normalization")]
-    keys.append(("model.strides", model_cfg.get("strides")))
-    return [f"{name}={value}" for name, value in keys if value is not None]
-
-
-def plan_report(data_cfg: dict[str, Any], model_cfg: dict[str, Any], progress: bool = True) -> str:
-    """The fingerprint-and-plan report for plain ``data`` and ``model`` configs (``scripts/plan.py``)."""
-    info = dataset_from_config(data_cfg)
-    fingerprint = compute_fingerprint(info, default_cache_dir(info, data_cfg) / FINGERPRINT_FILE, progress)
-    text = format_plan(plan_from_config(fingerprint, data_cfg, model_cfg), fingerprint)
-    kept = _user_set(data_cfg, model_cfg)
+def plan_report(data: DataConfig, model: ModelConfig, progress: bool = True) -> str:
+    """The fingerprint-and-plan report of ``data`` for ``model`` (``scripts/plan.py``)."""
+    info = dataset_from_config(data)
+    fingerprint = compute_fingerprint(info, dataset_cache_dir(info.root, data.cache_dir) / FINGERPRINT_FILE,
+                                      progress)
+    text = format_plan(plan_from_config(fingerprint, data, model), fingerprint)
+    kept = [f"{key}={value}" for key, value in plannable_values(data, model).items() if value is not None]
     note = f"\nkept from the config (set them to null to plan them): {'; '.join(kept)}" if kept else ""
     return text + note

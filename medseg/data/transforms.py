@@ -8,7 +8,8 @@ and augments. In 2D mode the training patches are single slices across the thick
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
 from itertools import combinations
 from typing import Any
 
@@ -16,36 +17,40 @@ import numpy as np
 import torch
 from monai import transforms as mt
 
+from medseg.config import DataConfig
 from medseg.data.planning import thick_axis
+from medseg.errors import ConfigError
 
 IMAGE, LABEL = "image", "label"
 
 
-def slice_axis(spacing: Sequence[float]) -> int:
-    """The RAS axis 2D mode slices across: the thick axis of the (3-entry) target ``spacing``.
+@dataclass(frozen=True)
+class Window:
+    """What the network sees of a volume, in RAS voxel axes: computed here, and only here."""
 
-    The same rule as the plan's ``slice_axis`` (:func:`medseg.data.planning.thick_axis`: the largest
-    spacing, the last one among near-ties), so training, validation and the plan always agree.
+    slice_axis: int
+    """The axis a 2D network slices across: the thick axis of the target spacing, by the plan's own rule
+    (:func:`medseg.data.planning.thick_axis`), so training, validation and the plan always agree. Unused in 3D."""
+    roi_size: list[int]
+    """The 3D crop and sliding window: the patch in 3D; in 2D the in-plane patch, 1 voxel along ``slice_axis``."""
+    net_patch: list[int]
+    """The network's own input patch: ``roi_size`` in 3D, its two in-plane sizes in 2D."""
+
+
+def window(data: DataConfig, spatial_dims: int) -> Window:
+    """The :class:`Window` of a resolved ``data`` config (``spacing`` and ``patch_size`` set) for a 2D/3D model.
+
+    In 2D, ``data.patch_size`` may hold two in-plane sizes or three sizes (the one along the slice axis is
+    dropped).
     """
-    if len(spacing) != 3:
-        raise ValueError(f"data.spacing={list(spacing)}: expected 3 entries (mm along R, A, S), also in 2D")
-    return thick_axis(spacing)
-
-
-def patch_size_3d(patch_size: Sequence[int], spatial_dims: int, axis: int) -> list[int]:
-    """The 3D crop size: the patch itself in 3D; in 2D the in-plane patch with size 1 along ``axis``.
-
-    In 2D, ``patch_size`` may hold two in-plane sizes or three sizes (the one along ``axis`` is dropped).
-    """
-    sizes = [int(s) for s in patch_size]
+    axis = thick_axis(data.spacing)
+    sizes = [int(s) for s in data.patch_size]
     if spatial_dims == 3:
         if len(sizes) != 3:
-            raise ValueError(f"data.patch_size={sizes}: a 3D model needs three sizes")
-        return sizes
-    if len(sizes) == 3:
-        sizes = [s for a, s in enumerate(sizes) if a != axis]
-    sizes.insert(axis, 1)
-    return sizes
+            raise ConfigError(f"data.patch_size={sizes}: a 3D model needs three sizes")
+        return Window(axis, sizes, sizes)
+    in_plane = [s for a, s in enumerate(sizes) if a != axis] if len(sizes) == 3 else sizes
+    return Window(axis, [*in_plane[:axis], 1, *in_plane[axis:]], in_plane)
 
 
 class ClipZScored(mt.MapTransform):
@@ -63,14 +68,14 @@ class ClipZScored(mt.MapTransform):
         self.mean = np.asarray(mean, dtype=np.float64).reshape(-1)
         self.std = np.maximum(np.asarray(std, dtype=np.float64).reshape(-1), 1e-8)
         if len({len(self.low), len(self.mean), len(self.std)}) != 1:
-            raise ValueError(f"data.normalization: clip {list(clip)}, mean {mean} and std {std} differ in channels")
+            raise ConfigError(f"data.normalization: clip {list(clip)}, mean {mean} and std {std} differ in channels")
 
     def __call__(self, data: Mapping[str, Any]) -> dict[str, Any]:
         out = dict(data)
         for key in self.key_iterator(out):
             image = out[key]
             if len(self.mean) not in (1, image.shape[0]):
-                raise ValueError(f"data.normalization has statistics for {len(self.mean)} channels, "
+                raise ConfigError(f"data.normalization has statistics for {len(self.mean)} channels, "
                                  f"the image has {image.shape[0]}")
             low, high, mean, std = (_per_channel(v, image) for v in (self.low, self.high, self.mean, self.std))
             out[key] = (torch.clamp(image, low, high) - mean) / std
@@ -82,19 +87,27 @@ def _per_channel(values: np.ndarray, like: torch.Tensor) -> torch.Tensor:
     return torch.as_tensor(values, dtype=like.dtype, device=like.device).reshape((-1,) + (1,) * (like.ndim - 1))
 
 
+def _ct_normalization(normalization: str | Mapping[str, Any]) -> list[mt.Transform]:
+    if isinstance(normalization, str):
+        raise ConfigError("data.normalization=ct needs dataset statistics; leave it null so planning fills them")
+    return [ClipZScored(IMAGE, normalization["clip"], normalization["mean"], normalization["std"])]
+
+
+NORMALIZATIONS: dict[str, Callable[[str | Mapping[str, Any]], list[mt.Transform]]] = {
+    "zscore": lambda normalization: [mt.NormalizeIntensityd(keys=IMAGE, channel_wise=True)],
+    "ct": _ct_normalization,
+    "none": lambda normalization: [],
+}
+"""The schemes of ``data.normalization`` -> their transforms. ``zscore``: per image and channel. ``ct``: a planned
+dict, clip to ``clip`` then ``(x - mean) / std`` (:class:`ClipZScored`; per channel when it holds lists)."""
+
+
 def normalization_transform(normalization: str | Mapping[str, Any]) -> list[mt.Transform]:
-    """``zscore``: per image and channel. ``ct`` dict: clip to ``clip`` then ``(x - mean) / std`` (see
-    :class:`ClipZScored`; per channel when the dict holds lists)."""
+    """The transforms of a ``data.normalization`` value: a scheme name, or a planned dict with its ``scheme``."""
     scheme = normalization if isinstance(normalization, str) else normalization["scheme"]
-    if scheme == "zscore":
-        return [mt.NormalizeIntensityd(keys=IMAGE, channel_wise=True)]
-    if scheme == "none":
-        return []
-    if scheme == "ct":
-        if isinstance(normalization, str):
-            raise ValueError("data.normalization=ct needs dataset statistics; leave it null so planning fills them")
-        return [ClipZScored(IMAGE, normalization["clip"], normalization["mean"], normalization["std"])]
-    raise ValueError(f"data.normalization={scheme!r}: expected zscore, ct or none")
+    if scheme not in NORMALIZATIONS:
+        raise ConfigError(f"data.normalization={scheme!r}: expected one of {', '.join(NORMALIZATIONS)}")
+    return NORMALIZATIONS[scheme](normalization)
 
 
 def preprocessing(spacing: Sequence[float], normalization: str | Mapping[str, Any],
@@ -115,42 +128,47 @@ DEFAULT_SAMPLES_PER_VOLUME = {3: 2, 2: 16}
 patch, so 2D mode draws many more of them per volume (nnU-Net's 2D batches are larger for the same reason)."""
 
 
-def samples_per_volume(data_cfg: Mapping[str, Any], spatial_dims: int) -> int:
+def samples_per_volume(data: DataConfig, spatial_dims: int) -> int:
     """``data.samples_per_volume``, or its default for ``spatial_dims`` when null."""
-    value = data_cfg["samples_per_volume"]
+    value = data.samples_per_volume
     return DEFAULT_SAMPLES_PER_VOLUME[spatial_dims] if value is None else int(value)
 
 
-def train_transforms(data_cfg: Mapping[str, Any], spatial_dims: int) -> mt.Compose:
-    """The training chain; ``data_cfg`` must have ``spacing``, ``patch_size`` and ``normalization`` resolved."""
-    axis = slice_axis(data_cfg["spacing"])
-    crop = patch_size_3d(data_cfg["patch_size"], spatial_dims, axis)
-    pos = float(data_cfg["pos_fraction"])
+def train_transforms(data: DataConfig, spatial_dims: int) -> mt.Compose:
+    """The training chain; ``data`` must have ``spacing``, ``patch_size`` and ``normalization`` resolved."""
+    view = window(data, spatial_dims)
+    crop = view.roi_size
     chain: list[mt.Transform] = [
-        *preprocessing(data_cfg["spacing"], data_cfg["normalization"]),
+        *preprocessing(data.spacing, data.normalization),
         mt.SpatialPadd(keys=[IMAGE, LABEL], spatial_size=crop),
         mt.RandCropByPosNegLabeld(
-            keys=[IMAGE, LABEL], label_key=LABEL, spatial_size=crop, pos=pos, neg=1.0 - pos,
-            num_samples=samples_per_volume(data_cfg, spatial_dims), allow_smaller=False,
+            keys=[IMAGE, LABEL], label_key=LABEL, spatial_size=crop, pos=data.pos_fraction,
+            neg=1.0 - data.pos_fraction, num_samples=samples_per_volume(data, spatial_dims), allow_smaller=False,
         ),
     ]
     if spatial_dims == 2:
-        chain.append(mt.SqueezeDimd(keys=[IMAGE, LABEL], dim=axis + 1))
-    if data_cfg["augment"]:
-        chain += [mt.RandFlipd(keys=[IMAGE, LABEL], prob=0.5, spatial_axis=a) for a in range(spatial_dims)]
-        shape = crop if spatial_dims == 3 else [s for a, s in enumerate(crop) if a != axis]
-        square = next(((a, b) for a, b in combinations(range(spatial_dims), 2) if shape[a] == shape[b]), None)
-        if square is not None:
-            chain.append(mt.RandRotate90d(keys=[IMAGE, LABEL], prob=0.5, spatial_axes=square))
-        chain += [
-            mt.RandScaleIntensityd(keys=IMAGE, factors=0.1, prob=0.5),
-            mt.RandShiftIntensityd(keys=IMAGE, offsets=0.1, prob=0.5),
-        ]
+        chain.append(mt.SqueezeDimd(keys=[IMAGE, LABEL], dim=view.slice_axis + 1))
+    if data.augment:
+        chain += augmentations(view.net_patch)
     chain.append(mt.EnsureTyped(keys=[IMAGE, LABEL], track_meta=False))
     return mt.Compose(chain)
 
 
-def eval_transforms(data_cfg: Mapping[str, Any], with_label: bool = True) -> mt.Compose:
+def augmentations(patch: Sequence[int]) -> list[mt.Transform]:
+    """Random flips on every axis, a 90-degree rotation in the first square plane of ``patch``, intensity jitter.
+
+    The spatial ones move image and label together.
+    """
+    dims = len(patch)
+    chain: list[mt.Transform] = [mt.RandFlipd(keys=[IMAGE, LABEL], prob=0.5, spatial_axis=a) for a in range(dims)]
+    square = next(((a, b) for a, b in combinations(range(dims), 2) if patch[a] == patch[b]), None)
+    if square is not None:
+        chain.append(mt.RandRotate90d(keys=[IMAGE, LABEL], prob=0.5, spatial_axes=square))
+    return [*chain, mt.RandScaleIntensityd(keys=IMAGE, factors=0.1, prob=0.5),
+            mt.RandShiftIntensityd(keys=IMAGE, offsets=0.1, prob=0.5)]
+
+
+def eval_transforms(data: DataConfig, with_label: bool = True) -> mt.Compose:
     """Whole-volume chain for validation and inference (3D volumes in both 2D and 3D mode)."""
     keys = (IMAGE, LABEL) if with_label else (IMAGE,)
-    return mt.Compose([*preprocessing(data_cfg["spacing"], data_cfg["normalization"], keys)])
+    return mt.Compose([*preprocessing(data.spacing, data.normalization, keys)])

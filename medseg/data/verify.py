@@ -27,10 +27,11 @@ from typing import Any, Literal
 
 import nibabel as nib
 import numpy as np
-from omegaconf.errors import MissingMandatoryValue
 from tqdm import tqdm
 
-from medseg.data.datalist import DatasetError, DatasetInfo, case_id, dataset_from_config
+from medseg.config import DataConfig
+from medseg.data.datalist import DatasetInfo, case_id, dataset_from_config
+from medseg.errors import DatasetError
 
 log = logging.getLogger(__name__)
 
@@ -97,7 +98,7 @@ class VerificationReport:
                 f"in {cases_with_problems} of {self.num_cases} cases")
 
 
-class DatasetVerificationError(ValueError):
+class DatasetVerificationError(DatasetError):
     """The dataset has errors; the message is the full verification report."""
 
 
@@ -400,19 +401,11 @@ def check_dataset(info: DatasetInfo, **kwargs: Any) -> VerificationReport:
     return report
 
 
-def check_data_cli(data_cfg: Mapping[str, Any], progress: bool = True) -> int:
-    """Load the dataset of ``data_cfg``, verify it and print the report; the exit code (0 ok, 1 errors).
+def check_data_cli(data: DataConfig, progress: bool = True) -> int:
+    """Load the dataset of ``data``, verify it and print the report; the exit code (0 ok, 1 errors).
 
-    An unusable dataset folder or config prints one ``error:`` line to stderr (no traceback).
+    An unusable dataset folder raises :class:`~medseg.errors.DatasetError` (one line, no traceback).
     """
-    try:
-        info = dataset_from_config(data_cfg)
-    except MissingMandatoryValue as err:
-        print(f"error: {err.full_key} is required (e.g. {err.full_key}=/path/to/dataset)", file=sys.stderr)
-        return 1
-    except (DatasetError, OSError) as err:
-        print(f"error: {err}", file=sys.stderr)
-        return 1
-    report = verify_dataset(info, progress=progress)
+    report = verify_dataset(dataset_from_config(data), progress=progress)
     print(report.format())
     return 0 if report.ok else 1

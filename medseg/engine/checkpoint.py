@@ -18,14 +18,11 @@ import torch
 from torch import nn
 
 from medseg import __version__
+from medseg.errors import CheckpointError
 from medseg.io import atomic_write
 
 CHECKPOINT_FORMAT = "medseg-checkpoint"
 CHECKPOINT_VERSION = 1
-
-
-class CheckpointError(ValueError):
-    """A checkpoint that is missing, unsafe, foreign or incompatible; the message names the file."""
 
 
 def unwrap_model(model: nn.Module) -> nn.Module:

@@ -1,111 +1,41 @@
-"""Distributed data parallel through ``torchrun`` or SLURM: process-group setup, rank helpers, collectives.
-
-Where the ranks come from, first match wins:
-
-* ``torchrun`` (or any launcher that sets ``RANK``, ``WORLD_SIZE`` and ``LOCAL_RANK``);
-* a SLURM job step (``srun``, e.g. the Hydra submitit launcher with ``tasks_per_node > 1``): ``SLURM_PROCID``,
-  ``SLURM_STEP_NUM_TASKS`` (or ``SLURM_NTASKS``) and ``SLURM_LOCALID`` are mapped to the torchrun variables,
-  ``MASTER_ADDR`` defaults to the first node of the step and ``MASTER_PORT`` to a port derived from the job id;
-* otherwise a single process.
+"""Distributed data parallel through ``torchrun`` or SLURM: the process group and the collectives medseg uses.
 
 NCCL is used on CUDA and gloo on the CPU. ``trainer.batch_size`` is per process, so the global batch is
-``batch_size x world_size``.
+``batch_size x world_size``. Where the ranks come from: :mod:`medseg.engine.launch`.
 """
 
 from __future__ import annotations
 
 import logging
-import os
-import re
-from collections.abc import Mapping, MutableMapping
-from dataclasses import dataclass
-from typing import Any
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from typing import Any, TypeVar
 
 import torch
 import torch.distributed as dist
 
-TORCHRUN_KEYS = ("RANK", "WORLD_SIZE", "LOCAL_RANK")
-MASTER_PORT_RANGE = (20000, 40000)
-"""``MASTER_PORT`` under SLURM when unset: ``low + job_id % (high - low)``, the same on every task of the job."""
+from medseg.engine.launch import DistInfo, distributed_environment
+from medseg.errors import MedsegError, TrainingError
+
+T = TypeVar("T")
 
 
-@dataclass(frozen=True)
-class DistInfo:
-    """This process's place among the ranks (``world_size == 1``: no DDP)."""
-
-    rank: int = 0
-    world_size: int = 1
-    local_rank: int = 0
-
-    @property
-    def enabled(self) -> bool:
-        return self.world_size > 1
-
-    @property
-    def is_main(self) -> bool:
-        return self.rank == 0
-
-
-def first_slurm_host(nodelist: str) -> str:
-    """The first host of a SLURM compressed host list: ``"gpu[03-05,9],cpu1"`` -> ``"gpu03"``."""
-    first = re.split(r",(?![^\[]*\])", nodelist.strip())[0]
-    return re.sub(r"\[([^\]]*)\]", lambda m: re.split(r"[-,]", m.group(1))[0], first)
-
-
-def slurm_environment(env: Mapping[str, str]) -> dict[str, str]:
-    """The torchrun variables of an ``srun`` task with more than one task in its step; ``{}`` otherwise.
-
-    Returns ``RANK``, ``WORLD_SIZE``, ``LOCAL_RANK``, ``LOCAL_WORLD_SIZE``, plus ``MASTER_ADDR`` /
-    ``MASTER_PORT`` unless ``env`` already has them. A batch script or ``salloc`` shell (no job step:
-    no ``SLURM_STEP_NUM_TASKS``) is a single process, so a plain ``python scripts/train.py`` there never waits
-    for ranks that will not come.
-    """
-    if "SLURM_PROCID" not in env or "SLURM_STEP_NUM_TASKS" not in env:
-        return {}
-    world_size = int(env.get("SLURM_STEP_NUM_TASKS") or env.get("SLURM_NTASKS", "1"))
-    if world_size <= 1:
-        return {}
-    nodes = int(env.get("SLURM_STEP_NUM_NODES") or env.get("SLURM_JOB_NUM_NODES") or "1")
-    out = {
-        "RANK": env["SLURM_PROCID"],
-        "WORLD_SIZE": str(world_size),
-        "LOCAL_RANK": env.get("SLURM_LOCALID", "0"),
-        "LOCAL_WORLD_SIZE": str(max(1, world_size // max(1, nodes))),
-    }
-    if "MASTER_ADDR" not in env:
-        nodelist = env.get("SLURM_STEP_NODELIST") or env.get("SLURM_JOB_NODELIST") or "127.0.0.1"
-        out["MASTER_ADDR"] = first_slurm_host(nodelist)
-    if "MASTER_PORT" not in env:
-        low, high = MASTER_PORT_RANGE
-        out["MASTER_PORT"] = str(low + int(env.get("SLURM_JOB_ID", "0")) % (high - low))
-    return out
-
-
-def distributed_environment(env: MutableMapping[str, str]) -> DistInfo:
-    """Ranks from ``env`` (torchrun's variables, else SLURM's, which are then written into ``env``)."""
-    if not all(key in env for key in TORCHRUN_KEYS):
-        env.update(slurm_environment(env))
-    world_size = int(env.get("WORLD_SIZE", "1"))
-    if world_size <= 1:
-        return DistInfo()
-    return DistInfo(int(env["RANK"]), world_size, int(env.get("LOCAL_RANK", "0")))
-
-
-def env_rank() -> int:
-    """This process's rank from the environment alone (before or without a process group)."""
-    return distributed_environment(dict(os.environ)).rank
-
-
-def init_distributed(device: torch.device) -> DistInfo:
-    """Join the process group set up by ``torchrun`` or ``srun`` (if any); returns this process's ranks."""
-    info = distributed_environment(os.environ)
-    if not info.enabled:
-        return info
-    if not dist.is_initialized():
+@contextmanager
+def process_group(device: torch.device) -> Iterator[tuple[DistInfo, torch.device]]:
+    """Join the process group of ``torchrun`` or ``srun`` (if any) for the run; yields the ranks and this
+    rank's device. Ranks > 0 keep their log lines out of the run's log file. The group is left at the end."""
+    info = distributed_environment()
+    device = local_device(device, info)
+    if info.enabled and not dist.is_initialized():
         if device.type == "cuda":
-            torch.cuda.set_device(local_device(device, info))
+            torch.cuda.set_device(device)
         dist.init_process_group(backend="nccl" if device.type == "cuda" else "gloo")
-    return info
+    _quiet_other_ranks(info)
+    try:
+        yield info, device
+    finally:
+        if info.enabled and dist.is_initialized():
+            dist.destroy_process_group()
 
 
 def local_device(device: torch.device, info: DistInfo) -> torch.device:
@@ -118,7 +48,7 @@ def local_device(device: torch.device, info: DistInfo) -> torch.device:
     return device
 
 
-def quiet_other_ranks(info: DistInfo) -> None:
+def _quiet_other_ranks(info: DistInfo) -> None:
     """Detach the root logger's file handlers on ranks > 0, so the run's log file holds rank 0's lines only."""
     if info.is_main:
         return
@@ -128,16 +58,33 @@ def quiet_other_ranks(info: DistInfo) -> None:
         handler.close()
 
 
-def hydra_rank_overrides() -> list[str]:
-    """Hydra overrides that keep ``torchrun`` ranks > 0 from writing a run directory of their own.
+def on_main_rank(fn: Callable[[], T], info: DistInfo) -> T:
+    """``fn()`` on rank 0 alone, its result given to every rank (the others wait).
 
-    Every rank runs Hydra, and each would create ``outputs/<date>/<time>`` from its own clock (a second
-    apart is two directories). Ranks > 0 run in the current directory without ``.hydra/`` or a log file
-    and take rank 0's output directory from it (:func:`broadcast_object` in ``medseg.engine.run.train``).
+    An error on rank 0 is raised on every rank: a :class:`~medseg.errors.MedsegError` as itself; anything
+    else as itself on rank 0 (with its traceback) and as a :class:`~medseg.errors.TrainingError` naming it
+    on the others, so no rank is left waiting.
     """
-    if env_rank() == 0:
-        return []
-    return ["hydra.run.dir=.", "hydra.output_subdir=null", "hydra/job_logging=stdout"]
+    if not info.enabled:
+        return fn()
+    result, error, failure = None, None, None
+    if info.is_main:
+        try:
+            result = fn()
+        except MedsegError as err:
+            error = err
+        except Exception as err:
+            failure = err
+    shared = broadcast_object((result, error, None if failure is None else f"{type(failure).__name__}: {failure}"),
+                              info)
+    if failure is not None:
+        raise failure
+    result, error, message = shared
+    if error is not None:
+        raise error
+    if message is not None:
+        raise TrainingError(f"rank 0 failed: {message}")
+    return result
 
 
 def gather_objects(obj: Any, info: DistInfo) -> list[Any]:
@@ -177,13 +124,3 @@ def any_rank(flag: bool, info: DistInfo, device: torch.device) -> bool:
     through this, so one rank never waits in a gradient all-reduce that the others skipped.
     """
     return reduce_max(float(flag), info, device) > 0
-
-
-def barrier(info: DistInfo) -> None:
-    if info.enabled:
-        dist.barrier()
-
-
-def cleanup(info: DistInfo) -> None:
-    if info.enabled and dist.is_initialized():
-        dist.destroy_process_group()

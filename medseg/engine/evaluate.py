@@ -55,64 +55,40 @@ import numpy as np
 import torch
 from monai.data import MetaTensor
 from monai.transforms import Compose, Invertd
-from omegaconf import MISSING, DictConfig, OmegaConf
-from omegaconf.errors import ConfigKeyError, MissingMandatoryValue, ValidationError
+from omegaconf import DictConfig
 from torch import nn
 from tqdm import tqdm
 
-from medseg.data.datalist import NIFTI_ENDINGS, DatasetError, case_id, load_dataset, split_cases, splits_path
-from medseg.data.planning import PLANNED_DATA_KEYS, default_cache_dir
-from medseg.data.transforms import IMAGE, eval_transforms
+from medseg.config import DataConfig, EvaluateConfig, TrainConfig, check_choices, to_typed
+from medseg.data.datalist import NIFTI_ENDINGS, case_id, dataset_cache_dir, load_dataset, split_cases, splits_path
+from medseg.data.planning import unset_keys
+from medseg.data.transforms import IMAGE, Window, eval_transforms, window
 from medseg.data.verify import NIBABEL_ENDINGS, affine_difference, read_volume
-from medseg.engine.checkpoint import CheckpointError, load_checkpoint, load_model_state
+from medseg.engine.checkpoint import load_checkpoint, load_model_state
+from medseg.engine.device import amp_dtype, resolve_device
 from medseg.engine.inference import predict_volume
 from medseg.engine.metrics import METRIC_NAMES, ClassMetrics, aggregate, case_metrics, voxel_spacing
 from medseg.engine.report import text_table
-from medseg.engine.trainer import amp_dtype, resolve_device
+from medseg.errors import CheckpointError, ConfigError, DatasetError
 from medseg.io import atomic_write, atomic_write_json, atomic_write_text
 from medseg.models import build_model
 
 log = logging.getLogger("medseg")
 
 SPLITS = ("test", "training", "validation")
-DATA_KEYS = (*PLANNED_DATA_KEYS, "fold", "num_folds", "split_seed", "cache_dir")
-"""The training run's ``data`` keys that evaluation uses."""
+"""The values of ``split``."""
 PRED = "pred"
 CHANNEL_FILE = re.compile(r"^(?P<case>.+)_(?P<channel>\d{4})$")
 """nnU-Net image names: ``CASE_0000`` for channel 0, ``CASE_0001`` for channel 1, ..."""
 CSV_COLUMNS = ("case", "class_index", "class_name", *METRIC_NAMES, "flags")
 
 
-class EvaluationError(ValueError):
+class EvaluationError(ConfigError):
     """The evaluation cannot start (bad settings, no images); the message says why in one line."""
 
 
-class CaseError(ValueError):
+class CaseError(DatasetError):
     """One case cannot be evaluated; the message names the file. Other cases go on."""
-
-
-@dataclass
-class EvaluateConfig:
-    """The schema of ``configs/evaluate.yaml``; unknown keys and wrong types fail with the key's name."""
-
-    ckpt: str = MISSING
-    """A medseg checkpoint (``RUN/checkpoints/best.pt``)."""
-    input: str = MISSING
-    """A folder of images, a folder with ``imagesTs/`` (+ ``labelsTs/``), or a ``dataset.json``."""
-    output: str = "predictions"
-    split: str = "test"
-    """For ``dataset.json`` input: test | training | validation."""
-    overlap: float = 0.5
-    sw_batch_size: int = 4
-    tta: bool = False
-    """Mirroring test-time augmentation over every spatial axis (in-plane axes only for 2D models)."""
-    device: str = "auto"
-    sw_device: str | None = None
-    """Where windows are stitched (``cpu`` saves GPU memory); null = ``device``."""
-    save_probabilities: bool = False
-    tolerance_mm: float = 1.0
-    """Normalised surface Dice tolerance in mm."""
-    progress: bool = True
 
 
 @dataclass
@@ -133,13 +109,10 @@ class EvalModel:
     """A network rebuilt from a checkpoint, with everything its inference needs."""
 
     model: nn.Module
-    data_cfg: dict[str, Any]
-    """``spacing`` (mm, RAS order), ``patch_size``, ``normalization`` and the fold (``fold``, ``num_folds``,
-    ``split_seed``, ``cache_dir``) of the training run."""
+    data: DataConfig
+    """The training run's resolved ``data`` config: preprocessing (spacing, normalisation) and its fold."""
     spatial_dims: int
-    roi_size: list[int]
-    """The 3D sliding window (1 voxel thick along ``slice_axis`` for 2D models)."""
-    slice_axis: int
+    window: Window
     labels: dict[int, str]
     """Class index -> name, background (0) included."""
     channel_names: list[str]
@@ -183,22 +156,9 @@ class EvaluationResult:
 
 
 def parse_config(cfg: EvaluateConfig | Mapping[str, Any] | DictConfig) -> EvaluateConfig:
-    """Check ``cfg`` against :class:`EvaluateConfig`; raises :class:`EvaluationError` naming the key."""
-    if isinstance(cfg, EvaluateConfig):
-        cfg = OmegaConf.structured(cfg)
-    try:
-        merged = OmegaConf.merge(OmegaConf.structured(EvaluateConfig), cfg)
-        settings: EvaluateConfig = OmegaConf.to_object(merged)  # type: ignore[assignment]
-    except MissingMandatoryValue as err:
-        example = "RUN/checkpoints/best.pt" if err.full_key == "ckpt" else "PATH"
-        raise EvaluationError(f"{err.full_key} is required (e.g. {err.full_key}={example})") from None
-    except ConfigKeyError as err:
-        raise EvaluationError(f"unknown key {err.full_key!r}; valid keys: "
-                              f"{', '.join(EvaluateConfig.__dataclass_fields__)}") from None
-    except ValidationError as err:
-        raise EvaluationError(f"{err.full_key}: {str(err.msg).splitlines()[0]}") from None
-    if settings.split not in SPLITS:
-        raise EvaluationError(f"split={settings.split!r}: expected one of {', '.join(SPLITS)}")
+    """Check ``cfg`` against :class:`EvaluateConfig`; raises :class:`~medseg.errors.ConfigError` naming the key."""
+    settings = to_typed(EvaluateConfig, cfg)
+    check_choices(settings, {"split": SPLITS})
     if not 0.0 <= settings.overlap < 1.0:
         raise EvaluationError(f"overlap={settings.overlap}: expected a fraction in [0, 1)")
     if settings.sw_batch_size < 1:
@@ -206,13 +166,6 @@ def parse_config(cfg: EvaluateConfig | Mapping[str, Any] | DictConfig) -> Evalua
     if not settings.tolerance_mm >= 0.0:
         raise EvaluationError(f"tolerance_mm={settings.tolerance_mm}: expected a distance >= 0")
     return settings
-
-
-def _device(name: str, key: str) -> torch.device:
-    try:
-        return resolve_device(name)
-    except (RuntimeError, ValueError) as err:
-        raise EvaluationError(f"{key}={name}: {str(err).split(': ', 1)[-1]}") from None
 
 
 # ------------------------------------------------------------------------------------------- model
@@ -227,26 +180,22 @@ def load_model(path: str | Path, device: torch.device | str = "cpu") -> EvalMode
     """
     state = load_checkpoint(path, map_location="cpu")
     try:
-        cfg, dataset = state["config"], state["dataset"]
-        data_cfg = {key: cfg["data"][key] for key in DATA_KEYS}
-        model_cfg = dict(cfg["model"])
-        spatial_dims = int(model_cfg["spatial_dims"])
-        labels = {int(k): str(v) for k, v in dataset["labels"].items()}
-        channel_names = [str(c) for c in dataset["channel_names"]]
-        axis, roi = int(dataset["slice_axis"]), [int(s) for s in dataset["roi_size"]]
+        cfg = to_typed(TrainConfig, state["config"])
+        labels = {int(k): str(v) for k, v in state["dataset"]["labels"].items()}
+        channel_names = [str(c) for c in state["dataset"]["channel_names"]]
     except (KeyError, TypeError, ValueError, AttributeError) as err:
         raise CheckpointError(f"checkpoint {path} lacks the config or dataset description evaluation needs "
                               f"({type(err).__name__}: {err})") from None
-    unset = [key for key in PLANNED_DATA_KEYS if data_cfg[key] is None]
+    unset = unset_keys(cfg.data, cfg.model)
     if unset:
-        raise CheckpointError(f"checkpoint {path} has no resolved data.{', data.'.join(unset)}")
-    net_patch = roi if spatial_dims == 3 else [s for a, s in enumerate(roi) if a != axis]
+        raise CheckpointError(f"checkpoint {path} has no resolved {', '.join(unset)}")
+    view = window(cfg.data, cfg.model.spatial_dims)
     try:
-        model = build_model(model_cfg, len(channel_names), len(labels), net_patch)
+        model = build_model(cfg.model, len(channel_names), len(labels), view.net_patch)
     except (KeyError, TypeError, ValueError) as err:
         raise CheckpointError(f"checkpoint {path}: cannot rebuild its model ({type(err).__name__}: {err})") from None
     load_model_state(model, state["model"], path)
-    return EvalModel(model.to(device).eval(), data_cfg, spatial_dims, roi, axis, labels, channel_names)
+    return EvalModel(model.to(device).eval(), cfg.data, cfg.model.spatial_dims, view, labels, channel_names)
 
 
 def mirror_axes(spatial_dims: int, slice_axis: int) -> tuple[int, ...]:
@@ -294,14 +243,14 @@ def attach_labels(cases: list[Case], label_dir: Path) -> list[Case]:
     return cases
 
 
-def _dataset_cases(json_path: Path, split: str, trained_on: Mapping[str, Any] | None) -> list[Case]:
+def _dataset_cases(json_path: Path, split: str, trained_on: DataConfig | None) -> list[Case]:
     root = json_path.parent
     try:
         meta = json.loads(json_path.read_text())
         info = load_dataset(root, "nnunet" if "channel_names" in meta else "msd")
         if split == "validation" and not info.validation and trained_on is not None:
-            stored = splits_path(default_cache_dir(info, trained_on), trained_on)
-            _, entries = split_cases(info, trained_on["fold"], trained_on["num_folds"], trained_on["split_seed"],
+            stored = splits_path(dataset_cache_dir(info.root, trained_on.cache_dir), trained_on)
+            _, entries = split_cases(info, trained_on.fold, trained_on.num_folds, trained_on.split_seed,
                                      splits_file=stored if stored.is_file() else None)
         else:
             entries = {"training": info.training, "test": info.test, "validation": info.validation or []}[split]
@@ -318,10 +267,10 @@ def _dataset_cases(json_path: Path, split: str, trained_on: Mapping[str, Any] | 
 
 
 def find_cases(input_path: str | Path, split: str, num_channels: int,
-               trained_on: Mapping[str, Any] | None = None) -> list[Case]:
+               trained_on: DataConfig | None = None) -> list[Case]:
     """The cases of ``input_path`` (see the module docstring for the accepted layouts).
 
-    ``trained_on`` is the checkpoint's data config (:attr:`EvalModel.data_cfg`); with it, ``split=validation``
+    ``trained_on`` is the checkpoint's data config (:attr:`EvalModel.data`); with it, ``split=validation``
     on a dataset without a validation list means the validation fold of that training run.
 
     Raises:
@@ -424,13 +373,13 @@ class Predictor:
 
     def __init__(self, net: EvalModel, settings: EvaluateConfig) -> None:
         self.net, self.settings = net, settings
-        self.device = _device(settings.device, "device")
+        self.device = resolve_device(settings.device, "device")
         net.model.to(self.device)
-        self.sw_device = _device(settings.sw_device, "sw_device") if settings.sw_device else self.device
+        self.sw_device = resolve_device(settings.sw_device, "sw_device") if settings.sw_device else self.device
         self.amp_dtype = amp_dtype("auto", self.device)
-        self.transform: Compose = eval_transforms(net.data_cfg, with_label=False)
+        self.transform: Compose = eval_transforms(net.data, with_label=False)
         self.inverter = Invertd(keys=PRED, transform=self.transform, orig_keys=IMAGE, nearest_interp=False)
-        self.mirror_axes = mirror_axes(net.spatial_dims, net.slice_axis) if settings.tta else ()
+        self.mirror_axes = mirror_axes(net.spatial_dims, net.window.slice_axis) if settings.tta else ()
 
     def preprocess(self, case: Case) -> dict[str, Any]:
         """The case through the eval chain: ``image`` is a ``(C, X', Y', Z')`` MetaTensor on the target grid."""
@@ -451,7 +400,7 @@ class Predictor:
         data = self.preprocess(case)
         image = data[IMAGE].unsqueeze(0).to(self.device)
         probs = predict_volume(
-            self.net.model, image, self.net.roi_size, self.net.spatial_dims, self.net.slice_axis,
+            self.net.model, image, self.net.window.roi_size, self.net.spatial_dims, self.net.window.slice_axis,
             sw_batch_size=self.settings.sw_batch_size, overlap=self.settings.overlap, device=self.device,
             sw_device=self.sw_device, amp_dtype=self.amp_dtype, mirror_axes=self.mirror_axes, progress=progress,
         )
@@ -570,11 +519,11 @@ def evaluate(cfg: EvaluateConfig | Mapping[str, Any] | DictConfig) -> Evaluation
     started = time.perf_counter()
     net = load_model(settings.ckpt)
     predictor = Predictor(net, settings)
-    cases = find_cases(settings.input, settings.split, net.in_channels, net.data_cfg)
+    cases = find_cases(settings.input, settings.split, net.in_channels, net.data)
     output = Path(settings.output).expanduser()
     _check_output(cases, output)
     log.info("evaluating %d case(s) from %s with %s (%dD, spacing %s mm) on %s", len(cases), settings.input,
-             settings.ckpt, net.spatial_dims, net.data_cfg["spacing"], predictor.device)
+             settings.ckpt, net.spatial_dims, net.data.spacing, predictor.device)
     result = EvaluationResult(output)
     scored: list[str] = []
     for case in tqdm(cases, desc="evaluate", unit="case", disable=not settings.progress):
@@ -611,13 +560,9 @@ def evaluate(cfg: EvaluateConfig | Mapping[str, Any] | DictConfig) -> Evaluation
 def evaluate_cli(cfg: DictConfig | Mapping[str, Any]) -> int:
     """``scripts/evaluate.py``'s task: run :func:`evaluate`, print the table and failures; the exit code.
 
-    Setup errors print one ``error:`` line to stderr (no traceback) and return 1; so does any failed case.
+    Any failed case makes the exit code 1; setup errors raise (:class:`~medseg.errors.MedsegError`).
     """
-    try:
-        result = evaluate(cfg)
-    except (EvaluationError, CheckpointError) as err:
-        print(f"error: {err}", file=sys.stderr)
-        return 1
+    result = evaluate(cfg)
     summary = result.summary
     print(f"\n{summary['num_predicted']}/{summary['num_cases']} case(s) predicted into {result.output}"
           + (f"; {summary['num_scored']} scored (metrics.csv, summary.json)" if summary["num_scored"] else ""))

@@ -7,16 +7,12 @@ prediction share MONAI's ``sliding_window_inference`` (gaussian blending, overla
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
-from contextlib import nullcontext
 
 import torch
 from monai.inferers import sliding_window_inference
 from torch import nn
 
-
-def autocast_context(device: torch.device, dtype: torch.dtype | None):
-    """``torch.autocast`` for ``dtype`` on ``device``, or a no-op when ``dtype`` is None (fp32)."""
-    return torch.autocast(device.type, dtype=dtype) if dtype is not None else nullcontext()
+from medseg.engine.device import autocast
 
 
 def slice_predictor(model: nn.Module, axis: int) -> Callable[[torch.Tensor], torch.Tensor]:
@@ -62,7 +58,7 @@ def predict_volume(
     predictor = model if spatial_dims == 3 else slice_predictor(model, slice_axis)
 
     def run(volume: torch.Tensor) -> torch.Tensor:
-        with torch.no_grad(), autocast_context(device, amp_dtype):
+        with torch.no_grad(), autocast(device, amp_dtype):
             logits = sliding_window_inference(
                 volume, roi_size=list(roi_size), sw_batch_size=sw_batch_size, predictor=predictor,
                 overlap=overlap, mode="gaussian", sw_device=device, device=sw_device, progress=progress,

@@ -31,7 +31,7 @@ from typing import Any
 
 import numpy as np
 import torch
-from monai.metrics import compute_hausdorff_distance, compute_surface_dice
+from monai.metrics import compute_dice, compute_hausdorff_distance, compute_surface_dice
 
 BOTH_EMPTY, REF_EMPTY, PRED_EMPTY = "both_empty", "ref_empty", "pred_empty"
 METRIC_NAMES = ("dice", "hd95_mm", "nsd", "pred_ml", "ref_ml")
@@ -88,13 +88,26 @@ def volume_ml(mask: np.ndarray | torch.Tensor, spacing: Sequence[float]) -> floa
     return float(_binary(mask).sum()) * float(np.prod(spacing)) / 1000.0
 
 
-def dice(pred: np.ndarray | torch.Tensor, ref: np.ndarray | torch.Tensor) -> float:
-    """Dice ``2|P∩R| / (|P| + |R|)`` of two binary masks of the same shape; 1.0 when both are empty."""
-    pred, ref = _binary(pred), _binary(ref)
+def dice_scores(pred: np.ndarray | torch.Tensor, ref: np.ndarray | torch.Tensor, classes: Iterable[int]) -> list[float]:
+    """Dice ``2|P∩R| / (|P| + |R|)`` of each class index in ``classes`` between two integer label maps.
+
+    The one Dice of medseg, for validation and evaluation alike: MONAI's ``compute_dice`` with
+    ``ignore_empty=False``, so a class absent from both maps scores 1.0 and one absent from the reference only 0.0.
+    """
+    pred, ref = torch.as_tensor(pred), torch.as_tensor(ref)
     if pred.shape != ref.shape:
-        raise ValueError(f"prediction shape {pred.shape} differs from reference shape {ref.shape}")
-    total = int(pred.sum()) + int(ref.sum())
-    return 1.0 if total == 0 else 2.0 * float(np.logical_and(pred, ref).sum()) / total
+        raise ValueError(f"prediction shape {tuple(pred.shape)} differs from reference shape {tuple(ref.shape)}")
+    classes = list(classes)
+    # one channel per class, plus "none of them": MONAI reads a lone channel as class indices, not as a mask
+    masks = [torch.stack([*(labels == c for c in classes), ~torch.isin(labels, torch.tensor(classes))])[None]
+             for labels in (pred, ref)]
+    scores = compute_dice(*(mask.double() for mask in masks), include_background=True, ignore_empty=False)
+    return scores[0, :len(classes)].tolist()
+
+
+def dice(pred: np.ndarray | torch.Tensor, ref: np.ndarray | torch.Tensor) -> float:
+    """Dice of two binary masks of the same shape (:func:`dice_scores`); 1.0 when both are empty."""
+    return dice_scores(torch.as_tensor(_binary(pred)).long(), torch.as_tensor(_binary(ref)).long(), [1])[0]
 
 
 def _one_hot_pair(pred: np.ndarray, ref: np.ndarray) -> tuple[torch.Tensor, torch.Tensor]:

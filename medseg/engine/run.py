@@ -1,107 +1,112 @@
-"""The training entry point behind ``scripts/train.py``: config in, trained model and metrics out.
+"""A training run, behind ``scripts/train.py``: validate, read, check, plan, build, fit, as visible lines.
 
-Known failures (bad config, bad data, bad checkpoint, diverged training) end a single run with a
-one-line error and exit code 1. In a multirun sweep the failing job is recorded as failed, with its
-reason, in its ``metrics.json``, and the sweep goes on.
+Errors medseg raises on purpose (:class:`~medseg.errors.MedsegError`) end a single run with one line and exit
+code 1 (:func:`medseg.cli.one_line_errors`); any other error shows its traceback. In a multirun sweep a failing
+job is recorded as failed, with its reason, in its ``metrics.json``, and the sweep goes on.
 """
 
 from __future__ import annotations
 
 import logging
+import os
 import shlex
 import sys
 import traceback
+from collections.abc import Mapping
+from contextlib import contextmanager
+from dataclasses import asdict
 from pathlib import Path
 from typing import Any
 
 import torch
 from hydra.core.hydra_config import HydraConfig
+from hydra.core.override_parser.overrides_parser import OverridesParser
 from hydra.types import RunMode
 from omegaconf import DictConfig
 from torch.nn.parallel import DistributedDataParallel
 
-from medseg.config import ConfigError, to_plain, validate_config
-from medseg.data.datalist import DatasetError
-from medseg.engine.checkpoint import CheckpointError
-from medseg.engine.data import prepare_data
-from medseg.engine.distributed import (
-    broadcast_object,
-    cleanup,
-    env_rank,
-    init_distributed,
-    local_device,
-    quiet_other_ranks,
-)
-from medseg.engine.trainer import (
-    Trainer,
-    TrainingError,
-    TrainingInterrupted,
-    deterministic_algorithms,
-    resolve_device,
-    seed_everything,
-)
+from medseg.config import TrainConfig, validate_config
+from medseg.data.datalist import dataset_from_config
+from medseg.data.verify import check_dataset
+from medseg.engine.data import plan_config, prepare_data
+from medseg.engine.device import resolve_device
+from medseg.engine.distributed import broadcast_object, on_main_rank, process_group
+from medseg.engine.launch import DistInfo, env_rank
+from medseg.engine.trainer import Trainer, seed_everything
+from medseg.errors import TrainingInterrupted
 from medseg.io import atomic_write_json
 from medseg.models import build_model
 
 log = logging.getLogger("medseg")
 
-KNOWN_ERRORS = (ConfigError, DatasetError, CheckpointError, TrainingError, ValueError, FileNotFoundError)
 HPARAM_KEYS = ("model.name", "model.spatial_dims", "model.bottleneck", "model.bottleneck_depth", "model.decoder",
                "model.decoder_levels", "trainer.lr", "trainer.batch_size", "trainer.seed", "trainer.max_epochs")
 
 
-def hparams_of(cfg: dict[str, Any]) -> dict[str, Any]:
-    """The flat hyperparameters logged to TensorBoard's HParams tab (attention keys included)."""
-    out: dict[str, Any] = {}
-    for key in HPARAM_KEYS:
-        section, name = key.split(".")
-        out[key] = cfg[section][name]
-    out.update({f"model.attention.{k}": v for k, v in cfg["model"]["attention"].items()})
-    return {k: v if isinstance(v, (int, float, str, bool)) else str(v) for k, v in out.items()}
-
-
-def train(cfg: DictConfig | dict[str, Any]) -> dict[str, Any]:
-    """Validate ``cfg``, prepare the data, build the model, train, and write every output; returns the metrics."""
-    plain = to_plain(validate_config(cfg))
-    tcfg = plain["trainer"]
-    device = resolve_device(tcfg["device"])
-    dist_info = init_distributed(device)
-    device = local_device(device, dist_info)
-    quiet_other_ranks(dist_info)
-    restore_determinism = deterministic_algorithms(tcfg["deterministic"])
-    try:
+def train(cfg: TrainConfig | Mapping[str, Any] | DictConfig) -> dict[str, Any]:
+    """Validate ``cfg``, read, check and plan the data, build the model, train; returns the metrics."""
+    cfg = validate_config(cfg)
+    progress = cfg.trainer.progress
+    with process_group(resolve_device(cfg.trainer.device)) as (dist, device), deterministic(cfg.trainer.deterministic):
         # every rank reads and writes rank 0's run directory (ranks > 0 may have none of their own)
-        plain["output_dir"] = broadcast_object(plain["output_dir"], dist_info)
-        output_dir = Path(plain["output_dir"])
-        seed_everything(tcfg["seed"])
-        data = prepare_data(plain, output_dir, dist_info, progress=tcfg["progress"])
-        resolved = {**plain, "data": data.data_cfg, "model": data.model_cfg}
-        seed_everything(tcfg["seed"])  # the initial weights depend on the seed alone
-        model = build_model(data.model_cfg, data.info.in_channels, data.info.num_classes, data.net_patch_size)
-        model = model.to(device)
-        if dist_info.enabled:
-            model = DistributedDataParallel(model, device_ids=[device.index] if device.type == "cuda" else None)
-        if tcfg["compile"]:  # after DDP, so the compiler splits graphs at DDP's bucket boundaries (DDPOptimizer)
-            model = torch.compile(model)
-        trainer = Trainer(resolved, data, model, device, output_dir, dist_info)
+        output_dir = Path(broadcast_object(cfg.output_dir, dist))
+        seed_everything(cfg.trainer.seed)
+        info = on_main_rank(lambda: dataset_from_config(cfg.data), dist)  # the demo is generated once
+        if cfg.trainer.check_data:
+            on_main_rank(lambda: check_dataset(info, progress=progress), dist)
+        cfg, plan = on_main_rank(lambda: plan_config(cfg, info, progress), dist)
+        data = prepare_data(cfg, info, plan, output_dir, dist)
+        seed_everything(cfg.trainer.seed)  # the initial weights depend on the seed alone
+        model = build_model(cfg.model, info.in_channels, info.num_classes, data.window.net_patch)
+        trainer = Trainer(cfg, data, wrap_model(model, device, dist, cfg.trainer.compile), device, output_dir, dist)
         last = output_dir / "checkpoints" / "last.pt"
-        if plain["ckpt_path"]:
-            trainer.resume(Path(plain["ckpt_path"]))
-        elif tcfg["resume"]:
-            if last.is_file():
-                trainer.resume(last)
-            else:
-                log.warning("trainer.resume=true but %s does not exist: starting from scratch", last)
+        if cfg.ckpt_path:
+            trainer.resume(Path(cfg.ckpt_path))
+        elif cfg.trainer.resume and last.is_file():
+            trainer.resume(last)
+        elif cfg.trainer.resume:
+            log.warning("trainer.resume=true but %s does not exist: starting from scratch", last)
         metrics = trainer.fit()
-        trainer.write_metrics(metrics)
-        if trainer.tb is not None:
-            trainer.tb.hparams(hparams_of(resolved), {"hparam/best_val_dice": metrics["best_val_dice"]})
-        if dist_info.is_main:
-            log.info("run finished; outputs in %s\n%s", output_dir, trainer.summary(metrics))
+        trainer.finish(metrics, hparams_of(cfg))
         return metrics
+
+
+@contextmanager
+def deterministic(enabled: bool):
+    """``trainer.deterministic``: deterministic torch algorithms for the run (those without one warn).
+
+    cuBLAS is deterministic only with ``CUBLAS_WORKSPACE_CONFIG`` set before its first use, so it is set here
+    unless already set. The previous mode is restored at the end.
+    """
+    if not enabled:
+        yield
+        return
+    previous = torch.are_deterministic_algorithms_enabled(), torch.is_deterministic_algorithms_warn_only_enabled()
+    os.environ.setdefault("CUBLAS_WORKSPACE_CONFIG", ":4096:8")
+    torch.use_deterministic_algorithms(True, warn_only=True)
+    try:
+        yield
     finally:
-        restore_determinism()
-        cleanup(dist_info)
+        torch.use_deterministic_algorithms(previous[0], warn_only=previous[1])
+
+
+def wrap_model(model: torch.nn.Module, device: torch.device, dist: DistInfo, compile: bool) -> torch.nn.Module:
+    """The model on ``device``, DDP-wrapped under DDP, then compiled if asked.
+
+    Compiling after the DDP wrap lets the compiler split graphs at DDP's bucket boundaries (DDPOptimizer).
+    """
+    model = model.to(device)
+    if dist.enabled:
+        model = DistributedDataParallel(model, device_ids=[device.index] if device.type == "cuda" else None)
+    return torch.compile(model) if compile else model
+
+
+def hparams_of(cfg: TrainConfig) -> dict[str, Any]:
+    """The flat hyperparameters logged to TensorBoard's HParams tab (attention keys included)."""
+    plain = asdict(cfg)
+    out = {key: plain[key.split(".")[0]][key.split(".")[1]] for key in HPARAM_KEYS}
+    out.update({f"model.attention.{k}": v for k, v in plain["model"]["attention"].items()})
+    return {k: v if isinstance(v, (int, float, str, bool)) else str(v) for k, v in out.items()}
 
 
 def _is_multirun() -> bool:
@@ -114,7 +119,8 @@ def resume_command() -> str | None:
         return None
     hydra_cfg = HydraConfig.get()
     dropped = ("trainer.resume", "ckpt_path")  # resume from the run's own last.pt, not from the original ckpt_path
-    overrides = [o for o in hydra_cfg.overrides.task if o.split("=", 1)[0].lstrip("+~") not in dropped]
+    parsed = OverridesParser.create().parse_overrides(list(hydra_cfg.overrides.task))
+    overrides = [o.input_line for o in parsed if o.key_or_group not in dropped]
     return shlex.join(["python", sys.argv[0], *overrides, f"hydra.run.dir={hydra_cfg.runtime.output_dir}",
                        "trainer.resume=true"])
 
@@ -129,15 +135,12 @@ def train_cli(cfg: DictConfig) -> float:
         if command and env_rank() == 0:
             log.error("to resume: %s", command)
         sys.exit(err.exit_code)
-    except Exception as err:  # a sweep records any failure and goes on; a single run reports known ones cleanly
-        if _is_multirun():
-            reason = f"{type(err).__name__}: {err}"
-            log.error("job failed: %s\n%s", reason, traceback.format_exc())
-            if env_rank() == 0:  # a DDP job (SLURM tasks_per_node > 1) records its failure once
-                atomic_write_json(Path(HydraConfig.get().runtime.output_dir) / "metrics.json",
-                                  {"status": "failed", "reason": reason})
-            return float("nan")
-        if isinstance(err, KNOWN_ERRORS):
-            log.error("%s", err)
-            sys.exit(1)
-        raise
+    except Exception as err:
+        if not _is_multirun():
+            raise
+        reason = f"{type(err).__name__}: {err}"  # a sweep records any failure and goes on
+        log.error("job failed: %s\n%s", reason, traceback.format_exc())
+        if env_rank() == 0:  # a DDP job (SLURM tasks_per_node > 1) records its failure once
+            atomic_write_json(Path(HydraConfig.get().runtime.output_dir) / "metrics.json",
+                              {"status": "failed", "reason": reason})
+        return float("nan")

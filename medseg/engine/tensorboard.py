@@ -47,9 +47,15 @@ class TensorBoardLogger:
         self.writer.add_image(tag, overlay_image(image, label, pred, axis), step, dataformats="CHW")
 
     def hparams(self, hparams: dict[str, Any], metrics: dict[str, float]) -> None:
-        """Hyperparameters and final metrics for TensorBoard's HParams tab."""
+        """Hyperparameters and final metrics for TensorBoard's HParams tab (works after :meth:`close` too)."""
         self.writer.add_hparams(hparams, metrics, run_name=".")
         self.writer.flush()
 
     def close(self) -> None:
         self.writer.close()
+
+    def __enter__(self) -> TensorBoardLogger:
+        return self
+
+    def __exit__(self, *exc_info: object) -> None:
+        self.close()

@@ -2,70 +2,79 @@
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import asdict
 from typing import Any
 
 from torch import nn
 
-from medseg.models.unet import SlottedUNet, per_axis_strides
+from medseg.config import ModelConfig, to_typed
+from medseg.errors import ConfigError
+from medseg.models.unet import NORMS, SlottedUNet, per_axis_strides
 
-__all__ = ["SlottedUNet", "build_model", "per_axis_strides"]
+__all__ = ["MODELS", "NORMS", "SlottedUNet", "build_model", "per_axis_strides"]
 
 
-def _monai_unet(cfg: Mapping[str, Any], in_channels: int, out_channels: int, patch_size: Sequence[int]) -> nn.Module:
+def _monai_unet(cfg: ModelConfig, in_channels: int, out_channels: int, patch_size: Sequence[int]) -> nn.Module:
     from monai.networks.nets import UNet
 
-    return UNet(spatial_dims=cfg["spatial_dims"], in_channels=in_channels, out_channels=out_channels,
-                channels=list(cfg["channels"]), strides=list(cfg["strides"]), num_res_units=2, norm="instance")
+    return UNet(spatial_dims=cfg.spatial_dims, in_channels=in_channels, out_channels=out_channels,
+                channels=list(cfg.channels), strides=list(cfg.strides), num_res_units=2, norm="instance")
 
 
-def _monai_swinunetr(cfg: Mapping[str, Any], in_channels: int, out_channels: int,
-                     patch_size: Sequence[int]) -> nn.Module:
+def _require_divisible(patch_size: Sequence[int], divisor: int, name: str) -> None:
+    if any(s % divisor for s in patch_size):
+        raise ConfigError(f"model.name={name} needs data.patch_size divisible by {divisor}, got {list(patch_size)}")
+
+
+def _monai_swinunetr(cfg: ModelConfig, in_channels: int, out_channels: int, patch_size: Sequence[int]) -> nn.Module:
     from monai.networks.nets import SwinUNETR
 
-    if any(s % 32 for s in patch_size):
-        raise ValueError(f"model.name=monai_swinunetr needs data.patch_size divisible by 32, got {list(patch_size)}")
+    _require_divisible(patch_size, 32, "monai_swinunetr")
     return SwinUNETR(in_channels=in_channels, out_channels=out_channels, feature_size=24,
-                     spatial_dims=cfg["spatial_dims"])
+                     spatial_dims=cfg.spatial_dims)
 
 
-def _monai_unetr(cfg: Mapping[str, Any], in_channels: int, out_channels: int, patch_size: Sequence[int]) -> nn.Module:
+def _monai_unetr(cfg: ModelConfig, in_channels: int, out_channels: int, patch_size: Sequence[int]) -> nn.Module:
     from monai.networks.nets import UNETR
 
-    if any(s % 16 for s in patch_size):
-        raise ValueError(f"model.name=monai_unetr needs data.patch_size divisible by 16, got {list(patch_size)}")
+    _require_divisible(patch_size, 16, "monai_unetr")
     return UNETR(in_channels=in_channels, out_channels=out_channels, img_size=tuple(patch_size),
-                 spatial_dims=cfg["spatial_dims"], feature_size=16)
+                 spatial_dims=cfg.spatial_dims, feature_size=16)
 
 
-def _slotted_unet(cfg: Mapping[str, Any], in_channels: int, out_channels: int,
-                  patch_size: Sequence[int]) -> nn.Module:
+def _slotted_unet(cfg: ModelConfig, in_channels: int, out_channels: int, patch_size: Sequence[int]) -> nn.Module:
     return SlottedUNet(
-        spatial_dims=cfg["spatial_dims"], in_channels=in_channels, out_channels=out_channels,
-        channels=list(cfg["channels"]), strides=list(cfg["strides"]), kernel_size=cfg["kernel_size"],
-        norm=cfg["norm"], dropout=cfg["dropout"], deep_supervision=cfg["deep_supervision"],
-        bottleneck=cfg["bottleneck"], bottleneck_depth=cfg["bottleneck_depth"], decoder=cfg["decoder"],
-        decoder_levels=cfg["decoder_levels"], attention=cfg["attention"], checkpointing=cfg["checkpointing"],
-        channels_last=cfg["channels_last"],
+        spatial_dims=cfg.spatial_dims, in_channels=in_channels, out_channels=out_channels,
+        channels=list(cfg.channels), strides=list(cfg.strides), kernel_size=cfg.kernel_size, norm=cfg.norm,
+        dropout=cfg.dropout, deep_supervision=cfg.deep_supervision, bottleneck=cfg.bottleneck,
+        bottleneck_depth=cfg.bottleneck_depth, decoder=cfg.decoder, decoder_levels=cfg.decoder_levels,
+        attention=asdict(cfg.attention), checkpointing=cfg.checkpointing, channels_last=cfg.channels_last,
     )
 
 
-MODELS = {
+MODELS: dict[str, Callable[[ModelConfig, int, int, Sequence[int]], nn.Module]] = {
     "unet": _slotted_unet,
     "monai_unet": _monai_unet,
     "monai_swinunetr": _monai_swinunetr,
     "monai_unetr": _monai_unetr,
 }
+"""The values of ``model.name``: name -> ``builder(model_cfg, in_channels, out_channels, patch_size)``."""
 
 
-def build_model(model_cfg: Mapping[str, Any], in_channels: int, out_channels: int,
+def build_model(model_cfg: ModelConfig | Mapping[str, Any], in_channels: int, out_channels: int,
                 patch_size: Sequence[int]) -> nn.Module:
-    """Build the network described by the plain-dict ``model`` config node.
+    """Build the network of a ``model`` config (a :class:`ModelConfig`, or a mapping of its keys).
 
-    ``model_cfg["strides"]`` must already be resolved (planned or set). ``patch_size`` is the
-    training patch, which some MONAI networks need at construction.
+    ``model.strides`` must already be resolved (planned or set). ``patch_size`` is the network's training
+    patch, which some MONAI networks need at construction.
+
+    Raises:
+        ConfigError: an unknown ``model.name``, unresolved strides, or a patch the network cannot take.
     """
-    name = model_cfg["name"]
-    if name not in MODELS:
-        raise ValueError(f"model.name={name!r}: expected one of {', '.join(MODELS)}")
-    return MODELS[name](model_cfg, in_channels, out_channels, patch_size)
+    cfg = to_typed(ModelConfig, model_cfg)
+    if cfg.name not in MODELS:
+        raise ConfigError(f"model.name={cfg.name!r} is not valid. Valid values: {', '.join(MODELS)}")
+    if cfg.strides is None:
+        raise ConfigError("model.strides is null: plan it from the data first (medseg.data.planning)")
+    return MODELS[cfg.name](cfg, in_channels, out_channels, patch_size)

@@ -14,7 +14,7 @@ of the total stride and the output is cropped back.
 from __future__ import annotations
 
 import math
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 import torch
@@ -23,8 +23,27 @@ from monai.networks.blocks import UnetOutBlock, UnetResBlock, UnetUpBlock
 from torch import nn
 
 from medseg.attention import build_transformer_block
+from medseg.errors import ConfigError
 
 StrideSpec = int | Sequence[int]
+NormSpec = str | tuple[str, dict[str, Any]]
+
+GROUP_NORM_GROUPS = 8
+"""``model.norm=group``: groups per norm layer (fewer on a level narrower than that, down to one per channel)."""
+
+
+def _instance_norm(width: int) -> NormSpec:
+    # GroupNorm with one group per channel: instance norm's normalisation and parameters, but its kernels keep
+    # channels-last tensors as they are (InstanceNorm copies them to contiguous).
+    return ("group", {"num_groups": width, "affine": True})
+
+
+NORMS: dict[str, Callable[[int], NormSpec]] = {
+    "instance": _instance_norm,
+    "batch": lambda width: "batch",
+    "group": lambda width: ("group", {"num_groups": math.gcd(GROUP_NORM_GROUPS, width)}),
+}
+"""The values of ``model.norm``: name -> the MONAI ``norm_name`` of a level ``width`` channels wide."""
 
 
 def per_axis_strides(strides: Sequence[StrideSpec], spatial_dims: int) -> list[tuple[int, ...]]:
@@ -33,7 +52,7 @@ def per_axis_strides(strides: Sequence[StrideSpec], spatial_dims: int) -> list[t
     for stride in strides:
         axes = (int(stride),) * spatial_dims if isinstance(stride, int) else tuple(int(s) for s in stride)
         if len(axes) != spatial_dims:
-            raise ValueError(f"model.strides entry {stride} has {len(axes)} axes, expected {spatial_dims}")
+            raise ConfigError(f"model.strides entry {stride} has {len(axes)} axes, expected {spatial_dims}")
         out.append(axes)
     return out
 
@@ -91,7 +110,7 @@ class SlottedUNet(nn.Module):
     ) -> None:
         super().__init__()
         if len(strides) != len(channels) - 1:
-            raise ValueError(f"model.strides needs {len(channels) - 1} entries for {len(channels)} channel levels")
+            raise ConfigError(f"model.strides needs {len(channels) - 1} entries for {len(channels)} channel levels")
         self.spatial_dims = spatial_dims
         self.strides = per_axis_strides(strides, spatial_dims)
         self.total_stride = tuple(math.prod(s[a] for s in self.strides) for a in range(spatial_dims))
@@ -101,10 +120,7 @@ class SlottedUNet(nn.Module):
 
         def conv(width: int) -> dict[str, Any]:
             """Arguments of a MONAI conv block whose norms see ``width`` channels."""
-            # Instance norm as GroupNorm with one group per channel: the same normalisation and parameters,
-            # but its kernels keep channels-last tensors as they are (InstanceNorm copies them to contiguous).
-            norm_name = ("group", {"num_groups": width, "affine": True}) if norm == "instance" else norm
-            return {"spatial_dims": spatial_dims, "kernel_size": kernel_size, "norm_name": norm_name,
+            return {"spatial_dims": spatial_dims, "kernel_size": kernel_size, "norm_name": NORMS[norm](width),
                     "dropout": dropout}
 
         self.stem = UnetResBlock(in_channels=in_channels, out_channels=channels[0], stride=1, **conv(channels[0]))

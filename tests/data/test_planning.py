@@ -5,6 +5,7 @@ from __future__ import annotations
 import os
 import subprocess
 import sys
+from dataclasses import replace
 from pathlib import Path
 
 import nibabel as nib
@@ -12,8 +13,10 @@ import numpy as np
 import pytest
 import torch
 
+from medseg.config import DataConfig, ModelConfig
 from medseg.data import planning
-from medseg.data.datalist import DatasetError, load_dataset
+from medseg.data.datalist import load_dataset
+from medseg.errors import DatasetError
 from medseg.data.planning import (
     BASE_VOXEL_BUDGET,
     MAX_PATCH_COVERAGE,
@@ -27,7 +30,7 @@ from medseg.data.planning import (
     plan_report,
     voxel_budget_for,
 )
-from medseg.data.transforms import normalization_transform, slice_axis
+from medseg.data.transforms import normalization_transform, window
 from tests.data.realistic import (
     SAGITTAL_SHAPE,
     SAGITTAL_SPACING,
@@ -112,7 +115,6 @@ def test_anisotropic_ct_plan(ct_fingerprint: dict) -> None:
     total = np.prod(plan.strides, axis=0)
     assert all(p <= -(-m // t) * t for p, m, t in zip(plan.patch_size, plan.median_shape, total))
     assert plan.normalization["scheme"] == "ct"
-    assert plan.to_dict()["patch_size"] == plan.patch_size
 
 
 def test_patch_shrinks_to_a_small_budget(ct_fingerprint: dict) -> None:
@@ -241,18 +243,17 @@ def test_other_file_types_give_the_nifti_fingerprint(ending: str, module: str, t
 
 def test_slice_axis_of_the_transforms_is_the_plans(datasets: dict[str, Path]) -> None:
     plan = make_plan(fingerprint_of(datasets["sagittal"]), spatial_dims=2, num_levels=3)
-    assert slice_axis(plan.target_spacing) == plan.slice_axis == 0
+    planned = DataConfig(root="unused", spacing=plan.target_spacing, patch_size=plan.patch_size)
+    assert window(planned, 2).slice_axis == plan.slice_axis == 0
     near_tie = [1.0, 1.0, 1.0 - 1e-6]  # e.g. float32 spacing read back: still the last (S) axis, as planned
-    assert slice_axis(near_tie) == planning.thick_axis(near_tie) == 2
-    with pytest.raises(ValueError, match="expected 3 entries"):
-        slice_axis([1.0, 1.0])
+    assert planning.thick_axis(near_tie) == 2
 
 
 def test_apply_plan_completes_in_plane_spacing_in_2d(datasets: dict[str, Path]) -> None:
     plan = make_plan(fingerprint_of(datasets["sagittal"]), spatial_dims=2, num_levels=2, target_spacing=[1.0, 1.2])
     assert plan.target_spacing == pytest.approx([SAGITTAL_SPACING[0], 1.0, 1.2])
-    data, _ = apply_plan({"spacing": [1.0, 1.2], "patch_size": None, "normalization": None}, {"strides": None}, plan)
-    assert data["spacing"] == plan.target_spacing
+    data, _ = apply_plan(DataConfig(root="x", spacing=[1.0, 1.2]), ModelConfig(spatial_dims=2), plan)
+    assert data.spacing == plan.target_spacing
 
 
 def test_two_channels_msd_4d_equals_nnunet_files(datasets: dict[str, Path]) -> None:
@@ -306,35 +307,35 @@ def test_label_outside_the_classes_is_a_dataset_error(tmp_path: Path) -> None:
 
 def test_apply_plan_fills_only_null_keys(ct_fingerprint: dict) -> None:
     plan = make_plan(ct_fingerprint, num_levels=3)
-    data_cfg = {"root": "x", "spacing": None, "patch_size": [32, 32, 16], "normalization": None}
-    model_cfg = {"spatial_dims": 3, "channels": [16, 32, 64, 128], "strides": None}
+    data_cfg = DataConfig(root="x", patch_size=[32, 32, 16])
+    model_cfg = ModelConfig(channels=[16, 32, 64, 128])
     data, model = apply_plan(data_cfg, model_cfg, plan)
-    assert data == {"root": "x", "spacing": plan.target_spacing, "patch_size": [32, 32, 16],
-                    "normalization": plan.normalization}
-    assert model["strides"] == plan.strides and model["channels"] == model_cfg["channels"]
-    assert data_cfg["spacing"] is None and model_cfg["strides"] is None, "inputs are not modified"
-    user = {"spacing": [1.0, 1.0, 1.0], "patch_size": [8, 8, 8], "normalization": "none"}
-    assert apply_plan(user, {"strides": [2, 2]}, plan) == (user, {"strides": [2, 2]})
+    assert data == replace(data_cfg, spacing=plan.target_spacing, normalization=plan.normalization)
+    assert model == replace(model_cfg, strides=plan.strides)
+    assert data_cfg.spacing is None and model_cfg.strides is None, "inputs are not modified"
+    user = DataConfig(root="x", spacing=[1.0, 1.0, 1.0], patch_size=[8, 8, 8], normalization="none")
+    user_model = ModelConfig(channels=[4, 8, 16], strides=[2, 2])
+    assert apply_plan(user, user_model, plan) == (user, user_model)
 
 
 def test_plan_for_plans_around_user_values(tmp_path: Path, datasets: dict[str, Path]) -> None:
     info = load_dataset(datasets["ct"])
-    model_cfg = {"spatial_dims": 3, "channels": [16, 32, 64, 128], "strides": [2, 2, 2]}
-    data_cfg = {"spacing": None, "patch_size": None, "normalization": None}
+    model_cfg = ModelConfig(channels=[16, 32, 64, 128], strides=[2, 2, 2])
+    data_cfg = DataConfig(root=str(datasets["ct"]))
     plan = plan_for(info, data_cfg, model_cfg, cache_dir=tmp_path, progress=False)
     assert (tmp_path / "fingerprint.json").is_file()
     assert plan.strides == [[2, 2, 2]] * 3, "user-set strides are kept"
     check_geometry(plan, voxel_budget_for(model_cfg), planned_strides=False)
-    fixed = plan_for(info, {**data_cfg, "spacing": [1.0, 1.0, 2.0], "patch_size": [40, 40, 16]},
-                     {**model_cfg, "strides": None}, cache_dir=tmp_path, progress=False)
+    fixed = plan_for(info, replace(data_cfg, spacing=[1.0, 1.0, 2.0], patch_size=[40, 40, 16]),
+                     replace(model_cfg, strides=None), cache_dir=tmp_path, progress=False)
     assert fixed.target_spacing == [1.0, 1.0, 2.0] and fixed.patch_size == [40, 40, 16]
     check_geometry(fixed, voxel_budget_for(model_cfg))
 
 
 def test_voxel_budget_scales_with_the_first_width() -> None:
-    assert voxel_budget_for({"spatial_dims": 3, "channels": [32, 64]}) == BASE_VOXEL_BUDGET[3]
-    assert voxel_budget_for({"spatial_dims": 3, "channels": [16, 32]}) == 2 * BASE_VOXEL_BUDGET[3]
-    assert voxel_budget_for({"spatial_dims": 2, "channels": [64, 128]}) == BASE_VOXEL_BUDGET[2] // 2
+    assert voxel_budget_for(ModelConfig(spatial_dims=3, channels=[32, 64])) == BASE_VOXEL_BUDGET[3]
+    assert voxel_budget_for(ModelConfig(spatial_dims=3, channels=[16, 32])) == 2 * BASE_VOXEL_BUDGET[3]
+    assert voxel_budget_for(ModelConfig(spatial_dims=2, channels=[64, 128])) == BASE_VOXEL_BUDGET[2] // 2
 
 
 def test_format_plan_reports_plan_and_fingerprint(ct_fingerprint: dict) -> None:
@@ -344,9 +345,8 @@ def test_format_plan_reports_plan_and_fingerprint(ct_fingerprint: dict) -> None:
 
 
 def test_report_of_the_demo_format_generates_the_dataset(tmp_path: Path) -> None:
-    data_cfg = {"root": str(tmp_path / "demo"), "format": "demo", "num_cases": 2, "spacing": None,
-                "patch_size": None, "normalization": None}
-    text = plan_report(data_cfg, {"spatial_dims": 3, "channels": [8, 16, 32], "strides": None}, progress=False)
+    data_cfg = DataConfig(root=str(tmp_path / "demo"), format="demo", num_cases=2)
+    text = plan_report(data_cfg, ModelConfig(channels=[8, 16, 32]), progress=False)
     assert (tmp_path / "demo" / "dataset.json").is_file() and "2 cases" in text and "patch size" in text
     assert (tmp_path / "demo" / ".medseg_cache" / "fingerprint.json").is_file()
 

@@ -20,16 +20,18 @@ import numpy as np
 import pytest
 import torch
 
-from medseg.config import to_plain, validate_config
+from medseg.config import TrainConfig, validate_config
 from medseg.data import planning
-from medseg.data.datalist import DatasetError, load_dataset
+from medseg.data.datalist import dataset_from_config, load_dataset
+from medseg.data.planning import thick_axis
 from medseg.engine import data as engine_data
 from medseg.engine import run as run_module
-from medseg.engine import trainer as trainer_module
+from medseg.engine import validation as validation_module
 from medseg.engine.checkpoint import load_checkpoint
-from medseg.engine.data import PreparedData, prepare_data
-from medseg.engine.distributed import DistInfo
+from medseg.engine.data import PreparedData, plan_config, prepare_data
+from medseg.engine.launch import SINGLE_PROCESS
 from medseg.engine.run import train
+from medseg.errors import DatasetError
 from tests.conftest import compose_config
 from tests.data.realistic import (
     SAGITTAL_SHAPE,
@@ -89,10 +91,12 @@ def train_on(root: Path, fmt: str, output_dir: Path, *overrides: str) -> dict[st
     return train(run_config(root, fmt, output_dir, *overrides))
 
 
-def prepare(root: Path, fmt: str, output_dir: Path, *overrides: str) -> PreparedData:
-    """:func:`prepare_data` alone (no model, no training) for the same config a run would use."""
-    cfg = to_plain(validate_config(run_config(root, fmt, output_dir, *overrides)))
-    return prepare_data(cfg, output_dir, DistInfo(), progress=False)
+def prepare(root: Path, fmt: str, output_dir: Path, *overrides: str) -> tuple[TrainConfig, PreparedData]:
+    """The planned config and :func:`prepare_data` alone (no model, no training), as a run would make them."""
+    cfg = validate_config(run_config(root, fmt, output_dir, *overrides))
+    info = dataset_from_config(cfg.data)
+    cfg, plan = plan_config(cfg, info, progress=False)
+    return cfg, prepare_data(cfg, info, plan, output_dir, SINGLE_PROCESS)
 
 
 @dataclass
@@ -109,7 +113,7 @@ class Calls:
 def calls(monkeypatch: pytest.MonkeyPatch) -> Calls:
     """Record every network input and sliding-window prediction of the next in-process run."""
     record = Calls()
-    build_model, predict_volume = run_module.build_model, trainer_module.predict_volume
+    build_model, predict_volume = run_module.build_model, validation_module.predict_volume
 
     def hook(module: torch.nn.Module, inputs: tuple[torch.Tensor, ...]) -> None:
         (record.train_inputs if module.training else record.eval_inputs).append(tuple(inputs[0].shape))
@@ -127,7 +131,7 @@ def calls(monkeypatch: pytest.MonkeyPatch) -> Calls:
         return probs
 
     monkeypatch.setattr(run_module, "build_model", spy_build)
-    monkeypatch.setattr(trainer_module, "predict_volume", spy_predict)
+    monkeypatch.setattr(validation_module, "predict_volume", spy_predict)
     return record
 
 
@@ -184,8 +188,8 @@ def test_one_epoch_on_a_realistic_dataset(kind: str, fmt: str, spatial_dims: int
 
 def test_two_channels_load_the_same_from_msd_4d_and_nnunet_files(datasets: Callable[[str, str], Path],
                                                                  tmp_path: Path) -> None:
-    msd = prepare(datasets("two_channel", "msd"), "msd", tmp_path / "msd", "data.cache=none")
-    nnunet = prepare(datasets("two_channel", "nnunet"), "nnunet", tmp_path / "nnunet", "data.cache=none")
+    _, msd = prepare(datasets("two_channel", "msd"), "msd", tmp_path / "msd", "data.cache=none")
+    _, nnunet = prepare(datasets("two_channel", "nnunet"), "nnunet", tmp_path / "nnunet", "data.cache=none")
     first_msd, first_nnunet = msd.val_dataset[0], nnunet.val_dataset[0]
     assert first_msd["image"].shape[0] == 2 and first_msd["label"].shape[0] == 1
     assert torch.equal(first_msd["image"].as_tensor(), first_nnunet["image"].as_tensor())
@@ -219,9 +223,8 @@ def test_2d_slices_across_a_sagittal_thick_axis(datasets: Callable[[str, str], P
     root = datasets("sagittal", "msd")
     metrics = train_on(root, "msd", tmp_path / "run", "model.spatial_dims=2")
     cfg = check_run(metrics, tmp_path / "run", root, "msd", 2)
-    state = load_checkpoint(tmp_path / "run" / "checkpoints" / "last.pt")
     in_plane = list(SAGITTAL_SHAPE[1:])  # A x S at 0.8 mm; R is 4 mm thick
-    assert state["dataset"]["slice_axis"] == 0
+    assert thick_axis(cfg["data"]["spacing"]) == 0
     assert cfg["data"]["patch_size"] == in_plane
     assert calls.train_inputs and all(len(s) == 4 and list(s[2:]) == in_plane for s in calls.train_inputs)
     assert calls.volumes, "validation ran"
@@ -296,8 +299,8 @@ def test_auto_cache_follows_the_ram(fraction: float, expected: str, datasets: Ca
                                     caplog: pytest.LogCaptureFixture) -> None:
     monkeypatch.setattr(engine_data, "MEMORY_CACHE_FRACTION", fraction)
     with caplog.at_level(logging.INFO, logger="medseg"):
-        prepared = prepare(datasets("mri", "msd"), "msd", tmp_path / "run", f"data.cache_dir={tmp_path / 'cache'}",
-                           "trainer.check_data=false")
+        _, prepared = prepare(datasets("mri", "msd"), "msd", tmp_path / "run",
+                              f"data.cache_dir={tmp_path / 'cache'}", "trainer.check_data=false")
     assert f"cache={expected} (auto: " in caplog.text
     kind = {"disk": "PersistentDataset", "memory": "CacheDataset"}[expected]
     assert type(prepared.train_dataset).__name__ == type(prepared.val_dataset).__name__ == kind
@@ -307,8 +310,8 @@ def test_disk_cache_is_keyed_by_the_patch_padding(datasets: Callable[[str, str],
     """Training volumes are cached after padding to the patch: another patch must not reuse them."""
     root, common = datasets("thin", "msd"), ("data.cache=disk", f"data.cache_dir={tmp_path / 'cache'}",
                                              "trainer.check_data=false", "model.strides=[2,2]")
-    small = prepare(root, "msd", tmp_path / "a", "data.patch_size=[16,16,8]", *common)
-    large = prepare(root, "msd", tmp_path / "b", "data.patch_size=[16,16,32]", *common)
+    _, small = prepare(root, "msd", tmp_path / "a", "data.patch_size=[16,16,8]", *common)
+    _, large = prepare(root, "msd", tmp_path / "b", "data.patch_size=[16,16,32]", *common)
     assert small.train_dataset.cache_dir != large.train_dataset.cache_dir
     assert small.val_dataset.cache_dir == large.val_dataset.cache_dir, "whole volumes do not depend on the patch"
     for prepared in (small, large):
@@ -327,12 +330,12 @@ def test_other_file_types_plan_and_train(ending: str, module: str, fmt: str, tmp
     root = write_ct_dataset(tmp_path / "ct", fmt, num_cases=4, shape=(48, 40, 12), file_ending=ending)
     reference = write_ct_dataset(tmp_path / "ct_nifti", fmt, num_cases=4, shape=(48, 40, 12))
     assert sorted(p.suffix for p in (root / "imagesTr").iterdir()) == [ending] * 4
-    plans = [prepare(r, fmt, tmp_path / f"prep{i}", "data.cache=none") for i, r in enumerate((root, reference))]
-    assert plans[0].data_cfg["spacing"] == pytest.approx(plans[1].data_cfg["spacing"])  # NIfTI holds float32
-    for key in ("patch_size", "normalization"):
-        assert plans[0].data_cfg[key] == plans[1].data_cfg[key], key
-    assert plans[0].model_cfg["strides"] == plans[1].model_cfg["strides"]
-    ours, theirs = plans[0].val_dataset[0], plans[1].val_dataset[0]
+    (cfg, ours), (ref_cfg, theirs) = (prepare(r, fmt, tmp_path / f"prep{i}", "data.cache=none")
+                                      for i, r in enumerate((root, reference)))
+    assert cfg.data.spacing == pytest.approx(ref_cfg.data.spacing)  # NIfTI holds float32
+    assert (cfg.data.patch_size, cfg.data.normalization) == (ref_cfg.data.patch_size, ref_cfg.data.normalization)
+    assert cfg.model.strides == ref_cfg.model.strides
+    ours, theirs = ours.val_dataset[0], theirs.val_dataset[0]
     assert np.allclose(ours["image"].numpy(), theirs["image"].numpy(), atol=1e-5)
     assert torch.equal(ours["label"].as_tensor(), theirs["label"].as_tensor())
     metrics = train_on(root, fmt, tmp_path / "run")

@@ -14,6 +14,7 @@ import numpy as np
 import pytest
 
 from medseg.data.datalist import load_dataset
+from medseg.config import DataConfig
 from medseg.data.verify import (
     DatasetVerificationError,
     Problem,
@@ -266,8 +267,7 @@ def test_corrupt_non_nifti_file_is_reported(tmp_path: Path) -> None:
 
 
 def test_check_data_cli_demo_format(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
-    cfg = {"format": "demo", "root": str(tmp_path / "demo"), "num_cases": 2}
-    code = check_data_cli(cfg, progress=False)
+    code = check_data_cli(DataConfig(format="demo", root=str(tmp_path / "demo"), num_cases=2), progress=False)
     out = capsys.readouterr().out
     assert code == 0, out
     assert out.splitlines()[-1] == "OK: no problems in 2 cases"

@@ -8,6 +8,7 @@ import subprocess
 import sys
 import textwrap
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
@@ -15,17 +16,15 @@ import torch
 import torch.multiprocessing as mp
 
 from medseg.engine import distributed
-from medseg.engine.distributed import (
+from medseg.engine.distributed import any_rank, broadcast_object, gather_objects, on_main_rank, reduce_max
+from medseg.engine.launch import (
+    SINGLE_PROCESS,
     DistInfo,
-    any_rank,
-    broadcast_object,
     distributed_environment,
-    first_slurm_host,
-    gather_objects,
     hydra_rank_overrides,
-    reduce_max,
     slurm_environment,
 )
+from medseg.errors import ConfigError
 
 from ..conftest import compose_config
 
@@ -34,6 +33,7 @@ SRUN_TASK = {  # what srun sets for task 3 of a 2-node x 2-task step of job 1234
     "SLURM_STEP_NUM_TASKS": "4", "SLURM_STEP_NUM_NODES": "2", "SLURM_JOB_NUM_NODES": "2",
     "SLURM_JOB_NODELIST": "gpu-a[07-08]", "SLURM_STEP_NODELIST": "gpu-a[07-08]",
 }
+RANK_KEYS = ("RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT")
 
 
 def free_port() -> int:
@@ -42,52 +42,64 @@ def free_port() -> int:
         return sock.getsockname()[1]
 
 
-@pytest.mark.parametrize(("nodelist", "first"), [
-    ("node01", "node01"), ("gpu[03-05,9],cpu1", "gpu03"), ("a1,b[2-3]", "a1"), ("rack[2-3]-n[10,12]", "rack2-n10"),
-])
-def test_first_slurm_host(nodelist: str, first: str) -> None:
-    assert first_slurm_host(nodelist) == first
+@pytest.fixture
+def environ(monkeypatch: pytest.MonkeyPatch) -> Callable[[dict[str, str]], None]:
+    """``environ(vars)``: this process's environment without any rank or SLURM variable, plus ``vars``."""
+    for key in [*RANK_KEYS, "SUBMITIT_EXECUTOR", *(k for k in os.environ if k.startswith("SLURM_"))]:
+        monkeypatch.delenv(key, raising=False)
+
+    def set_vars(variables: dict[str, str]) -> None:
+        for key, value in variables.items():
+            monkeypatch.setenv(key, value)
+
+    return set_vars
 
 
-def test_srun_task_maps_to_torchrun_variables() -> None:
-    env = slurm_environment(SRUN_TASK)
-    assert env == {"RANK": "3", "WORLD_SIZE": "4", "LOCAL_RANK": "1", "LOCAL_WORLD_SIZE": "2",
-                   "MASTER_ADDR": "gpu-a07", "MASTER_PORT": str(20000 + 123456 % 20000)}
-    # every task of the job derives the same master
-    other = slurm_environment({**SRUN_TASK, "SLURM_PROCID": "0", "SLURM_LOCALID": "0"})
+def test_srun_task_maps_to_torchrun_variables(environ: Callable[[dict[str, str]], None]) -> None:
+    pytest.importorskip("submitit")
+    environ(SRUN_TASK)
+    env = slurm_environment()
+    assert {k: env[k] for k in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE", "MASTER_ADDR")} == {
+        "RANK": "3", "WORLD_SIZE": "4", "LOCAL_RANK": "1", "LOCAL_WORLD_SIZE": "2", "MASTER_ADDR": "gpu-a07"}
+    assert 20000 <= int(env["MASTER_PORT"]) <= 60000
+    environ({"SLURM_PROCID": "0", "SLURM_LOCALID": "0"})  # every task of the job derives the same master
+    other = slurm_environment()
     assert (other["MASTER_ADDR"], other["MASTER_PORT"]) == (env["MASTER_ADDR"], env["MASTER_PORT"])
 
 
-def test_slurm_keeps_a_chosen_master() -> None:
-    env = slurm_environment({**SRUN_TASK, "MASTER_ADDR": "10.0.0.1", "MASTER_PORT": "29400"})
-    assert "MASTER_ADDR" not in env and "MASTER_PORT" not in env
+def test_slurm_keeps_a_chosen_master(environ: Callable[[dict[str, str]], None]) -> None:
+    pytest.importorskip("submitit")
+    environ({**SRUN_TASK, "MASTER_ADDR": "10.0.0.1", "MASTER_PORT": "29400"})
+    env = slurm_environment()
+    assert (env["MASTER_ADDR"], env["MASTER_PORT"]) == ("10.0.0.1", "29400")
 
 
-@pytest.mark.parametrize("env", [
+@pytest.mark.parametrize("variables", [
     {},  # no SLURM
     {k: v for k, v in SRUN_TASK.items() if not k.startswith("SLURM_STEP")},  # a batch script / salloc shell
     {**SRUN_TASK, "SLURM_PROCID": "0", "SLURM_STEP_NUM_TASKS": "1", "SLURM_NTASKS": "1"},  # one task
 ])
-def test_not_distributed_outside_a_multi_task_srun_step(env: dict[str, str]) -> None:
-    assert slurm_environment(env) == {}
-    assert distributed_environment(dict(env)) == DistInfo()
+def test_not_distributed_outside_a_multi_task_srun_step(variables: dict[str, str],
+                                                         environ: Callable[[dict[str, str]], None]) -> None:
+    environ(variables)
+    assert slurm_environment() == {}
+    assert distributed_environment() == SINGLE_PROCESS
 
 
-def test_torchrun_variables_win_and_slurm_ones_are_exported() -> None:
-    torchrun = {**SRUN_TASK, "RANK": "1", "WORLD_SIZE": "2", "LOCAL_RANK": "1"}
-    assert distributed_environment(torchrun) == DistInfo(rank=1, world_size=2, local_rank=1)
-    env = dict(SRUN_TASK)
-    assert distributed_environment(env) == DistInfo(rank=3, world_size=4, local_rank=1)
-    assert env["RANK"] == "3" and env["MASTER_ADDR"] == "gpu-a07"  # what init_process_group(env://) reads
+def test_torchrun_variables_win_and_slurm_ones_are_exported(environ: Callable[[dict[str, str]], None]) -> None:
+    pytest.importorskip("submitit")
+    environ({**SRUN_TASK, "RANK": "1", "WORLD_SIZE": "2", "LOCAL_RANK": "1"})
+    assert distributed_environment() == DistInfo(rank=1, world_size=2, local_rank=1)
+    for key in ("RANK", "WORLD_SIZE", "LOCAL_RANK"):
+        os.environ.pop(key)
+    assert distributed_environment() == DistInfo(rank=3, world_size=4, local_rank=1)
+    assert os.environ["RANK"] == "3" and os.environ["MASTER_ADDR"] == "gpu-a07"  # what init_process_group reads
 
 
-def test_hydra_overrides_only_for_other_ranks(monkeypatch: pytest.MonkeyPatch) -> None:
-    for key in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "SLURM_PROCID"):
-        monkeypatch.delenv(key, raising=False)
+def test_hydra_overrides_only_for_other_ranks(environ: Callable[[dict[str, str]], None]) -> None:
+    environ({})
     assert hydra_rank_overrides() == []
-    monkeypatch.setenv("RANK", "1")
-    monkeypatch.setenv("WORLD_SIZE", "2")
-    monkeypatch.setenv("LOCAL_RANK", "1")
+    environ({"RANK": "1", "WORLD_SIZE": "2", "LOCAL_RANK": "1"})
     assert "hydra.output_subdir=null" in hydra_rank_overrides()
 
 
@@ -98,21 +110,36 @@ def test_local_device_follows_local_rank() -> None:
         assert distributed.local_device(torch.device("cuda"), info).index == 1 % torch.cuda.device_count()
 
 
+def _fails(error: Exception) -> Callable[[], None]:
+    def fail() -> None:
+        raise error
+
+    return fail
+
+
+def _error_on_every_rank(fn: Callable[[], object], info: DistInfo) -> str:
+    try:
+        on_main_rank(fn, info)
+    except Exception as err:
+        return f"{type(err).__name__}: {err}"
+    return "no error"
+
+
 def _collectives(rank: int, world_size: int, port: int, results: dict) -> None:
     os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), RANK=str(rank), WORLD_SIZE=str(world_size),
                       LOCAL_RANK=str(rank))
     cpu = torch.device("cpu")
-    info = distributed.init_distributed(cpu)
-    try:
+    with distributed.process_group(cpu) as (info, device):
         results[rank] = {
-            "any": any_rank(rank == 1, info, cpu),
-            "none": any_rank(False, info, cpu),
-            "max": reduce_max(float(10 * rank + 1), info, cpu),
+            "any": any_rank(rank == 1, info, device),
+            "none": any_rank(False, info, device),
+            "max": reduce_max(float(10 * rank + 1), info, device),
             "gather": gather_objects({"rank": rank}, info),
             "broadcast": broadcast_object(f"from {rank}", info),
+            "main": on_main_rank(lambda: f"made by {rank}", info),
+            "medseg_error": _error_on_every_rank(_fails(ConfigError("data.root=x: folder not found")), info),
+            "bug": _error_on_every_rank(_fails(KeyError("spacing")), info),
         }
-    finally:
-        distributed.cleanup(info)
 
 
 def test_collectives_on_two_gloo_ranks() -> None:
@@ -121,18 +148,22 @@ def test_collectives_on_two_gloo_ranks() -> None:
         mp.spawn(_collectives, args=(2, free_port(), results), nprocs=2, join=True)
         results = dict(results)
     for rank in (0, 1):
-        assert results[rank] == {"any": True, "none": False, "max": 11.0, "gather": [{"rank": 0}, {"rank": 1}],
-                                 "broadcast": "from 0"}
+        assert results[rank] == {
+            "any": True, "none": False, "max": 11.0, "gather": [{"rank": 0}, {"rank": 1}], "broadcast": "from 0",
+            "main": "made by 0", "medseg_error": "ConfigError: data.root=x: folder not found",
+            # a bug keeps its own type (and traceback) on rank 0; the other ranks stop with a named error
+            "bug": "KeyError: 'spacing'" if rank == 0 else "TrainingError: rank 0 failed: KeyError: 'spacing'",
+        }
 
 
 FAILING_RANK = textwrap.dedent("""
     import torch
-    from medseg.engine.distributed import any_rank, init_distributed
+    from medseg.engine.distributed import any_rank, process_group
 
-    info = init_distributed(torch.device("cpu"))
-    if info.rank == 1:
-        raise RuntimeError("rank 1 fails")
-    any_rank(False, info, torch.device("cpu"))  # rank 0 waits here for a rank that is gone
+    with process_group(torch.device("cpu")) as (info, device):
+        if info.rank == 1:
+            raise RuntimeError("rank 1 fails")
+        any_rank(False, info, device)  # rank 0 waits here for a rank that is gone
 """)
 
 

@@ -11,6 +11,7 @@ import csv
 import json
 import math
 import shutil
+from dataclasses import asdict
 from pathlib import Path
 from typing import Any
 
@@ -20,19 +21,19 @@ import pytest
 import torch
 from torch import nn
 
-from medseg.config import to_plain, validate_config
+from medseg.config import DataConfig, validate_config
 from medseg.data.datalist import load_dataset, split_cases, splits_path
-from medseg.data.transforms import patch_size_3d, slice_axis
+from medseg.data.transforms import window
 from medseg.engine import evaluate as evaluate_module
-from medseg.engine.checkpoint import CheckpointError, save_checkpoint
+from medseg.engine.checkpoint import save_checkpoint
 from medseg.engine.evaluate import (
     EvaluationError,
     evaluate,
-    evaluate_cli,
     find_cases,
     group_channels,
     mirror_axes,
 )
+from medseg.errors import CheckpointError, ConfigError
 from medseg.models import build_model
 from tests.conftest import compose_config, run_script
 from tests.engine.test_metrics import reference_dice, reference_hd95, reference_nsd
@@ -48,16 +49,14 @@ def save_test_checkpoint(path: Path, spatial_dims: int = 3, spacing=TARGET_SPACI
                          normalization: Any = "zscore", state: dict | None = None,
                          channel_names: tuple[str, ...] = ("MRI",)) -> Path:
     """A checkpoint as the trainer writes it: a real resolved config, a tiny SlottedUNet, the dataset description."""
-    cfg = to_plain(validate_config(compose_config(["output_dir=unused"])))
+    cfg = asdict(validate_config(compose_config(["output_dir=unused"])))
     cfg["model"].update(TINY_MODEL, spatial_dims=spatial_dims)
     cfg["data"].update(spacing=list(spacing), patch_size=list(patch), normalization=normalization)
-    axis = slice_axis(spacing)
-    roi = patch_size_3d(patch, spatial_dims, axis)
     if state is None:
         torch.manual_seed(0)
-        net_patch = roi if spatial_dims == 3 else [s for a, s in enumerate(roi) if a != axis]
+        net_patch = window(DataConfig(**cfg["data"]), spatial_dims).net_patch
         state = build_model(cfg["model"], len(channel_names), len(LABELS), net_patch).state_dict()
-    dataset = {"labels": LABELS, "channel_names": list(channel_names), "slice_axis": axis, "roi_size": roi}
+    dataset = {"labels": LABELS, "channel_names": list(channel_names)}
     return save_checkpoint(path, {"model": state, "config": cfg, "dataset": dataset})
 
 
@@ -227,7 +226,7 @@ def test_bad_cases_are_reported_and_others_still_evaluated(tiny_demo_root: Path,
     assert {f["case"] for f in summary["failed"]} == {"demo_001", "demo_002"} and summary["num_scored"] == 2
 
 
-def test_bad_checkpoints_and_empty_input(ckpt_3d: Path, tmp_path: Path, capsys: pytest.CaptureFixture) -> None:
+def test_bad_checkpoints_and_empty_input(ckpt_3d: Path, tmp_path: Path) -> None:
     empty = tmp_path / "empty"
     empty.mkdir()
     with pytest.raises(CheckpointError, match="not found"):
@@ -238,12 +237,12 @@ def test_bad_checkpoints_and_empty_input(ckpt_3d: Path, tmp_path: Path, capsys: 
         evaluate({"ckpt": str(foreign), "input": str(empty), "progress": False})
     with pytest.raises(EvaluationError, match="no images found"):
         evaluate({"ckpt": str(ckpt_3d), "input": str(empty), "output": str(tmp_path / "o"), "progress": False})
-    with pytest.raises(EvaluationError, match="input is required"):
+    with pytest.raises(ConfigError, match="input is required"):
         evaluate({"ckpt": str(ckpt_3d)})
-    assert evaluate_cli({"ckpt": str(foreign), "input": str(empty)}) == 1
-    err = capsys.readouterr().err
-    assert err.startswith("error: checkpoint") and "foreign.pt" in err and "Traceback" not in err
-    assert len(err.strip().splitlines()) == 1
+    result = run_script("evaluate.py", [f"ckpt={foreign}", f"input={empty}"], cwd=tmp_path)
+    assert result.returncode == 1
+    assert result.stderr.startswith("error: checkpoint") and "foreign.pt" in result.stderr
+    assert len(result.stderr.strip().splitlines()) == 1 and "Traceback" not in result.stderr
 
 
 def test_tta_mirrors_in_plane_axes_only_for_2d_models() -> None:
@@ -266,13 +265,13 @@ def test_case_discovery(tmp_path: Path) -> None:
 
 
 def test_validation_split_is_the_fold_the_checkpoint_was_trained_with(tiny_demo_root: Path, tmp_path: Path) -> None:
-    trained_on = {"fold": 1, "num_folds": 3, "split_seed": 7, "cache_dir": None}
+    trained_on = DataConfig(root=str(tiny_demo_root), fold=1, num_folds=3, split_seed=7)
     _, expected = split_cases(load_dataset(tiny_demo_root, "msd"), 1, 3, 7)
     cases = find_cases(tiny_demo_root, "validation", 1, trained_on)
     assert [c.case for c in cases] == [e["case"] for e in expected] and len(cases) == 3
     assert all(c.label is not None for c in cases)
     # a split stored by a training run under the cache dir wins (users may edit it, as in nnU-Net)
-    trained_on["cache_dir"] = str(tmp_path)
+    trained_on.cache_dir = str(tmp_path)
     ids = sorted(e["case"] for e in load_dataset(tiny_demo_root, "msd").training)
     stored = [{"train": ids[i + 1:] + ids[:i], "val": [ids[i]]} for i in range(3)]
     splits_path(tmp_path, trained_on).write_text(json.dumps(stored))

@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import ast
 import json
-import logging
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
@@ -20,10 +19,11 @@ from monai.losses import DiceCELoss
 from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 from torch import nn
 
+from medseg.cli import one_line_errors
 from medseg.engine import trainer as trainer_module
 from medseg.engine.checkpoint import load_checkpoint
 from medseg.engine.run import train, train_cli
-from medseg.engine.trainer import Trainer
+from medseg.engine.validation import ValidationResult
 
 from ..conftest import MICRO_OVERRIDES, REPO, compose_config
 
@@ -88,11 +88,11 @@ def test_best_checkpoint_is_never_replaced_by_a_worse_one(tmp_path: Path, tiny_d
                                                          monkeypatch: pytest.MonkeyPatch) -> None:
     scripted = iter([0.3, 0.6, 0.4, 0.6])  # goes down after epoch 2, then only ties
 
-    def validate(self: Trainer) -> tuple[float, dict[str, float]]:
-        dice = next(scripted)
-        return dice, dict.fromkeys(self.class_names, dice)
+    def validate(*args: Any) -> ValidationResult:
+        dice, class_names = next(scripted), args[4]
+        return ValidationResult(dice, dict.fromkeys(class_names, dice), None)
 
-    monkeypatch.setattr(Trainer, "validate", validate)
+    monkeypatch.setattr(trainer_module, "validate", validate)
     run_dir = tmp_path / "run"
     metrics = train(_config(run_dir, tiny_demo_root, "trainer.max_epochs=4"))
     history = json.loads((run_dir / "metrics.json").read_text())["history"]
@@ -121,14 +121,14 @@ def test_nonfinite_steps_are_skipped_and_counted(tmp_path: Path, tiny_demo_root:
 
 def test_nonfinite_streak_stops_the_run_naming_the_last_good_checkpoint(
         tmp_path: Path, tiny_demo_root: Path, monkeypatch: pytest.MonkeyPatch,
-        caplog: pytest.LogCaptureFixture) -> None:
+        capsys: pytest.CaptureFixture[str]) -> None:
     _inject_faults(monkeypatch, lambda call: call > STEPS_PER_EPOCH)  # every step from epoch 2 on
     run_dir = tmp_path / "run"
     cfg = _config(run_dir, tiny_demo_root, "trainer.max_epochs=3", "trainer.max_nonfinite_steps=2")
-    with caplog.at_level(logging.ERROR, logger="medseg"), pytest.raises(SystemExit) as exit_info:
-        train_cli(cfg)
+    with pytest.raises(SystemExit) as exit_info:
+        one_line_errors(train_cli)(cfg)
     assert exit_info.value.code == 1
-    [error] = [record.getMessage() for record in caplog.records if record.levelno == logging.ERROR]
+    [error] = capsys.readouterr().err.splitlines()
     last = run_dir / "checkpoints" / "last.pt"
     assert "non-finite for 2 steps in a row at epoch 2" in error
     assert f"Last good checkpoint: {last}." in error
@@ -162,19 +162,18 @@ def test_grad_clip_is_configurable(tmp_path: Path, tiny_demo_root: Path, monkeyp
 
 
 def test_resume_with_another_architecture_is_one_clean_error(tmp_path: Path, tiny_demo_root: Path,
-                                                             caplog: pytest.LogCaptureFixture) -> None:
+                                                             capsys: pytest.CaptureFixture[str]) -> None:
     run_dir = tmp_path / "run"
     train(_config(run_dir, tiny_demo_root, "trainer.max_epochs=1"))
     last = run_dir / "checkpoints" / "last.pt"
     for resume in ("trainer.resume=true", f"ckpt_path={last}"):
-        caplog.clear()
+        capsys.readouterr()
         cfg = _config(run_dir, tiny_demo_root, "trainer.max_epochs=2", "model.bottleneck=masa", resume)
-        with caplog.at_level(logging.ERROR, logger="medseg"), pytest.raises(SystemExit) as exit_info:
-            train_cli(cfg)
+        with pytest.raises(SystemExit) as exit_info:
+            one_line_errors(train_cli)(cfg)
         assert exit_info.value.code == 1
-        [error] = [record.getMessage() for record in caplog.records if record.levelno == logging.ERROR]
-        assert "\n" not in error
-        assert error.startswith(f"checkpoint {last} does not fit this model's architecture; missing: ")
+        [error] = capsys.readouterr().err.splitlines()
+        assert error.startswith(f"error: checkpoint {last} does not fit this model's architecture; missing: ")
         assert "bottleneck." in error.split("missing: ")[1]
 
 

@@ -102,7 +102,7 @@ def test_failing_job_is_recorded_and_the_sweep_goes_on(tmp_path: Path, tiny_demo
 
 @pytest.mark.parametrize("name", EXPERIMENTS)
 def test_experiment_presets_compose_and_validate(name: str) -> None:
-    cfg = validate_config(compose_config([f"experiment={name}"]))
+    cfg = validate_config(compose_config([f"experiment={name}", "output_dir=unused"]))
     assert cfg.model.bottleneck in ("none", "masa", "focused_linear")
 
 

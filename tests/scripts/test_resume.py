@@ -23,7 +23,8 @@ from typing import Any
 import pytest
 import torch
 
-from medseg.engine.checkpoint import CheckpointError, load_checkpoint
+from medseg.engine.checkpoint import load_checkpoint
+from medseg.errors import CheckpointError
 
 from ..conftest import MICRO_OVERRIDES, REPO, run_script
 
@@ -36,26 +37,31 @@ RESUME_OVERRIDES = [*MICRO_OVERRIDES, f"trainer.max_epochs={EPOCHS}", "trainer.d
 ENV = {"OMP_NUM_THREADS": "1", "PYTHONUNBUFFERED": "1", "HYDRA_FULL_ERROR": "0"}
 TIMEOUT = 300.0
 
-# Runs scripts/train.py with Trainer._train_step wrapped: before step STEP (0-based) of epoch EPOCH (0-based) it
+# Runs scripts/train.py with the trainer's step wrapped: before step STEP (0-based) of epoch EPOCH (0-based) it
 # touches READY, then waits, for up to 120 s, until a stop was requested (MODE=resume) or forever (MODE=hold).
 PAUSE_DRIVER = """
 import runpy, sys, time
 from pathlib import Path
-from medseg.engine.trainer import Trainer
+from medseg.engine.trainer import Trainer, TrainStep
 
 epoch, step, ready, mode = int(sys.argv[1]), int(sys.argv[2]), Path(sys.argv[3]), sys.argv[4]
-train_step, taken = Trainer._train_step, []
+train_epoch, train_step, running, taken = Trainer.train_epoch, TrainStep.__call__, {}, []
 
-def paused_train_step(self, batch):
-    taken.append(self.epoch)
-    if self.epoch == epoch and taken.count(epoch) == step + 1:
+def tracked_epoch(self, stop):
+    running.update(trainer=self, stop=stop)
+    return train_epoch(self, stop)
+
+def paused_train_step(self, image, label):
+    trainer, stop = running["trainer"], running["stop"]
+    taken.append(trainer.epoch)
+    if trainer.epoch == epoch and taken.count(epoch) == step + 1:
         ready.touch()
         deadline = time.monotonic() + 120
-        while (mode == "hold" or self._stop_signal is None) and time.monotonic() < deadline:
+        while (mode == "hold" or not stop.signum) and time.monotonic() < deadline:
             time.sleep(0.01)
-    return train_step(self, batch)
+    return train_step(self, image, label)
 
-Trainer._train_step = paused_train_step
+Trainer.train_epoch, TrainStep.__call__ = tracked_epoch, paused_train_step
 sys.argv = sys.argv[5:]
 runpy.run_path(sys.argv[0], run_name="__main__")
 """

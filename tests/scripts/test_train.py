@@ -6,7 +6,6 @@ import json
 from pathlib import Path
 
 import pytest
-import torch
 from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
 from medseg.engine.checkpoint import load_checkpoint
@@ -69,7 +68,6 @@ def test_train_2d_slices(tmp_path: Path, tiny_demo_root: Path) -> None:
     run_dir = _train(tmp_path, tiny_demo_root, "model.spatial_dims=2", "data.patch_size=[32,32]",
                      "model.bottleneck=mha")
     _check_outputs(run_dir, 2)
-    assert torch.load(run_dir / "checkpoints" / "last.pt", weights_only=True)["dataset"]["slice_axis"] == 2
 
 
 def test_cfg_job_shows_the_block_as_typed(tmp_path: Path) -> None:
@@ -78,21 +76,20 @@ def test_cfg_job_shows_the_block_as_typed(tmp_path: Path) -> None:
     assert "bottleneck: masa" in result.stdout
 
 
-def test_help_lists_config_groups(tmp_path: Path) -> None:
-    result = run_script("train.py", ["--help"], cwd=tmp_path)
-    assert result.returncode == 0 and "model: unet" in result.stdout and "data: demo3d" in result.stdout
-
-
 @pytest.mark.parametrize(
     ("override", "expected"),
     [
-        ("model.bottleneck=masaa", "Valid names: none, masa"),
-        ("+model.attention.gama=0.8", "unknown config key 'model.attention.gama'"),
+        ("model.bottleneck=masaa", "Valid values: none, masa"),
+        ("model.bottlenck=masa", "error: unknown config key 'model.bottlenck'; did you mean model.bottleneck"),
+        ("+model.attention.gama=0.8", "unknown config key 'model.attention.gama'; did you mean model.attention.gamma"),
         ("data.root=/does/not/exist", "not found"),
+        ("data=msd", "error: data.root is required for data=msd"),
+        ("model.bottleneck=masa model.attention.num_heads=3",
+         "model.attention.num_heads=3 must be a positive divisor"),
     ],
 )
 def test_bad_input_is_one_clean_line(tmp_path: Path, override: str, expected: str) -> None:
-    args = [override, f"hydra.run.dir={tmp_path / 'run'}", "trainer.check_data=false"]
+    args = [*override.split(), f"hydra.run.dir={tmp_path / 'run'}", "trainer.check_data=false"]
     if override.startswith("data.root"):
         args.append("data.format=msd")
     result = run_script("train.py", args, cwd=tmp_path)

@@ -1,0 +1,45 @@
+"""What every command-line entry point shares: override keys checked first, medseg's errors as one line.
+
+A script is ``run(main, schema)``, where ``main`` is its ``@hydra.main`` task wrapped in :func:`one_line_errors`.
+Only this module and :mod:`medseg.config` are imported before Hydra parses the command line, so ``--help``
+and config mistakes answer without loading torch or MONAI.
+"""
+
+from __future__ import annotations
+
+import functools
+import sys
+from collections.abc import Callable
+from typing import TypeVar
+
+from medseg.config import check_override_keys
+from medseg.errors import MedsegError
+
+T = TypeVar("T")
+
+
+def one_line_errors(task: Callable[..., T]) -> Callable[..., T]:
+    """Wrap a Hydra task: a :class:`~medseg.errors.MedsegError` prints ``error: <message>`` and exits with 1.
+
+    Every other exception propagates with its traceback: it is a bug, in medseg or below it.
+    """
+
+    @functools.wraps(task)
+    def run_task(*args: object, **kwargs: object) -> T:
+        try:
+            return task(*args, **kwargs)
+        except MedsegError as err:
+            print(f"error: {err}", file=sys.stderr)
+            sys.exit(1)
+
+    return run_task
+
+
+def run(main: Callable[[], object], schema: type) -> None:
+    """Check the command line's override keys against ``schema``, then run ``main`` (a ``@hydra.main``)."""
+    try:
+        check_override_keys(sys.argv[1:], schema)
+    except MedsegError as err:
+        print(f"error: {err}", file=sys.stderr)
+        sys.exit(1)
+    main()

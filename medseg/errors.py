@@ -1,0 +1,40 @@
+"""The errors medseg raises on purpose: bad config, bad data, bad checkpoint, training that cannot go on.
+
+Every one derives from :class:`MedsegError`. The command-line entry points print a ``MedsegError`` as one
+line and exit with status 1; any other exception is a bug (in medseg or a library) and shows its traceback.
+The value-like errors also derive from ``ValueError``, so Python callers that catch ``ValueError`` (for
+example around :func:`medseg.attention.build_attention`) keep working.
+"""
+
+from __future__ import annotations
+
+
+class MedsegError(Exception):
+    """Base of every error medseg raises on purpose; the message says what is wrong and what to do."""
+
+
+class ConfigError(MedsegError, ValueError):
+    """A config value medseg cannot use; the message names the key and what was expected."""
+
+
+class DatasetError(MedsegError, ValueError):
+    """A dataset folder, ``dataset.json`` or case file medseg cannot use; the message names the file."""
+
+
+class CheckpointError(MedsegError, ValueError):
+    """A checkpoint that is missing, unsafe, foreign or incompatible; the message names the file."""
+
+
+class TrainingError(MedsegError, RuntimeError):
+    """Training cannot go on (e.g. the loss stays non-finite); the message says what to do."""
+
+
+class TrainingInterrupted(MedsegError):
+    """SIGINT/SIGTERM stopped training after saving ``last.pt``; ``exit_code`` is 128 + the signal."""
+
+    def __init__(self, message: str, exit_code: int) -> None:
+        super().__init__(message)
+        self.exit_code = exit_code
+
+    def __reduce__(self) -> tuple[type, tuple[str, int]]:  # picklable, so DDP ranks can share it
+        return type(self), (str(self), self.exit_code)
