@@ -1,5 +1,7 @@
 """Crash-safe file writes: write to a temporary file beside the target, fsync, then rename atomically.
 
+One mechanism (:func:`atomic_save`) serves bytes (:func:`atomic_write`), text, JSON and NIfTI images.
+
 A process killed at any moment leaves either the old file or the new one, never a torn file.
 """
 
@@ -12,6 +14,9 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import IO, Any
 
+import nibabel as nib
+import numpy as np
+
 
 def _umask() -> int:
     mask = os.umask(0)
@@ -19,27 +24,47 @@ def _umask() -> int:
     return mask
 
 
-def atomic_write(path: str | Path, write: Callable[[IO[bytes]], Any]) -> Path:
-    """Call ``write(fileobj)`` on a temp file in ``path``'s folder, fsync it, then rename it to ``path``."""
+def _fsync(path: Path) -> None:
+    """Flush a file's or a folder's (a rename's) data to disk."""
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def atomic_save(path: str | Path, save: Callable[[Path], Any], ending: str = "") -> Path:
+    """Call ``save(temp_path)`` on a temp file in ``path``'s folder, fsync it, then rename it to ``path``.
+
+    ``ending`` ends the temp file's name, for writers that choose the format by it (nibabel: ``.nii.gz``).
+    """
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
+    fd, name = tempfile.mkstemp(prefix=f".{path.name}.", suffix=f".tmp{ending}", dir=path.parent)
+    tmp = Path(name)
     try:
-        os.fchmod(fd, 0o666 & ~_umask())  # mkstemp makes the file owner-only; give it normal permissions
-        with os.fdopen(fd, "wb") as handle:
-            write(handle)
-            handle.flush()
-            os.fsync(handle.fileno())
+        try:
+            os.fchmod(fd, 0o666 & ~_umask())  # mkstemp makes the file owner-only; give it normal permissions
+        finally:
+            os.close(fd)
+        save(tmp)
+        _fsync(tmp)
         os.replace(tmp, path)
     except BaseException:
-        Path(tmp).unlink(missing_ok=True)
+        tmp.unlink(missing_ok=True)
         raise
-    dir_fd = os.open(path.parent, os.O_RDONLY)
-    try:
-        os.fsync(dir_fd)
-    finally:
-        os.close(dir_fd)
+    _fsync(path.parent)
     return path
+
+
+def atomic_write(path: str | Path, write: Callable[[IO[bytes]], Any]) -> Path:
+    """Call ``write(fileobj)`` on a temp file in ``path``'s folder, fsync it, then rename it to ``path``."""
+
+    def save(tmp: Path) -> None:
+        with tmp.open("wb") as handle:
+            write(handle)
+
+    return atomic_save(path, save)
 
 
 def atomic_write_text(path: str | Path, text: str) -> Path:
@@ -50,3 +75,27 @@ def atomic_write_text(path: str | Path, text: str) -> Path:
 def atomic_write_json(path: str | Path, obj: Any) -> Path:
     """Atomically replace ``path`` with ``obj`` as indented JSON."""
     return atomic_write_text(path, json.dumps(obj, indent=2) + "\n")
+
+
+def write_nifti(path: str | Path, array: np.ndarray, affine: np.ndarray,
+                header: nib.Nifti1Header | None = None) -> Path:
+    """Atomically write ``array`` (X, Y, Z[, ...]) as NIfTI, gzipped when ``path`` ends in ``.nii.gz``.
+
+    Args:
+        affine: ``(4, 4)`` voxel-to-world (RAS mm).
+        header: a NIfTI-1 or -2 header to copy, e.g. the source image's, so the file lies exactly on its grid;
+            its data type becomes ``array``'s, its scaling and display range are reset. Without one, the
+            qform and sform are both ``affine`` (code 1, scanner).
+    """
+    if header is None:
+        image = nib.Nifti1Image(array, affine)
+        image.set_qform(affine, code=1)
+        image.set_sform(affine, code=1)
+    else:
+        header = header.copy()
+        header.set_data_dtype(array.dtype)
+        header["cal_min"], header["cal_max"] = 0, 0  # the source's display range (nibabel resets its scaling)
+        image_class = nib.Nifti2Image if isinstance(header, nib.Nifti2Header) else nib.Nifti1Image
+        image = image_class(array, affine, header=header)
+    ending = "".join(Path(path).suffixes[-2:])  # nibabel picks the format, and gzip, by the name's ending
+    return atomic_save(path, lambda tmp: nib.save(image, tmp), ending)

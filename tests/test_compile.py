@@ -16,9 +16,11 @@ import pytest
 import torch
 from torch import nn
 
+from medseg.config import block_choices
 from medseg.models import build_model
 
-BLOCKS = ("none", "masa", "masa_decomposed", "focused_linear", "cswin", "mha")
+BLOCKS = block_choices()
+"""Every value of the bottleneck slot: none and each registered block."""
 # A 3-level 3D U-Net with a bottleneck grid of 4x4x2 tokens: small enough to compile every block in seconds.
 PATCH = (16, 16, 8)
 SMALL = {"channels": [8, 16, 32], "strides": [2, 2], "bottleneck_depth": 1}

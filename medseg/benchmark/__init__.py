@@ -22,9 +22,8 @@ SUBCOMMANDS: tuple[str, ...] = ("attention", "models", "quality")
 def targets_markdown(targets: Sequence[Mapping[str, Any]], value_format: str = ".3g") -> str:
     """The markdown table of a report's targets (``Target`` as dicts): label, value, goal, and whether it is met."""
     met = {True: "yes", False: "**no**", None: "n/a"}
-    rows = [[t["label"], "n/a" if t["value"] is None else format(t["value"], value_format),
-             f"{t['relation']} {t['goal']:g}", met[t["met"]]] for t in targets]
-    return markdown_table(["target", "value", "goal", "met"], rows)
+    rows = [[t["label"], t["value"], f"{t['relation']} {t['goal']:g}", met[t["met"]]] for t in targets]
+    return markdown_table(["target", "value", "goal", "met"], rows, formats={"value": value_format}, missing="n/a")
 
 
 def write_report(out: Path | None, name: str, markdown: str, report: Mapping[str, Any]) -> None:

@@ -1,13 +1,15 @@
 """``benchmark.py models``: training-step time, inference time, peak memory and size of whole networks.
 
-Rows: medseg's U-Net with each bottleneck block (``unet+<block>``) and MONAI's ``UNet``, ``SwinUNETR``
-(feature size 24) and ``UNETR``, all built by :func:`medseg.models.build_model` from the default model
-config (``configs/model/unet.yaml``, composed with Hydra exactly as ``scripts/train.py`` does), so the
-figures describe what users run. Every row gets the same input: ``(batch, 1, *patch)`` float32 images,
-3 classes (the demo task), the trainer's loss (``DiceCELoss``), grad clipping and AdamW.
+Rows (:func:`all_rows`): medseg's U-Net with each bottleneck choice (``unet+<block>``: ``none`` and every
+registered block) and every other ``model.name`` (MONAI's ``UNet``, ``SwinUNETR`` with feature size 24,
+``UNETR``). Each row's config is the training config composed as ``scripts/train.py`` composes it, with
+``model.bottleneck=<block>`` or ``model.name=<network>`` (and ``--override``), so the figures describe what
+users run. Every row gets the same input: ``(batch, 1, *patch)`` float32 images, 3 classes (the demo task).
 
-* **Train step**: zero grads, forward (under autocast when ``--precision bf16``), loss, backward, clip, step.
-  Median of ``--reps`` timed steps after ``--warmup`` untimed ones.
+* **Train step**: the trainer's own :class:`~medseg.engine.trainer.TrainStep`, built as the trainer builds it
+  (its loss, ``trainer.optimizer``, ``trainer.grad_clip``, the precision's autocast and loss scaling; compiled
+  under ``trainer.compile``): forward, loss, backward, clip, step, non-finite steps skipped. Median of
+  ``--reps`` timed steps after ``--warmup`` untimed ones.
 * **Inference**: one forward of the same batch in eval mode under ``torch.no_grad`` (a patch, not a
   sliding window over a volume). Median of ``--reps``, after the memory run as warm-up.
 * Timing is **round-robin**: every network is built first, then each round runs every network once, so a
@@ -15,9 +17,10 @@ figures describe what users run. Every row gets the same input: ``(batch, 1, *pa
 * **Peak memory** (MiB, all tensors alive at the high-water mark): on CUDA ``torch.cuda.max_memory_allocated``
   during one step. On the CPU the same quantity from the allocator events ``torch.profiler`` records
   (``profile_memory=True``, :func:`medseg.benchmark.attention.peak_bytes`) during one step, plus the tensors
-  alive before it (parameters, gradients, AdamW state, batch). Memory that libraries allocate outside
+  alive before it (parameters, gradients, optimizer state, batch). Memory that libraries allocate outside
   PyTorch's allocator (oneDNN scratch, the Python heap) is not included. Training is measured in steady
-  state (after warm-up, so AdamW state exists); inference before any training (no gradients, no optimizer).
+  state (after warm-up, so the optimizer state exists); inference before any training (no gradients, no
+  optimizer).
 """
 
 from __future__ import annotations
@@ -27,27 +30,32 @@ import gc
 import statistics
 import sys
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
 import torch
 from hydra import compose, initialize_config_dir
-from monai.losses import DiceCELoss
-from omegaconf import DictConfig, OmegaConf
+from omegaconf import DictConfig
 from torch import nn
 
 from medseg.benchmark import targets_markdown, write_report
 from medseg.benchmark.attention import Target, peak_bytes, ratio, time_ms
-from medseg.engine.device import autocast
-from medseg.engine.report import markdown_table, text_table
-from medseg.models import build_model
+from medseg.config import ModelConfig, TrainConfig, block_choices, validate_config
+from medseg.engine.device import PRECISIONS, amp_dtype, autocast
+from medseg.engine.launch import SINGLE_PROCESS
+from medseg.engine.optim import build_optimizer
+from medseg.engine.report import CellFormat, markdown_table, text_table
+from medseg.engine.run import wrap_model
+from medseg.engine.trainer import TrainStep, training_loss
+from medseg.models import MODELS, build_model
 
 CONFIG_DIR = Path(__file__).resolve().parents[2] / "configs"
-BLOCKS = ("none", "masa", "masa_decomposed", "focused_linear", "cswin", "mha")
-MONAI_MODELS = ("monai_unet", "monai_swinunetr", "monai_unetr")
-ROWS = (*(f"unet+{block}" for block in BLOCKS), *MONAI_MODELS)
+UNET_ROW = f"{ModelConfig.name}+"
+"""Rows named ``unet+<block>`` are medseg's U-Net with ``model.bottleneck=<block>``."""
+NO_RUN_DIR = "output_dir=unused"
+"""The benchmark writes no run directory, and outside a Hydra run the default cannot resolve."""
 REFERENCE = "monai_swinunetr"
 IN_CHANNELS, NUM_CLASSES = 1, 3
 MIB = 2**20
@@ -91,15 +99,20 @@ def compose_train_config(overrides: Sequence[str] = ()) -> DictConfig:
         return compose(config_name="train", overrides=list(overrides))
 
 
-def model_config(row: str, overrides: Sequence[str] = ()) -> dict[str, Any]:
-    """The plain ``model`` node of ``row``: the default U-Net config with its bottleneck, or a MONAI network."""
-    name_override = f"model.bottleneck={row.split('+', 1)[1]}" if row.startswith("unet+") else f"model.name={row}"
-    cfg = compose_train_config([name_override, *overrides])
-    return OmegaConf.to_container(cfg.model, resolve=True)  # type: ignore[return-value]
+def all_rows() -> list[str]:
+    """Every row: the U-Net with each bottleneck choice (``none``, then the registered blocks), then the other
+    networks of ``model.name``; read from the registries, so a newly registered block is a row."""
+    return [*(UNET_ROW + block for block in block_choices()), *(name for name in MODELS if name != ModelConfig.name)]
 
 
-def _amp(precision: str) -> torch.dtype | None:
-    return torch.bfloat16 if precision == "bf16" else None
+def train_config(row: str, overrides: Sequence[str] = ()) -> TrainConfig:
+    """The validated training config of ``row``: ``scripts/train.py``'s, with the row's block or network.
+
+    Raises:
+        ConfigError: an override names an unknown key or an invalid value.
+    """
+    choice = f"model.bottleneck={row.removeprefix(UNET_ROW)}" if row.startswith(UNET_ROW) else f"model.name={row}"
+    return validate_config(compose_train_config([choice, *overrides, NO_RUN_DIR]))
 
 
 def _tensor_bytes(tensors: Sequence[torch.Tensor | None]) -> int:
@@ -117,7 +130,7 @@ def resident_bytes(model: nn.Module, optimizer: torch.optim.Optimizer | None, ba
     return _tensor_bytes([*params, *(p.grad for p in params), *state, *batch])
 
 
-def absolute_peak_mib(fn: Callable[[], torch.Tensor], device: torch.device, before: int) -> float:
+def absolute_peak_mib(fn: Callable[[], object], device: torch.device, before: int) -> float:
     """Peak MiB of all tensors while ``fn`` runs: ``before`` (CPU: tensors alive already) plus the rise above it.
 
     On CUDA the allocator's own count of what is allocated replaces ``before``.
@@ -126,27 +139,6 @@ def absolute_peak_mib(fn: Callable[[], torch.Tensor], device: torch.device, befo
         before = torch.cuda.memory_allocated(device)
     rise, _ = peak_bytes(fn, device)
     return (before + rise) / MIB
-
-
-def make_train_step(
-    model: nn.Module, image: torch.Tensor, label: torch.Tensor, amp: torch.dtype | None
-) -> tuple[Callable[[], torch.Tensor], torch.optim.Optimizer]:
-    """The trainer's step (zero grads, autocast forward, DiceCE, backward, clip 12, AdamW) as a closure."""
-    optimizer = torch.optim.AdamW(model.parameters(), lr=1e-4)
-    loss_fn = DiceCELoss(to_onehot_y=True, softmax=True)
-
-    def step() -> torch.Tensor:
-        model.train()
-        optimizer.zero_grad(set_to_none=True)
-        with autocast(image.device, amp):
-            output = model(image)
-        loss = loss_fn(output.float(), label)
-        loss.backward()
-        nn.utils.clip_grad_norm_(model.parameters(), 12.0)
-        optimizer.step()
-        return loss.detach()
-
-    return step, optimizer
 
 
 def make_inference(model: nn.Module, image: torch.Tensor, amp: torch.dtype | None) -> Callable[[], torch.Tensor]:
@@ -166,7 +158,9 @@ class Runnable:
 
     row: Row
     infer: Callable[[], torch.Tensor] | None = None
-    step: Callable[[], torch.Tensor] | None = None
+    step: Callable[[], float | None] | None = None
+    """One training step on the benchmark's batch: :attr:`trainer_step` in train mode."""
+    trainer_step: TrainStep | None = None
 
 
 def _record_failure(row: Row, error: Exception) -> None:
@@ -175,25 +169,34 @@ def _record_failure(row: Row, error: Exception) -> None:
     row.status, row.detail = ("oom" if out_of_memory else "error"), message[:200]
 
 
-def prepare(name: str, sizes: Sizes, device: torch.device, overrides: Sequence[str] = ()) -> Runnable:
-    """Build ``name``, measure its parameters and peak memory (inference first, then training after warm-up)."""
+def prepare(name: str, cfg: TrainConfig, sizes: Sizes, device: torch.device) -> Runnable:
+    """Build ``name`` from ``cfg`` as the trainer would, measure its parameters and peak memory (inference
+    first, then training after the warm-up steps)."""
     runnable = Runnable(Row(name))
-    amp = _amp(sizes.precision)
+    amp = amp_dtype(cfg.trainer.precision, device)
     generator = torch.Generator().manual_seed(0)
     image = torch.randn(sizes.batch, IN_CHANNELS, *sizes.patch, generator=generator).to(device)
     label = torch.randint(0, NUM_CLASSES, (sizes.batch, 1, *sizes.patch), generator=generator).to(device)
     try:
         torch.manual_seed(0)
-        model = build_model(model_config(name, overrides), IN_CHANNELS, NUM_CLASSES, sizes.patch).to(device)
+        model = build_model(cfg.model, IN_CHANNELS, NUM_CLASSES, sizes.patch)
         runnable.row.params = sum(p.numel() for p in model.parameters())
+        model = wrap_model(model, device, SINGLE_PROCESS, cfg.trainer.compile)
         infer = make_inference(model, image, amp)
         runnable.row.infer_peak_mib = absolute_peak_mib(infer, device, resident_bytes(model, None, [image]))
-        step, optimizer = make_train_step(model, image, label, amp)
+        step = TrainStep(model, training_loss(cfg.model), build_optimizer(model.parameters(), cfg.trainer),
+                         cfg.trainer.grad_clip, amp, device)
+
+        def train() -> float | None:
+            model.train()  # inference left it in eval mode
+            return step(image, label)
+
         for _ in range(sizes.warmup):
-            step()
-        runnable.row.train_peak_mib = absolute_peak_mib(step, device, resident_bytes(model, optimizer, [image, label]))
-        runnable.infer, runnable.step = infer, step
-    except (RuntimeError, ValueError) as error:  # torch.OutOfMemoryError is a RuntimeError
+            train()
+        resident = resident_bytes(model, step.optimizer, [image, label])
+        runnable.row.train_peak_mib = absolute_peak_mib(train, device, resident)
+        runnable.infer, runnable.step, runnable.trainer_step = infer, train, step
+    except (RuntimeError, ValueError) as error:  # torch.OutOfMemoryError is a RuntimeError, ConfigError a ValueError
         _record_failure(runnable.row, error)
     return runnable
 
@@ -224,13 +227,13 @@ def interleaved_seconds(runnables: Sequence[Runnable], device: torch.device, rep
             runnable.row.infer_s, runnable.row.train_s = (statistics.median(spent[k]) for k in ("infer", "step"))
 
 
-def measure(names: Sequence[str], sizes: Sizes, device: torch.device, max_seconds: float,
-            overrides: Sequence[str] = ()) -> list[Row]:
-    """Every network's figures (see the module docstring); errors and OOMs are recorded, not raised."""
+def measure(configs: Mapping[str, TrainConfig], sizes: Sizes, device: torch.device, max_seconds: float) -> list[Row]:
+    """Every network's figures (``configs``: row -> :func:`train_config`; see the module docstring); a network's
+    errors and OOMs are recorded, not raised."""
     runnables = []
-    for name in names:
+    for name, cfg in configs.items():
         started = time.perf_counter()
-        runnables.append(prepare(name, sizes, device, overrides))
+        runnables.append(prepare(name, cfg, sizes, device))
         row = runnables[-1].row
         print(f"{name:>22}: {row.status} {row.detail} ({time.perf_counter() - started:.0f} s to build, warm up "
               f"and measure memory)", file=sys.stderr)
@@ -256,44 +259,29 @@ def targets(rows: Sequence[Row], sizes: Sizes, device: torch.device) -> list[Tar
     return [Target(f"unet+masa train step time / SwinUNETR's ({where})", step, "<=", 0.25)]
 
 
-def _fmt(value: float | None, digits: int = 3) -> str:
-    return "n/a" if value is None else f"{value:.{digits}g}"
+RATIO = "× Swin"
+TABLE_FORMATS: dict[str, CellFormat] = {
+    "params (M)": ".3g", "train step (s)": ".3g", "inference (s)": ".3g", RATIO: ".2g",
+    "train peak (MiB)": ",.0f", "inference peak (MiB)": ",.0f",
+}
+TABLE_STYLE: dict[str, Any] = {"formats": TABLE_FORMATS, "align": "<" + ">" * 8, "missing": "n/a"}
+"""How :func:`table` is shown, in the terminal and in ``models.md``."""
 
 
 def table(rows: Sequence[Row]) -> tuple[list[str], list[list[Any]]]:
-    """Headers and cells of the results table; ratios are against SwinUNETR."""
+    """Headers and values of the results table (ratios against SwinUNETR); a failed row shows its status
+    and error instead of the times. Render it with :data:`TABLE_STYLE`."""
     ratios = {key: _per_reference(rows, key) for key in ("train_s", "infer_s", "train_peak_mib")}
-    headers = [
-        "model",
-        "params (M)",
-        "train step (s)",
-        "× Swin",
-        "inference (s)",
-        "× Swin",
-        "train peak (MiB)",
-        "× Swin",
-        "inference peak (MiB)",
-    ]
+    headers = ["model", "params (M)", "train step (s)", RATIO, "inference (s)", RATIO, "train peak (MiB)", RATIO,
+               "inference peak (MiB)"]
     cells = []
     for r in rows:
+        params = None if r.params is None else r.params / 1e6
         if r.status != "ok":
-            cells.append(
-                [r.model, _fmt(r.params and r.params / 1e6), r.status.upper(), "", r.detail[:60], "", "", "", ""]
-            )
+            cells.append([r.model, params, r.status.upper(), None, r.detail[:60], None, None, None, None])
             continue
-        cells.append(
-            [
-                r.model,
-                _fmt(r.params / 1e6),
-                _fmt(r.train_s),
-                _fmt(ratios["train_s"][r.model], 2),
-                _fmt(r.infer_s),
-                _fmt(ratios["infer_s"][r.model], 2),
-                f"{r.train_peak_mib:,.0f}",
-                _fmt(ratios["train_peak_mib"][r.model], 2),
-                f"{r.infer_peak_mib:,.0f}",
-            ]
-        )
+        cells.append([r.model, params, r.train_s, ratios["train_s"][r.model], r.infer_s, ratios["infer_s"][r.model],
+                      r.train_peak_mib, ratios["train_peak_mib"][r.model], r.infer_peak_mib])
     return headers, cells
 
 
@@ -306,16 +294,16 @@ def machine(device: torch.device) -> str:
 
 def to_markdown(report: dict[str, Any], rows: Sequence[Row]) -> str:
     meta = report["meta"]
-    headers, cells = table(rows)
     lines = [
         "# Networks: training step, inference, peak memory",
         "",
         f"{meta['machine']}, torch {meta['torch']}, MONAI {meta['monai']}; input {meta['batch']} × 1 × "
         f"{'×'.join(map(str, meta['patch']))}, {meta['precision']}, 3 classes; medians of {meta['reps']} runs "
-        f"after {meta['warmup']} warm-up. medseg rows: `configs/model/unet.yaml` with `model.bottleneck=<block>`. "
-        f"Peak memory: {meta['memory_method']}.",
+        f"after {meta['warmup']} warm-up. Rows: the training config with `model.bottleneck=<block>` (medseg's "
+        f"U-Net) or `model.name=<network>`; train step: the trainer's own (DiceCE, {meta['optimizer']}, "
+        f"grad clip {meta['grad_clip']}). Peak memory: {meta['memory_method']}.",
         "",
-        markdown_table(headers, cells),
+        markdown_table(*table(rows), **TABLE_STYLE),
         "",
         "## targets",
         "",
@@ -340,7 +328,10 @@ def run(args: argparse.Namespace) -> int:
     """Measure every row, print the markdown report, and write ``models.md`` / ``models.json`` under ``--out``."""
     device = torch.device(args.device)
     sizes = choose_sizes(args)
-    rows = measure(args.models, sizes, device, args.max_seconds, args.override)
+    configs = {name: train_config(name, [*args.override, f"trainer.precision={sizes.precision}"])
+               for name in args.models}
+    rows = measure(configs, sizes, device, args.max_seconds)
+    trainer = configs[args.models[0]].trainer  # the same for every row
     import monai
 
     report = {
@@ -356,13 +347,15 @@ def run(args: argparse.Namespace) -> int:
                 if device.type == "cuda"
                 else "PyTorch CPU-allocator high-water mark (torch.profiler) plus the tensors alive before the step"
             ),
+            "optimizer": trainer.optimizer,
+            "lr": trainer.lr,
+            "grad_clip": trainer.grad_clip,
             "overrides": list(args.override),
         },
         "results": [asdict(r) for r in rows],
         "targets": [asdict(t) for t in targets(rows, sizes, device)],
     }
-    headers, cells = table(rows)
-    print(text_table(headers, cells))
+    print(text_table(*table(rows), **TABLE_STYLE))
     markdown = to_markdown(report, rows)
     print("\n" + markdown.split("## targets", 1)[1].strip())
     write_report(args.out, "models", markdown, report)
@@ -377,7 +370,7 @@ def add_subcommand(subparsers: argparse._SubParsersAction) -> None:
         description=__doc__,
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
-    parser.add_argument("--models", nargs="+", default=list(ROWS), choices=ROWS, help="rows to measure")
+    parser.add_argument("--models", nargs="+", default=all_rows(), choices=all_rows(), help="rows to measure")
     parser.add_argument(
         "--gpu-sizes",
         action="store_true",
@@ -386,7 +379,8 @@ def add_subcommand(subparsers: argparse._SubParsersAction) -> None:
     parser.add_argument("--quick", action="store_true", help="32x32x64, batch 2, one rep (for tests)")
     parser.add_argument("--patch", type=int, nargs=3, default=None, help="override the preset's patch")
     parser.add_argument("--batch", type=int, default=None, help="override the preset's batch")
-    parser.add_argument("--precision", choices=("fp32", "bf16"), default=None, help="override the preset's")
+    parser.add_argument("--precision", choices=list(PRECISIONS), default=None,
+                        help="override the preset's (trainer.precision)")
     parser.add_argument("--reps", type=int, default=None, help="timed runs (median)")
     parser.add_argument("--warmup", type=int, default=None, help="untimed training steps first")
     parser.add_argument("--max-seconds", type=float, default=120.0, help="time budget of a row's timed runs")

@@ -19,7 +19,6 @@ from __future__ import annotations
 import argparse
 import logging
 import math
-import sys
 from collections.abc import Sequence
 from dataclasses import asdict, dataclass
 from pathlib import Path
@@ -30,7 +29,7 @@ import torch
 from medseg.benchmark import targets_markdown, write_report
 from medseg.benchmark.attention import Target
 from medseg.benchmark.models import compose_train_config, machine
-from medseg.engine.report import markdown_table, text_table
+from medseg.engine.report import CellFormat, markdown_table, text_table
 
 MODELS: dict[str, tuple[str, ...]] = {
     "unet+masa": ("model.bottleneck=masa",),
@@ -121,20 +120,16 @@ def targets(results: Sequence[Result]) -> list[Target]:
     return [Target("val Dice: unet+masa - SwinUNETR (same data, seed, budget)", value, ">=", 0.0)]
 
 
+TABLE_FORMATS: dict[str, CellFormat] = {"params (M)": ".3g", "train time (s)": ".0f"}
+"""How :func:`table` is shown (Dice to 4 decimals, the renderer's default)."""
+
+
 def table(results: Sequence[Result]) -> tuple[list[str], list[list[Any]]]:
+    """Headers and values of the results table: a row per model; render it with :data:`TABLE_FORMATS`."""
     names = sorted({name for r in results for name in r.val_dice_per_class})
     headers = ["model", "params (M)", "epochs", "train time (s)", "val Dice", *(f"Dice {n}" for n in names)]
-    rows = [
-        [
-            r.model,
-            f"{r.params / 1e6:.3g}",
-            r.epochs,
-            f"{r.train_seconds:.0f}",
-            r.val_dice,
-            *(r.val_dice_per_class.get(n, float("nan")) for n in names),
-        ]
-        for r in results
-    ]
+    rows = [[r.model, r.params / 1e6, r.epochs, r.train_seconds, r.val_dice,
+             *(r.val_dice_per_class.get(n) for n in names)] for r in results]
     return headers, rows
 
 
@@ -148,7 +143,7 @@ def to_markdown(report: dict[str, Any], results: Sequence[Result]) -> str:
         f"`{' '.join(meta['overrides'])}`. Val Dice: mean over foreground classes on the fold-0 validation cases "
         "(sliding window), after the last epoch.",
         "",
-        markdown_table(*table(results)),
+        markdown_table(*table(results), formats=TABLE_FORMATS),
         "",
         "## targets",
         "",
@@ -177,7 +172,7 @@ def run(args: argparse.Namespace) -> int:
         "results": [asdict(r) for r in results],
         "targets": [asdict(t) for t in targets(results)],
     }
-    print(text_table(*table(results)), file=sys.stdout)
+    print(text_table(*table(results), formats=TABLE_FORMATS))
     markdown = to_markdown(report, results)
     print("\n" + markdown.split("## targets", 1)[1].strip())
     write_report(args.out, "quality", markdown, report)

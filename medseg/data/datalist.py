@@ -13,6 +13,7 @@ import json
 import logging
 import os
 import random
+import re
 from dataclasses import dataclass, field
 from functools import cache
 from pathlib import Path
@@ -22,6 +23,7 @@ from monai.data import load_decathlon_datalist
 
 from medseg.config import DataConfig
 from medseg.data.demo import ensure_demo_dataset
+from medseg.data.reading import IMAGE_ENDINGS
 from medseg.errors import DatasetError
 from medseg.io import atomic_write_json
 
@@ -30,7 +32,8 @@ log = logging.getLogger("medseg")
 CACHE_FOLDER = ".medseg_cache"
 """The cache folder inside a writable dataset folder."""
 
-NIFTI_ENDINGS = (".nii.gz", ".nii", ".nrrd", ".mha", ".mhd")
+CHANNEL_FILE = re.compile(r"^(?P<case>.+)_(?P<channel>\d{4})$")
+"""nnU-Net image names without their ending: ``CASE_0000`` for channel 0, ``CASE_0001`` for channel 1, ..."""
 
 
 @dataclass
@@ -72,10 +75,24 @@ class DatasetInfo:
 def case_id(path: str | Path, file_ending: str | None = None) -> str:
     """The case id of an image or label path: its file name without the image ending."""
     name = Path(path).name
-    for ending in ((file_ending,) if file_ending else ()) + NIFTI_ENDINGS:
+    for ending in ((file_ending,) if file_ending else ()) + IMAGE_ENDINGS:
         if name.endswith(ending):
             return name[: -len(ending)]
     return Path(name).stem
+
+
+def channel_file_name(case: str, channel: int, file_ending: str) -> str:
+    """nnU-Net's name of a case's image file for ``channel``: ``CASE_XXXX<file_ending>``."""
+    return f"{case}_{channel:04d}{file_ending}"
+
+
+def parse_channel_file(path: str | Path, file_ending: str | None = None) -> tuple[str, int] | None:
+    """``(case, channel)`` of an nnU-Net image file named ``CASE_XXXX<file_ending>`` (any image ending when
+    ``file_ending`` is None), or None for any other name."""
+    if file_ending is not None and not Path(path).name.endswith(file_ending):
+        return None
+    match = CHANNEL_FILE.match(case_id(path, file_ending))
+    return (match["case"], int(match["channel"])) if match else None
 
 
 def _read_json(path: Path) -> dict[str, Any]:
@@ -138,12 +155,12 @@ def _nnunet_cases(folder: Path, num_channels: int, file_ending: str, with_labels
     """Cases of an nnU-Net ``imagesTr``/``imagesTs`` folder: ``CASE_0000<ending>`` ... per channel."""
     if not folder.is_dir():
         return []
-    suffix = f"_0000{file_ending}"
-    ids = sorted(p.name[: -len(suffix)] for p in folder.iterdir() if p.name.endswith(suffix))
+    names = [parse_channel_file(p, file_ending) for p in folder.iterdir()]
+    ids = sorted(name[0] for name in names if name is not None and name[1] == 0)
     label_dir = folder.parent / folder.name.replace("images", "labels")
     entries = []
     for cid in ids:
-        images = [str(folder / f"{cid}_{c:04d}{file_ending}") for c in range(num_channels)]
+        images = [str(folder / channel_file_name(cid, c, file_ending)) for c in range(num_channels)]
         entry: dict[str, Any] = {"case": cid, "image": images if num_channels > 1 else images[0]}
         if with_labels:
             entry["label"] = str(label_dir / f"{cid}{file_ending}")

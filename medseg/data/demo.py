@@ -8,16 +8,14 @@ data, so the demo exercises orientation and spacing handling too.
 
 from __future__ import annotations
 
-import gzip
 import json
 from pathlib import Path
 
-import nibabel as nib
 import numpy as np
 from monai.data import create_test_image_3d
 from tqdm import tqdm
 
-from medseg.io import atomic_write, atomic_write_json
+from medseg.io import atomic_write_json, write_nifti
 
 DEMO_SPACING = (0.8, 0.8, 2.0)
 """Voxel spacing in mm along the voxel axes (i, j, k)."""
@@ -30,16 +28,6 @@ def lps_affine(spacing: tuple[float, float, float], origin: tuple[float, float, 
     affine = np.diag([-spacing[0], -spacing[1], spacing[2], 1.0])
     affine[:3, 3] = origin
     return affine
-
-
-def _save_nifti(path: Path, array: np.ndarray, affine: np.ndarray) -> None:
-    image = nib.Nifti1Image(array, affine)
-    image.set_qform(affine, code=1)
-    image.set_sform(affine, code=1)
-    data = image.to_bytes()
-    if path.suffix == ".gz":
-        data = gzip.compress(data, compresslevel=1)
-    atomic_write(path, lambda handle: handle.write(data))
 
 
 def _case_with_every_class(shape: tuple[int, int, int], rng: np.random.RandomState) -> tuple[np.ndarray, np.ndarray]:
@@ -79,8 +67,8 @@ def generate_demo_dataset(
         origin = tuple(float(v) for v in rng.uniform(-100.0, 100.0, size=3))
         affine = lps_affine(DEMO_SPACING, origin)
         name = f"demo_{index:03d}.nii.gz"
-        _save_nifti(root / "imagesTr" / name, (image * 1000.0).astype(np.float32), affine)
-        _save_nifti(root / "labelsTr" / name, label.astype(np.uint8), affine)
+        write_nifti(root / "imagesTr" / name, (image * 1000.0).astype(np.float32), affine)
+        write_nifti(root / "labelsTr" / name, label.astype(np.uint8), affine)
         training.append({"image": f"./imagesTr/{name}", "label": f"./labelsTr/{name}"})
     atomic_write_json(root / "dataset.json", {
         "name": "medseg-demo",

@@ -3,9 +3,9 @@
 Axis convention: every per-axis value here (spacing in mm, shape in voxels, patch, strides) is in
 **RAS voxel-axis order**, the order MONAI's ``Orientationd(axcodes="RAS")`` produces: axis 0 runs
 left -> right (R), axis 1 posterior -> anterior (A), axis 2 inferior -> superior (S). Files stored in
-another orientation (DICOM's LPS, or permuted axes) are reoriented on reading.
+another orientation (DICOM's LPS, or permuted axes) are reoriented on reading (:mod:`medseg.data.reading`).
 
-1. :func:`compute_fingerprint` reads every training case once (:func:`read_case`) and records its
+1. :func:`compute_fingerprint` reads every training case once (:func:`~medseg.data.reading.read_case`) and records its
    spacing, shape, orientation, class voxel counts and foreground intensity statistics; a sample of
    foreground voxels per case is pooled into dataset-level statistics. The result is JSON, cached
    and reused while the case files are unchanged.
@@ -19,7 +19,6 @@ from __future__ import annotations
 
 import copy
 import hashlib
-import importlib.util
 import json
 import os
 import warnings
@@ -28,15 +27,13 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
-import nibabel as nib
 import numpy as np
-from nibabel.filebasedimages import ImageFileError
-from nibabel.orientations import apply_orientation, axcodes2ornt, io_orientation, ornt_transform
 from tqdm import tqdm
 
 from medseg.config import DataConfig, ModelConfig
 from medseg.data.datalist import DatasetInfo, dataset_cache_dir, dataset_from_config
-from medseg.data.verify import read_volume
+from medseg.data.reading import image_paths, read_case
+from medseg.engine.report import CellFormat, text_table
 from medseg.errors import ConfigError, DatasetError
 from medseg.io import atomic_write_json
 
@@ -59,102 +56,6 @@ what a patch sees and short trainings see more distinct views per epoch (measure
 README, "What is planned"). A 2D slice covers a small share of a volume and is not limited by it in
 practice."""
 AXIS_NAMES = ("R", "A", "S")
-_RAS = axcodes2ornt("RAS")
-
-
-# ---------------------------------------------------------------------------------------------------
-# Reading
-# ---------------------------------------------------------------------------------------------------
-
-
-@dataclass
-class CaseVolume:
-    """One case as read from disk, reoriented to RAS voxel order."""
-
-    image: np.ndarray
-    """(C, X, Y, Z) in the file's dtype (e.g. int16 for CT); cast before arithmetic."""
-    label: np.ndarray | None
-    """(X, Y, Z) integer class indices, or None for a case without label."""
-    spacing: tuple[float, float, float]
-    """Voxel size in mm along X, Y, Z (RAS order)."""
-    orientation: str
-    """The file's axis codes before reorientation, e.g. ``"LPS"``."""
-
-
-def image_paths(entry: Mapping[str, Any]) -> list[str]:
-    """The image file(s) of a datalist entry: one path, or one per channel (nnU-Net layout)."""
-    image = entry["image"]
-    return [str(p) for p in image] if isinstance(image, list | tuple) else [str(image)]
-
-
-FORMAT_PACKAGES = {".nrrd": ("nrrd", "pynrrd"), ".mha": ("itk", "itk-io"), ".mhd": ("itk", "itk-io")}
-"""Non-NIfTI endings MONAI reads through an optional package: ending -> (module, pip name)."""
-
-
-def _missing_reader_hint(path: str | Path) -> str:
-    """`` (install ...)`` when ``path``'s format needs an optional package that is not installed, else ""."""
-    module, package = FORMAT_PACKAGES.get(Path(path).suffix.lower(), (None, None))
-    if module is None or importlib.util.find_spec(module) is not None:
-        return ""
-    return f" (reading {Path(path).suffix} needs {package}: pip install 'medseg[formats]')"
-
-
-def _load_ras(path: str | Path) -> tuple[np.ndarray, np.ndarray, str]:
-    """Load an image file (NIfTI through nibabel; ``.nrrd``, ``.mha``, ``.mhd`` through MONAI) in RAS order.
-
-    Returns:
-        array: (X, Y, Z) or (X, Y, Z, C), the file's data in its own dtype, axes permuted/flipped to RAS;
-        spacing: (3,) mm along X, Y, Z from the affine (as MONAI computes it);
-        axcodes: the file's orientation codes, e.g. ``"LPS"``.
-    """
-    if not Path(path).is_file():
-        raise DatasetError(f"{path}: file not found")
-    try:
-        data, affine = read_volume(path)
-    except (ImageFileError, OSError, RuntimeError, ValueError, ImportError) as err:
-        reason = str(err).splitlines()[0] if str(err) else type(err).__name__
-        raise DatasetError(f"{path}: not readable{_missing_reader_hint(path)}: {reason}") from err
-    if data.ndim not in (3, 4):
-        raise DatasetError(f"{path}: expected a 3D image (or 4D, channels last), got shape {data.shape}")
-    ornt = io_orientation(affine)
-    array = apply_orientation(data, ornt_transform(ornt, _RAS))
-    spacing = np.empty(3)
-    spacing[ornt[:, 0].astype(int)] = nib.affines.voxel_sizes(affine)
-    return array, spacing, "".join(nib.aff2axcodes(affine))
-
-
-def _read_label(path: str, shape: tuple[int, ...]) -> np.ndarray:
-    """(X, Y, Z) non-negative integer label map in RAS order, checked against the image ``shape``."""
-    label, _, _ = _load_ras(path)
-    if label.ndim == 4 and label.shape[3] == 1:
-        label = label[..., 0]
-    if label.shape != shape:
-        raise DatasetError(f"{path}: label shape {label.shape} (RAS) differs from the image's {shape}")
-    if label.dtype.kind not in "iu" or label.dtype == np.uint64:  # bincount needs a safe cast to intp
-        label = np.rint(label).astype(np.int64)
-    if label.size and label.min() < 0:
-        raise DatasetError(f"{path}: negative label values")
-    return label
-
-
-def read_case(entry: Mapping[str, Any]) -> CaseVolume:
-    """Read a datalist entry (``image`` path or per-channel paths, optional ``label``) in RAS order.
-
-    An MSD multi-channel file is 4D with channels last; nnU-Net's are one 3D file per channel.
-    """
-    volumes = [_load_ras(path) for path in image_paths(entry)]
-    spacing, orientation = volumes[0][1], volumes[0][2]
-    if len(volumes) == 1:
-        array = volumes[0][0]
-        image = np.moveaxis(array, -1, 0) if array.ndim == 4 else array[None]
-    else:
-        shapes = {v[0].shape for v in volumes}
-        if len(shapes) > 1 or volumes[0][0].ndim != 3:
-            raise DatasetError(f"case {entry['case']}: channel files differ in shape or are not 3D: {shapes}")
-        image = np.stack([v[0] for v in volumes])
-    label = _read_label(str(entry["label"]), image.shape[1:]) if entry.get("label") else None
-    return CaseVolume(image=image, label=label, spacing=tuple(float(s) for s in spacing),
-                      orientation=orientation)
 
 
 # ---------------------------------------------------------------------------------------------------
@@ -587,12 +488,11 @@ def _bytes_text(size: float) -> str:
     raise AssertionError("unreachable")
 
 
-def _table(header: Sequence[str], rows: Sequence[Sequence[Any]], indent: str = "  ") -> list[str]:
-    """Left-aligned first column, right-aligned others."""
-    cells = [[str(c) for c in row] for row in [header, *rows]]
-    widths = [max(len(row[i]) for row in cells) for i in range(len(header))]
-    return [indent + "  ".join(c.ljust(w) if i == 0 else c.rjust(w)
-                               for i, (c, w) in enumerate(zip(row, widths))).rstrip() for row in cells]
+def _table(header: Sequence[str], rows: Sequence[Sequence[Any]],
+           formats: Mapping[str, CellFormat] | None = None) -> list[str]:
+    """The lines of an indented report table: numbers as :func:`_num` writes them (or by ``formats``), None as -."""
+    formats = {**dict.fromkeys(header, _num), **(formats or {})}
+    return text_table(header, rows, formats=formats, missing="-", indent="  ").splitlines()
 
 
 def _num(value: Any) -> str:
@@ -612,29 +512,29 @@ def format_plan(plan: Plan, fingerprint: Mapping[str, Any]) -> str:
              f"{', '.join(fingerprint['channel_names'])}; files "
              f"{', '.join(f'{k} x{n}' for k, n in orientations.items())}", "", "fingerprint (RAS axes)"]
     lines += _table(["", *AXIS_NAMES], [
-        ["spacing median (mm)", *map(_num, np.median(spacings, axis=0))],
-        ["spacing min (mm)", *map(_num, spacings.min(axis=0))],
-        ["spacing max (mm)", *map(_num, spacings.max(axis=0))],
+        ["spacing median (mm)", *np.median(spacings, axis=0)],
+        ["spacing min (mm)", *spacings.min(axis=0)],
+        ["spacing max (mm)", *spacings.max(axis=0)],
         ["shape median (voxels)", *(int(n) for n in np.median(shapes, axis=0))],
         ["shape min (voxels)", *(int(n) for n in shapes.min(axis=0))],
         ["shape max (voxels)", *(int(n) for n in shapes.max(axis=0))],
     ])
     lines += ["", "foreground intensity"]
     lines += _table(["channel", "mean", "std", "min", "max", "p0.5", "p99.5"], [
-        [name, *(("-",) * 6 if s is None else map(_num, (s["mean"], s["std"], s["min"], s["max"],
-                                                         s["percentile_00_5"], s["percentile_99_5"])))]
+        [name, *((None,) * 6 if s is None else (s["mean"], s["std"], s["min"], s["max"],
+                                                 s["percentile_00_5"], s["percentile_99_5"]))]
         for name, s in zip(fingerprint["channel_names"], fingerprint["intensity"])
     ])
     total = max(sum(fingerprint["class_voxels"]), 1)
     lines += ["", "classes"]
     lines += _table(["class", "voxels", "share"], [
-        [f"{k} {fingerprint['labels'].get(str(k), '')}", n, f"{100 * n / total:.2f}%"]
+        [f"{k} {fingerprint['labels'].get(str(k), '')}", n, n / total]
         for k, n in enumerate(fingerprint["class_voxels"])
-    ])
+    ], formats={"share": ".2%"})
     axes = [0, 1, 2] if plan.spatial_dims == 3 else [a for a in range(3) if a != plan.slice_axis]
     lines += ["", f"plan ({plan.spatial_dims}D; thick axis {AXIS_NAMES[plan.slice_axis]})"]
     lines += _table(["", *(AXIS_NAMES[a] for a in axes)], [
-        ["target spacing (mm)", *(_num(plan.target_spacing[a]) for a in axes)],
+        ["target spacing (mm)", *(plan.target_spacing[a] for a in axes)],
         ["median shape (resampled)", *plan.median_shape],
         ["patch size (voxels)", *plan.patch_size],
         *[[f"stride level {i + 1}", *level] for i, level in enumerate(plan.strides)],

@@ -1,9 +1,10 @@
 """MONAI transform chains for training, validation and inference, built from the resolved data config.
 
-Every chain loads, puts channels first, reorients to RAS, resamples to the target spacing and
-normalises. Training then pads volumes smaller than the patch, samples foreground-balanced patches
-and augments. In 2D mode the training patches are single slices across the thick axis, squeezed to
-2D; validation and inference keep whole 3D volumes and run the 2D network slice by slice.
+Every chain reads the case in RAS voxel order (:class:`medseg.data.reading.LoadCased`, the reader planning
+uses too), resamples to the target spacing and normalises. Training then pads volumes smaller than the
+patch, samples foreground-balanced patches and augments. In 2D mode the training patches are single slices
+across the thick axis, squeezed to 2D; validation and inference keep whole 3D volumes and run the 2D
+network slice by slice.
 """
 
 from __future__ import annotations
@@ -19,9 +20,8 @@ from monai import transforms as mt
 
 from medseg.config import DataConfig
 from medseg.data.planning import thick_axis
+from medseg.data.reading import IMAGE, LABEL, LoadCased
 from medseg.errors import ConfigError
-
-IMAGE, LABEL = "image", "label"
 
 
 @dataclass(frozen=True)
@@ -111,14 +111,13 @@ def normalization_transform(normalization: str | Mapping[str, Any]) -> list[mt.T
 
 
 def preprocessing(spacing: Sequence[float], normalization: str | Mapping[str, Any],
-                  keys: Sequence[str] = (IMAGE, LABEL)) -> list[mt.Transform]:
-    """Load, channel-first, RAS, resample to ``spacing`` (mm), normalise: shared by every chain."""
-    interpolation = ["bilinear" if key == IMAGE else "nearest" for key in keys]
+                  with_label: bool = True) -> list[mt.Transform]:
+    """Read in RAS (channels first), resample to ``spacing`` (mm), normalise: shared by every chain."""
+    load = LoadCased(with_label)
+    interpolation = ["bilinear" if key == IMAGE else "nearest" for key in load.keys]
     return [
-        mt.LoadImaged(keys=list(keys), ensure_channel_first=True, image_only=False),
-        mt.EnsureTyped(keys=list(keys), dtype=np.float32, track_meta=True),
-        mt.Orientationd(keys=list(keys), axcodes="RAS", labels=(("L", "R"), ("P", "A"), ("I", "S"))),
-        mt.Spacingd(keys=list(keys), pixdim=list(spacing), mode=interpolation),
+        load,
+        mt.Spacingd(keys=list(load.keys), pixdim=list(spacing), mode=interpolation),
         *normalization_transform(normalization),
     ]
 
@@ -170,5 +169,4 @@ def augmentations(patch: Sequence[int]) -> list[mt.Transform]:
 
 def eval_transforms(data: DataConfig, with_label: bool = True) -> mt.Compose:
     """Whole-volume chain for validation and inference (3D volumes in both 2D and 3D mode)."""
-    keys = (IMAGE, LABEL) if with_label else (IMAGE,)
-    return mt.Compose([*preprocessing(data.spacing, data.normalization, keys)])
+    return mt.Compose(preprocessing(data.spacing, data.normalization, with_label))

@@ -18,25 +18,23 @@ message says what is wrong, in which case and which file, and what was expected:
 from __future__ import annotations
 
 import logging
-import sys
 from collections import Counter
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal
 
-import nibabel as nib
 import numpy as np
 from tqdm import tqdm
 
 from medseg.config import DataConfig
 from medseg.data.datalist import DatasetInfo, case_id, dataset_from_config
+from medseg.data.reading import IMAGE, ImageReadError, drop_trailing_singletons, image_paths, read_file
 from medseg.errors import DatasetError
 
 log = logging.getLogger(__name__)
 
 Severity = Literal["error", "warning"]
-NIBABEL_ENDINGS = (".nii.gz", ".nii")
 
 
 @dataclass
@@ -109,26 +107,6 @@ def _plural(count: int, noun: str) -> str:
 # --------------------------------------------------------------------------------------------- reading
 
 
-def read_volume(path: str | Path) -> tuple[np.ndarray, np.ndarray]:
-    """Read an image file into ``(array, affine)`` with the file's own dtype and axis order.
-
-    NIfTI goes through nibabel (``dataobj``, so integer labels stay integer); other formats
-    (``.nrrd``, ``.mha``, ...) through MONAI's ``LoadImage``. Raises whatever the reader raises.
-    """
-    name = Path(path).name
-    if name.endswith(NIBABEL_ENDINGS):
-        image = nib.load(str(path))
-        return np.asarray(image.dataobj), np.asarray(image.affine, dtype=np.float64)
-    return _read_with_monai(path)
-
-
-def _read_with_monai(path: str | Path) -> tuple[np.ndarray, np.ndarray]:
-    from monai.transforms import LoadImage  # heavy import, only for non-NIfTI files
-
-    data, meta = LoadImage(image_only=False, dtype=None, ensure_channel_first=False)(str(path))
-    return np.asarray(data), np.asarray(meta["affine"], dtype=np.float64)
-
-
 @dataclass
 class _Volume:
     """A loaded file: its (display) path, array with trailing singleton axes beyond 3D dropped, affine."""
@@ -140,12 +118,6 @@ class _Volume:
     @property
     def spatial_shape(self) -> tuple[int, ...]:
         return tuple(self.array.shape[:3])
-
-
-def _drop_trailing_singletons(array: np.ndarray) -> np.ndarray:
-    while array.ndim > 3 and array.shape[-1] == 1:
-        array = array[..., 0]
-    return array
 
 
 # ------------------------------------------------------------------------------------ geometry helpers
@@ -210,15 +182,12 @@ class _CaseCheck:
     def load(self, path: str | Path) -> _Volume | None:
         """Read ``path`` once; on a missing or unreadable file record the problem and return None."""
         file = self.display(path)
-        if not Path(path).is_file():
-            self.add(file, "file not found")
-            return None
         try:
-            array, affine = read_volume(path)
-        except Exception as err:  # any reader failure is a dataset problem, reported without traceback
-            self.add(file, f"cannot read file ({type(err).__name__}: {err})")
+            array, affine = read_file(path)
+        except ImageReadError as err:
+            self.add(file, err.reason)
             return None
-        return _Volume(file, _drop_trailing_singletons(array), affine)
+        return _Volume(file, drop_trailing_singletons(array), affine)
 
     @property
     def channels_text(self) -> str:
@@ -326,17 +295,8 @@ def _label_values(array: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     return values[whole], values[~whole]
 
 
-def _entry_paths(entry: Mapping[str, Any]) -> tuple[list[str], bool]:
-    """The image paths of an entry and whether it lists one file per channel."""
-    image = entry["image"]
-    if isinstance(image, (list, tuple)):
-        return [str(p) for p in image], True
-    return [str(image)], False
-
-
 def _entry_case(entry: Mapping[str, Any]) -> str:
-    paths, _ = _entry_paths(entry)
-    return str(entry.get("case") or case_id(paths[0]))
+    return str(entry.get("case") or case_id(image_paths(entry)[0]))
 
 
 def _check_case(entry: Mapping[str, Any], info: DatasetInfo, tolerance: float) -> list[Problem]:
@@ -345,8 +305,8 @@ def _check_case(entry: Mapping[str, Any], info: DatasetInfo, tolerance: float) -
         case=_entry_case(entry), root=Path(info.root), in_channels=info.in_channels,
         channel_names=list(info.channel_names), labels=dict(info.labels), tolerance=tolerance,
     )
-    paths, multi_file = _entry_paths(entry)
-    reference = check.check_images(paths, multi_file)
+    paths = image_paths(entry)
+    reference = check.check_images(paths, multi_file=isinstance(entry[IMAGE], list | tuple))
     if entry.get("label"):
         check.check_label(str(entry["label"]), reference)
     else:

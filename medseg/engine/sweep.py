@@ -24,8 +24,9 @@ from pathlib import Path
 from typing import Any
 
 import yaml
+from hydra.core.override_parser.overrides_parser import OverridesParser
 
-from medseg.engine.report import format_value, markdown_table, text_table
+from medseg.engine.report import CellFormat, markdown_table, text_table
 from medseg.io import atomic_write, atomic_write_text
 
 SEED_KEY = "trainer.seed"
@@ -47,7 +48,7 @@ class Job:
     name: str
     """The folder relative to the sweep directory (Hydra's job number by default)."""
     overrides: dict[str, str]
-    """``key -> value`` as typed on the command line (``+``/``++``/``~`` prefixes dropped)."""
+    """``key -> value`` of each override, read by Hydra's parser (:func:`parse_overrides`)."""
     metrics: dict[str, Any] | None
     """The parsed ``metrics.json``; None while the job is running, or if it was killed."""
     block: str = "default"
@@ -102,9 +103,9 @@ class SweepSummary:
 
     def text(self) -> str:
         """The report for a terminal: the job table, the seed table if any, and the best setting."""
-        parts = [text_table(*display_table(self.headers, self.rows))]
+        parts = [render_table(text_table, self.headers, self.rows, self.swept)]
         if self.seed_rows:
-            parts.append(text_table(*display_table(self.seed_headers, self.seed_rows)))
+            parts.append(render_table(text_table, self.seed_headers, self.seed_rows, self.swept))
         parts.append(self.best)
         return "\n\n".join(parts)
 
@@ -115,12 +116,19 @@ def dice_column(class_name: str) -> str:
 
 
 def parse_overrides(lines: Sequence[str]) -> dict[str, str]:
-    """``["model.bottleneck=masa", "+x=1", "~y"]`` -> ``{"model.bottleneck": "masa", "x": "1", "y": "~"}``."""
+    """``["model.bottleneck=masa", "+x=1e-4", "~y"]`` -> ``{"model.bottleneck": "masa", "x": "0.0001", "y": "~"}``.
+
+    Parsed by Hydra's own override parser: a string value as it reads (quotes and escapes removed), any other
+    value in Hydra's notation (``[8,16]``, ``null``, ``True``), a deleted key as ``~``.
+
+    Raises:
+        hydra.errors.OverrideParseException: a line that is not a Hydra override.
+    """
     out: dict[str, str] = {}
-    for line in lines:
-        key, sep, value = str(line).partition("=")
-        deleted = key.startswith("~")
-        out[key.lstrip("+~")] = value if sep else ("~" if deleted else "")
+    for override in OverridesParser.create().parse_overrides([str(line) for line in lines]):
+        value = override.value()
+        text = value if isinstance(value, str) else override.get_value_element_as_str()
+        out[override.key_or_group] = "~" if override.is_delete() else text
     return out
 
 
@@ -321,21 +329,20 @@ def _blank_none(rows: Sequence[Sequence[Any]]) -> list[list[Any]]:
     return [["" if value is None else value for value in row] for row in rows]
 
 
-def display_table(headers: Sequence[str], rows: Sequence[Sequence[Any]]) -> tuple[list[str], list[list[str]]]:
-    """Table cells for people: Dice to 4 decimals, seconds to 0.1, whole MB, 1,234 for counts; reasons only if any."""
+def display_formats(swept: Sequence[str]) -> dict[str, CellFormat]:
+    """How the tables show cells: swept values via :func:`display_value`, 1,234 parameters, seconds to 0.1,
+    whole MB (Dice and other floats to 4 decimals, the renderer's default)."""
+    digits = {column: f".{places}f" for column, places in DISPLAY_DIGITS.items()}
+    return {**dict.fromkeys(swept, display_value), "params": ",", **digits}
+
+
+def render_table(render: Callable[..., str], headers: Sequence[str], rows: Sequence[Sequence[Any]],
+                 swept: Sequence[str]) -> str:
+    """``rows`` for people, by ``render`` (:func:`text_table` or :func:`markdown_table`); the reason column only
+    when some job has a reason."""
     keep = [i for i, header in enumerate(headers) if header != "reason" or any(row[i] for row in rows)]
-    cells = [[_cell(row[i], headers[i]) for i in keep] for row in rows]
-    return [headers[i] for i in keep], cells
-
-
-def _cell(value: Any, header: str) -> str:
-    if value is None:
-        return ""
-    if isinstance(value, str):
-        return display_value(value)
-    if isinstance(value, int) and not isinstance(value, bool):
-        return f"{value:,}"  # parameter counts
-    return format_value(value, DISPLAY_DIGITS.get(header, 4))
+    return render([headers[i] for i in keep], [[row[i] for i in keep] for row in rows],
+                  formats=display_formats(swept))
 
 
 def display_value(text: str | None) -> str:
@@ -353,12 +360,12 @@ def render_markdown(summary: SweepSummary) -> str:
         f"# Sweep summary: `{summary.sweep_dir}`",
         f"{len(summary.rows)} jobs ({counts}). Swept: {swept}. Metric: `{summary.metric}` ({direction} is better).",
         "## Jobs",
-        markdown_table(*display_table(summary.headers, summary.rows)),
+        render_table(markdown_table, summary.headers, summary.rows, summary.swept),
     ]
     if summary.seed_rows:
         parts += [
             f"## Over seeds (`{SEED_KEY}`): mean ± std",
-            markdown_table(*display_table(summary.seed_headers, summary.seed_rows)),
+            render_table(markdown_table, summary.seed_headers, summary.seed_rows, summary.swept),
         ]
     parts += [f"**{summary.best}**", "![summary](summary.png)"]
     return "\n\n".join(parts) + "\n"

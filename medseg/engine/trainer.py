@@ -26,7 +26,7 @@ from monai.utils import set_determinism
 from torch import nn
 from tqdm import tqdm
 
-from medseg.config import TrainConfig
+from medseg.config import ModelConfig, TrainConfig
 from medseg.engine.checkpoint import load_checkpoint, load_model_state, save_checkpoint, unwrap_model
 from medseg.engine.data import PreparedData
 from medseg.engine.device import amp_dtype, autocast, peak_memory_mb, reset_peak_memory
@@ -51,6 +51,17 @@ def seed_everything(seed: int) -> None:
 def epoch_seed(seed: int, epoch: int) -> int:
     """The seed of one epoch: distinct per (seed, epoch), the same on every resume."""
     return (seed * 1_000_003 + epoch * 7919) % 2**31
+
+
+def training_loss(model: ModelConfig) -> nn.Module:
+    """The loss medseg trains with: Dice + cross-entropy on softmax probabilities.
+
+    ``loss(output, label)``: ``output`` ``(B, K, *spatial)`` float logits, or under ``model.deep_supervision``
+    a list of them (full resolution first, then each deeper one at half the weight, at least 1/16; MONAI's
+    ``DeepSupervisionLoss``), ``label`` ``(B, 1, *spatial)`` class indices.
+    """
+    loss = DiceCELoss(to_onehot_y=True, softmax=True)
+    return DeepSupervisionLoss(loss) if model.deep_supervision else loss
 
 
 class TrainStep:
@@ -142,10 +153,8 @@ class Trainer:
         self.output_dir = output_dir
         self.optimizer = build_optimizer(model.parameters(), self.settings)
         self.scheduler = build_scheduler(self.optimizer, self.settings)
-        loss = DiceCELoss(to_onehot_y=True, softmax=True)
-        self.step = TrainStep(model, DeepSupervisionLoss(loss) if cfg.model.deep_supervision else loss,
-                              self.optimizer, self.settings.grad_clip, amp_dtype(self.settings.precision, device),
-                              device, dist)
+        self.step = TrainStep(model, training_loss(cfg.model), self.optimizer, self.settings.grad_clip,
+                              amp_dtype(self.settings.precision, device), device, dist)
         self.nonfinite = NonFiniteSteps(self.settings.max_nonfinite_steps)
         self.epoch, self.start_step = 0, 0
         self.best_dice, self.best_epoch, self.best_per_class = -1.0, -1, {}

@@ -2,7 +2,14 @@
 
 from __future__ import annotations
 
+import json
+import math
+import re
+import subprocess
+import sys
+from collections.abc import Iterator
 from dataclasses import asdict, fields
+from pathlib import Path
 
 import pytest
 import torch
@@ -16,13 +23,25 @@ from medseg.attention import (
     build_transformer_block,
     register_attention,
 )
-from medseg.attention.common import merge_heads, split_heads
-from medseg.config import AttentionConfig
+from medseg.benchmark import build_parser, main
+from medseg.benchmark.models import Sizes, prepare, train_config
+from medseg.config import AttentionConfig, validate_config
+
+from ..conftest import REPO, compose_config
+from . import throwaway_block as throwaway
 
 
-def test_available_blocks() -> None:
-    assert available_blocks() == ["masa", "masa_decomposed", "focused_linear", "cswin", "mha"]
-    assert "none" not in available_blocks()
+def test_available_blocks_are_what_build_attention_takes() -> None:
+    names = available_blocks()
+    assert names and len(set(names)) == len(names)
+    for name in names:
+        block = build_attention(name, 24, 3)
+        assert isinstance(block, ATTENTION_BLOCKS[name]) and isinstance(block, SpatialAttention)
+    names.append("not_a_block")  # a copy: the registry is unchanged
+    assert "not_a_block" not in available_blocks()
+    assert "none" not in available_blocks()  # "none" leaves a U-Net slot empty; it is no block
+    with pytest.raises(ValueError, match="unknown attention block 'none'"):
+        build_attention("none", 24, 3)
 
 
 def test_unknown_name_lists_valid_blocks() -> None:
@@ -59,22 +78,78 @@ def test_omegaconf_values() -> None:
     assert block(x).shape == x.shape
 
 
-def test_register_a_new_block() -> None:
-    @register_attention("plain_test_block")
-    class Plain(SpatialAttention):
-        def mix(
-            self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, spatial_shape: tuple[int, ...]
-        ) -> torch.Tensor:
-            heads = (split_heads(t, self.num_heads) for t in (q, k, v))
-            return merge_heads(torch.nn.functional.scaled_dot_product_attention(*heads))
+@pytest.fixture
+def throwaway_block() -> Iterator[str]:
+    """The throwaway block (:mod:`tests.attention.throwaway_block`), registered for one test."""
+    throwaway.register()
+    yield throwaway.NAME
+    throwaway.unregister()
 
-    try:
-        assert "plain_test_block" in available_blocks()
-        block = build_transformer_block("plain_test_block", 32, 2, num_heads=2, gamma=0.5)
-        assert block(torch.randn(1, 32, 5, 7)).shape == (1, 32, 5, 7)
+
+def test_register_a_new_block(throwaway_block: str) -> None:
+    assert available_blocks()[-1] == throwaway_block  # in registration order
+    block = build_transformer_block(throwaway_block, 32, 2, num_heads=2, gamma=0.5)
+    assert block(torch.randn(1, 32, 5, 7)).shape == (1, 32, 5, 7)
+    for taken in (throwaway_block, "none"):
         with pytest.raises(ValueError, match="already taken"):
-            register_attention("plain_test_block")(Plain)
-    finally:
-        ATTENTION_BLOCKS.pop("plain_test_block")
-    with pytest.raises(ValueError, match="already taken"):
-        register_attention("none")(Plain)
+            register_attention(taken)(throwaway.ThrowawayAttention)
+    with pytest.raises(TypeError, match="SpatialAttention"):
+        register_attention("identity")(torch.nn.Identity)
+    assert "identity" not in available_blocks()
+
+
+GENERIC_TEST_FILES = ("tests/attention/test_blocks.py", "tests/attention/test_registry.py", "tests/test_compile.py")
+"""The test files with tests that run every registered block."""
+
+
+def pytest_with_throwaway_block(*args: str) -> subprocess.CompletedProcess:
+    """pytest in a fresh process that registers the throwaway block before collecting (-p plugin), as a block
+    registered in its own module is registered by the time a test module imports the registry."""
+    command = [sys.executable, "-m", "pytest", "-p", throwaway.__name__, "-p", "no:cacheprovider", *args]
+    return subprocess.run(command, cwd=REPO, capture_output=True, text=True, timeout=600)
+
+
+def parameters(node_id: str) -> set[str]:
+    """The parameter ids of a test's node id: ``test_x[2d-mha-none]`` -> ``{"2d", "mha", "none"}``."""
+    return set(re.split(r"[-\]]", node_id.partition("[")[2])) - {""}
+
+
+def test_a_new_block_needs_no_other_edit(throwaway_block: str, tmp_path: Path) -> None:
+    """README, "Add a new block": registered in its own file, a block is a valid value of both U-Net slots, a
+    row of both benchmarks, trains in a U-Net, and every generic test runs it."""
+    name, row = throwaway_block, f"unet+{throwaway_block}"
+    cfg = validate_config(compose_config([f"model.bottleneck={name}", f"model.decoder={name}", "output_dir=x"]))
+    assert (cfg.model.bottleneck, cfg.model.decoder) == (name, name)
+
+    parser = build_parser()
+    assert name in parser.parse_args(["attention"]).blocks and row in parser.parse_args(["models"]).models
+    assert main(["attention", "--quick", "--blocks", name, "--out", str(tmp_path)]) == 0
+    assert all(cell["status"] == "ok" for cell in json.loads((tmp_path / "attention.json").read_text())["results"])
+
+    # the models benchmark's row, in both slots of a small U-Net, takes steps of the trainer's TrainStep
+    small = [f"model.decoder={name}", "model.channels=[8,16]", "model.strides=[2]", "model.attention.num_heads=2"]
+    sizes = Sizes((8, 8, 8), batch=1, precision="fp32", reps=1, warmup=0)
+    runnable = prepare(row, train_config(row, small), sizes, torch.device("cpu"))
+    assert runnable.row.status == "ok", runnable.row.detail
+    assert runnable.trainer_step is not None and runnable.step is not None
+    slots = {path: module for path, module in runnable.trainer_step.model.named_modules()
+             if isinstance(module, throwaway.ThrowawayAttention)}
+    assert any("bottleneck" in path for path in slots) and any("decoder" in path for path in slots), list(slots)
+    before = [p.detach().clone() for module in slots.values() for p in module.parameters()]
+    assert math.isfinite(runnable.step())
+    after = [p for module in slots.values() for p in module.parameters()]
+    assert all(not torch.equal(old, new) for old, new in zip(before, after))
+
+    # every test that runs each built-in block runs the new one too, and passes
+    listed = pytest_with_throwaway_block("--collect-only", "-q", "-m", "slow or not slow", *GENERIC_TEST_FILES)
+    assert listed.returncode == 0, listed.stdout[-3000:] + listed.stderr[-3000:]
+    nodes = [line for line in listed.stdout.splitlines() if "::" in line]
+    by_test: dict[str, set[str]] = {}
+    for node in nodes:
+        by_test.setdefault(node.partition("[")[0], set()).update(parameters(node))
+    built_in = set(available_blocks()) - {name}
+    generic = [test for test, ids in by_test.items() if built_in <= ids]
+    assert {test.partition("::")[0] for test in generic} == set(GENERIC_TEST_FILES)
+    assert [test for test in generic if name not in by_test[test]] == []
+    ran = pytest_with_throwaway_block("-q", *(node for node in nodes if name in parameters(node)))
+    assert ran.returncode == 0, ran.stdout[-3000:] + ran.stderr[-3000:]

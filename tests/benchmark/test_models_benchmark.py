@@ -7,23 +7,50 @@ from pathlib import Path
 
 import pytest
 import torch
-from omegaconf import OmegaConf
+from monai.losses import DeepSupervisionLoss
 
+from medseg.attention import available_blocks
 from medseg.benchmark import main
-from medseg.benchmark.models import QUICK_SIZES, ROWS, Row, model_config, table, targets
+from medseg.benchmark.models import QUICK_SIZES, Row, Sizes, all_rows, prepare, table, targets, train_config
 from medseg.benchmark.quality import MODELS, epochs_for_budget
+from medseg.config import validate_config
+from medseg.engine.trainer import TrainStep
+from medseg.models import MODELS as NETWORKS
 
-from ..conftest import CONFIGS
+from ..conftest import compose_config
 
 
-def test_rows_use_the_default_model_config() -> None:
-    default = OmegaConf.to_container(OmegaConf.load(CONFIGS / "model" / "unet.yaml"))
-    masa = model_config("unet+masa")
-    assert masa["bottleneck"] == "masa"
-    assert {k: v for k, v in masa.items() if k != "bottleneck"} == {k: v for k, v in default.items()
-                                                                    if k != "bottleneck"}
-    assert model_config("monai_swinunetr")["name"] == "monai_swinunetr"
-    assert len(ROWS) == 9
+def test_rows_cover_every_block_and_network() -> None:
+    configs = [train_config(row).model for row in all_rows()]
+    unets = [cfg.bottleneck for cfg in configs if cfg.name == "unet"]
+    assert sorted(unets) == sorted(["none", *available_blocks()])
+    assert {cfg.name for cfg in configs} == set(NETWORKS)
+    assert len(all_rows()) == len(set(all_rows()))
+
+
+def test_a_row_is_what_train_py_trains() -> None:
+    """``unet+masa`` is the config of ``scripts/train.py model.bottleneck=masa``, composed independently."""
+    trained = validate_config(compose_config(["model.bottleneck=masa", "output_dir=unused"]))
+    benchmarked = train_config("unet+masa")
+    assert benchmarked.model == trained.model and benchmarked.trainer == trained.trainer
+    assert train_config("monai_swinunetr", ["trainer.lr=0.01"]).trainer.lr == 0.01  # --override applies
+
+
+TINY = Sizes((16, 16, 16), batch=1, precision="fp32", reps=1, warmup=1)
+TINY_UNET = ["model.channels=[4,8]", "model.strides=[2]"]
+
+
+def test_the_timed_step_is_the_trainers_step() -> None:
+    cfg = train_config("unet+none", [*TINY_UNET, "trainer.optimizer=sgd", "trainer.grad_clip=0.5",
+                                     "model.deep_supervision=true"])
+    runnable = prepare("unet+none", cfg, TINY, torch.device("cpu"))
+    assert runnable.row.status == "ok", runnable.row.detail
+    step = runnable.trainer_step
+    assert isinstance(step, TrainStep) and isinstance(step.optimizer, torch.optim.SGD)
+    assert step.grad_clip == 0.5 and isinstance(step.loss_fn, DeepSupervisionLoss)
+    before = [p.detach().clone() for p in step.model.parameters()]
+    assert isinstance(runnable.step(), float)  # the step's loss, as the trainer records it
+    assert any(not torch.equal(a, b) for a, b in zip(before, step.model.parameters()))
 
 
 def test_ratios_and_targets_against_swinunetr() -> None:
@@ -37,8 +64,10 @@ def test_ratios_and_targets_against_swinunetr() -> None:
     assert gpu_target.value == 8.0 and gpu_target.met  # throughput: SwinUNETR's step time / ours
     headers, cells = table(rows)
     masa = dict(zip(headers, cells[0]))
-    assert masa["train step (s)"] == "1" and cells[0][3] == "0.12" and cells[0][5] == "0.2"
-    assert cells[2][2] == "OOM"
+    assert masa["train step (s)"] == 1.0 and masa["params (M)"] == 2.0
+    assert cells[0][3] == 1.0 / 8.0 and cells[0][5] == 0.2 / 1.0 and cells[0][7] == 100.0 / 400.0
+    assert cells[1][3] == 1.0  # SwinUNETR against itself
+    assert "OOM" in cells[2] and "CUDA out of memory" in cells[2]
 
 
 def _check_models_report(out: Path, rows: list[str]) -> dict:

@@ -16,7 +16,6 @@ import torch
 from medseg.config import DataConfig, ModelConfig
 from medseg.data import planning
 from medseg.data.datalist import load_dataset
-from medseg.errors import DatasetError
 from medseg.data.planning import (
     BASE_VOXEL_BUDGET,
     MAX_PATCH_COVERAGE,
@@ -31,6 +30,7 @@ from medseg.data.planning import (
     voxel_budget_for,
 )
 from medseg.data.transforms import normalization_transform, window
+from medseg.errors import DatasetError
 from tests.data.realistic import (
     SAGITTAL_SHAPE,
     SAGITTAL_SPACING,

@@ -31,7 +31,6 @@ from medseg.engine.checkpoint import load_checkpoint
 from medseg.engine.data import PreparedData, plan_config, prepare_data
 from medseg.engine.launch import SINGLE_PROCESS
 from medseg.engine.run import train
-from medseg.errors import DatasetError
 from tests.conftest import compose_config
 from tests.data.realistic import (
     SAGITTAL_SHAPE,
@@ -340,11 +339,3 @@ def test_other_file_types_plan_and_train(ending: str, module: str, fmt: str, tmp
     assert torch.equal(ours["label"].as_tensor(), theirs["label"].as_tensor())
     metrics = train_on(root, fmt, tmp_path / "run")
     check_run(metrics, tmp_path / "run", root, fmt, 3)
-
-
-def test_missing_reader_package_is_a_clear_dataset_error(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    path = tmp_path / "case.mha"
-    path.write_bytes(b"not an image")
-    monkeypatch.setattr(planning.importlib.util, "find_spec", lambda name: None)
-    with pytest.raises(DatasetError, match=r"case\.mha: not readable \(reading \.mha needs itk-io: pip install"):
-        planning._load_ras(path)

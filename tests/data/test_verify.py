@@ -13,17 +13,15 @@ import nibabel as nib
 import numpy as np
 import pytest
 
-from medseg.data.datalist import load_dataset
 from medseg.config import DataConfig
+from medseg.data.datalist import load_dataset
 from medseg.data.verify import (
     DatasetVerificationError,
     Problem,
     VerificationReport,
-    _read_with_monai,
     affine_difference,
     check_data_cli,
     check_dataset,
-    read_volume,
     verify_dataset,
 )
 
@@ -245,14 +243,6 @@ def test_affine_tolerance_is_relative_to_voxel_size() -> None:
     flipped = np.array(fine)
     flipped[0, 0] *= -1
     assert affine_difference(fine, flipped).startswith("direction")
-
-
-def test_readers_keep_dtype_and_agree(tmp_path: Path) -> None:
-    path = save(tmp_path / "label.nii.gz", label())
-    array, affine = read_volume(path)
-    assert array.dtype == np.uint8 and np.allclose(affine, make_affine())
-    other, other_affine = _read_with_monai(path)  # the reader used for .nrrd / .mha
-    assert np.array_equal(other, array) and np.allclose(other_affine, affine)
 
 
 def test_corrupt_non_nifti_file_is_reported(tmp_path: Path) -> None:

@@ -19,12 +19,13 @@ import nibabel as nib
 import numpy as np
 import pytest
 import torch
+from nibabel.orientations import axcodes2ornt, io_orientation, ornt_transform
 from torch import nn
 
 from medseg.config import DataConfig, validate_config
-from medseg.data.datalist import load_dataset, split_cases, splits_path
+from medseg.data.datalist import channel_file_name, load_dataset, parse_channel_file, split_cases, splits_path
+from medseg.data.reading import read_file
 from medseg.data.transforms import window
-from medseg.engine import evaluate as evaluate_module
 from medseg.engine.checkpoint import save_checkpoint
 from medseg.engine.evaluate import (
     EvaluationError,
@@ -33,9 +34,12 @@ from medseg.engine.evaluate import (
     group_channels,
     mirror_axes,
 )
+from medseg.engine.evaluate import model as model_module
+from medseg.engine.evaluate.output import check_output
 from medseg.errors import CheckpointError, ConfigError
 from medseg.models import build_model
 from tests.conftest import compose_config, run_script
+from tests.data.realistic import write_ct_dataset
 from tests.engine.test_metrics import reference_dice, reference_hd95, reference_nsd
 
 LABELS = {"0": "background", "1": "dim sphere", "2": "bright sphere"}
@@ -74,13 +78,21 @@ def ckpt_3d(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 @pytest.fixture()
 def oracle(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(evaluate_module, "build_model", lambda cfg, cin, cout, patch: OracleNet())
+    monkeypatch.setattr(model_module, "build_model", lambda cfg, cin, cout, patch: OracleNet())
 
 
-def nnunet_folder(demo: Path, dest: Path, one_hot_images: bool = False, cases: int = 8) -> Path:
+def restore(path: Path, orientation: str) -> None:
+    """Store the image at ``path`` again with its voxel axes in ``orientation`` (the same voxels in the world)."""
+    image = nib.load(path)
+    nib.save(image.as_reoriented(ornt_transform(io_orientation(image.affine), axcodes2ornt(orientation))), path)
+
+
+def nnunet_folder(demo: Path, dest: Path, one_hot_images: bool = False, cases: int = 8,
+                  orientation: str | None = None) -> Path:
     """``dest/imagesTs/CASE_0000.nii.gz`` + ``dest/labelsTs/CASE.nii.gz`` from the demo.
 
     ``one_hot_images``: the images are the one-hot labels, one channel file per class (``CASE_0000..0002``).
+    ``orientation``: every file is stored again with its voxel axes in these codes (the demo's are LPS).
     """
     for index in range(cases):
         name = f"demo_{index:03d}"
@@ -96,6 +108,8 @@ def nnunet_folder(demo: Path, dest: Path, one_hot_images: bool = False, cases: i
         else:
             shutil.copy(image, dest / "imagesTs" / f"{name}_0000.nii.gz")
         shutil.copy(label, dest / "labelsTs" / f"{name}.nii.gz")
+    for path in (dest.glob("*/*.nii.gz") if orientation else ()):
+        restore(path, orientation)
     return dest
 
 
@@ -156,16 +170,28 @@ def test_geometry_kept_and_metrics_match_direct_computation(tiny_demo_root: Path
     assert summary["classes"]["dim sphere"]["dice"] == pytest.approx(np.mean(dims))
 
 
-@pytest.mark.parametrize("spacing", [(0.8, 0.8, 2.0), TARGET_SPACING], ids=["native", "resampled"])
-def test_oracle_model_scores_perfectly(tiny_demo_root: Path, tmp_path: Path, oracle: None, spacing) -> None:
+@pytest.mark.parametrize(("spacing", "orientation"), [
+    pytest.param((0.8, 0.8, 2.0), None, id="native"),
+    pytest.param((0.8, 0.8, 2.0), "PIR", id="native-permuted-axes"),
+    pytest.param(TARGET_SPACING, None, id="resampled"),
+])
+def test_oracle_model_scores_perfectly(tiny_demo_root: Path, tmp_path: Path, oracle: None, spacing,
+                                       orientation: str | None) -> None:
     """A model that returns the label: Dice 1 / HD95 0 without resampling, and close to it with it
-    (a wrong orientation or spacing inversion would misplace the prediction, Dice near 0)."""
+    (a wrong orientation or spacing inversion would misplace the prediction, Dice near 0). The demo is
+    stored LPS; ``PIR`` files permute the axes too, which the written label maps must undo."""
     ckpt = save_test_checkpoint(tmp_path / "oracle.pt", spacing=spacing, normalization="none", state={},
                                 channel_names=("c0", "c1", "c2"))
-    folder = nnunet_folder(tiny_demo_root, tmp_path / "data", one_hot_images=True, cases=3)
+    folder = nnunet_folder(tiny_demo_root, tmp_path / "data", one_hot_images=True, cases=3, orientation=orientation)
     result = evaluate({"ckpt": str(ckpt), "input": str(folder), "output": str(tmp_path / "out"),
                        "progress": False, "tta": True})
     assert result.exit_code == 0 and len(result.rows) == 3 * 2
+    for index in range(3):
+        name = f"demo_{index:03d}"
+        pred = assert_same_geometry(tmp_path / "out" / f"{name}.nii.gz", folder / "imagesTs" / f"{name}_0000.nii.gz")
+        if spacing == (0.8, 0.8, 2.0):
+            label = np.asarray(nib.load(folder / "labelsTs" / f"{name}.nii.gz").dataobj)
+            np.testing.assert_array_equal(pred, label)
     scored = [r for r in result.rows if r["flags"] != "both_empty"]
     assert scored
     if spacing == (0.8, 0.8, 2.0):
@@ -195,6 +221,20 @@ def test_predict_only_folder_with_probabilities(tiny_demo_root: Path, ckpt_3d: P
     assert (probs.argmax(0) == pred).mean() > 0.99
 
 
+def test_nrrd_images_are_predicted_onto_their_grid(ckpt_3d: Path, tmp_path: Path) -> None:
+    pytest.importorskip("nrrd", reason=".nrrd needs the formats extra: pip install 'medseg[formats]'")
+    root = write_ct_dataset(tmp_path / "ct", "nnunet", num_cases=1, shape=(40, 36, 12), orientation="PIR",
+                            file_ending=".nrrd")
+    result = evaluate({"ckpt": str(ckpt_3d), "input": str(root), "split": "training", "output": str(tmp_path / "out"),
+                       "progress": False})
+    assert result.exit_code == 0 and len(result.rows) == 2, result.failed
+    image, affine = read_file(root / "imagesTr" / "ct_000_0000.nrrd")
+    pred = nib.load(tmp_path / "out" / "ct_000.nii.gz")
+    assert pred.shape == image.shape == (36, 12, 40), "stored PIR"
+    np.testing.assert_allclose(pred.affine, affine, atol=1e-6)
+    assert (int(pred.header["qform_code"]), int(pred.header["sform_code"])) == (1, 1)
+
+
 def test_2d_checkpoint_on_3d_volumes(tiny_demo_root: Path, tmp_path: Path) -> None:
     ckpt = save_test_checkpoint(tmp_path / "best2d.pt", spatial_dims=2)
     folder = nnunet_folder(tiny_demo_root, tmp_path / "data", cases=1)
@@ -206,24 +246,27 @@ def test_2d_checkpoint_on_3d_volumes(tiny_demo_root: Path, tmp_path: Path) -> No
 
 def test_bad_cases_are_reported_and_others_still_evaluated(tiny_demo_root: Path, ckpt_3d: Path,
                                                            tmp_path: Path) -> None:
-    folder = nnunet_folder(tiny_demo_root, tmp_path / "data", cases=4)
-    # demo_001: a two-channel image; demo_002: a label two voxels shorter than its image
+    folder = nnunet_folder(tiny_demo_root, tmp_path / "data", cases=5)
+    # demo_001: a two-channel image; demo_002: a label two voxels shorter than its image; demo_004: a torn image
     two_channel = folder / "imagesTs" / "demo_001_0000.nii.gz"
     image = nib.load(two_channel)
     data = np.asarray(image.dataobj)
     nib.save(nib.Nifti1Image(np.stack([data, data], axis=-1), image.affine), two_channel)
     label = nib.load(folder / "labelsTs" / "demo_002.nii.gz")
     nib.save(nib.Nifti1Image(np.asarray(label.dataobj)[:-2], label.affine), folder / "labelsTs" / "demo_002.nii.gz")
+    torn = folder / "imagesTs" / "demo_004_0000.nii.gz"
+    torn.write_bytes(torn.read_bytes()[:500])
     out = tmp_path / "out"
     result = evaluate({"ckpt": str(ckpt_3d), "input": str(folder), "output": str(out), "progress": False})
     assert result.exit_code == 1
     reasons = {f["case"]: f["reason"] for f in result.failed}
-    assert set(reasons) == {"demo_001", "demo_002"}
+    assert set(reasons) == {"demo_001", "demo_002", "demo_004"}
     assert "demo_001_0000.nii.gz" in reasons["demo_001"] and "2 channel(s)" in reasons["demo_001"]
     assert "demo_002.nii.gz" in reasons["demo_002"] and "label shape (30, 32, 16)" in reasons["demo_002"]
+    assert reasons["demo_004"].startswith(f"{torn}: cannot read file (") and "Traceback" not in reasons["demo_004"]
     assert {r["case"] for r in result.rows} == {"demo_000", "demo_003"}
     summary = json.loads((out / "summary.json").read_text())
-    assert {f["case"] for f in summary["failed"]} == {"demo_001", "demo_002"} and summary["num_scored"] == 2
+    assert {f["case"] for f in summary["failed"]} == set(reasons) and summary["num_scored"] == 2
 
 
 def test_bad_checkpoints_and_empty_input(ckpt_3d: Path, tmp_path: Path) -> None:
@@ -261,7 +304,15 @@ def test_case_discovery(tmp_path: Path) -> None:
     with pytest.raises(EvaluationError, match="not found"):
         find_cases(tmp_path / "missing", "test", 1)
     with pytest.raises(EvaluationError, match="would overwrite"):
-        evaluate_module._check_output(find_cases(tmp_path, "test", 1), tmp_path)
+        check_output(find_cases(tmp_path, "test", 1), tmp_path)
+
+
+def test_nnunet_names_are_parsed_as_they_are_built() -> None:
+    assert channel_file_name("liver_7", 12, ".nrrd") == "liver_7_0012.nrrd"
+    assert parse_channel_file(Path("/d/imagesTs") / "liver_7_0012.nrrd") == ("liver_7", 12)
+    assert parse_channel_file("liver_7_0012.nrrd", ".nrrd") == ("liver_7", 12)
+    assert parse_channel_file("liver_7_0012.nii", ".nii.gz") is None, "another file ending"
+    assert parse_channel_file("liver_7.nii.gz") is None and parse_channel_file("liver_012.nii.gz") is None
 
 
 def test_validation_split_is_the_fold_the_checkpoint_was_trained_with(tiny_demo_root: Path, tmp_path: Path) -> None:

@@ -25,9 +25,12 @@ from medseg.engine.checkpoint import load_checkpoint
 from medseg.engine.run import train, train_cli
 from medseg.engine.validation import ValidationResult
 
-from ..conftest import MICRO_OVERRIDES, REPO, compose_config
+from ..conftest import REPO
+from .runs import micro_config
 
-STEPS_PER_EPOCH = 3
+STEPS_PER_EPOCH = 3  # the micro run: 6 training cases (fold 0 of 8) in batches of 2
+
+pytestmark = pytest.mark.usefixtures("one_thread")
 
 
 class _InfiniteGradient(torch.autograd.Function):
@@ -57,19 +60,6 @@ class _FaultyLoss(nn.Module):
         return loss * float("nan") if self.fault == "loss" else _InfiniteGradient.apply(loss)
 
 
-@pytest.fixture(autouse=True)
-def one_thread() -> Iterator[None]:
-    """Train on one thread: fast on shared CPUs (the tiny model gains nothing from more)."""
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
-
-
-def _config(run_dir: Path, root: Path, *overrides: str) -> Any:
-    return compose_config([*MICRO_OVERRIDES, f"data.root={root}", f"output_dir={run_dir}", *overrides])
-
-
 def _inject_faults(monkeypatch: pytest.MonkeyPatch, is_bad: Callable[[int], bool], fault: str = "loss") -> None:
     """Make the training loss faulty on the calls (counted from 1) where ``is_bad`` is true."""
     monkeypatch.setattr(trainer_module, "DiceCELoss", lambda **kwargs: _FaultyLoss(is_bad, fault, **kwargs))
@@ -94,7 +84,7 @@ def test_best_checkpoint_is_never_replaced_by_a_worse_one(tmp_path: Path, tiny_d
 
     monkeypatch.setattr(trainer_module, "validate", validate)
     run_dir = tmp_path / "run"
-    metrics = train(_config(run_dir, tiny_demo_root, "trainer.max_epochs=4"))
+    metrics = train(micro_config(run_dir, tiny_demo_root, "trainer.max_epochs=4"))
     history = json.loads((run_dir / "metrics.json").read_text())["history"]
     assert [record["val_dice"] for record in history] == [0.3, 0.6, 0.4, 0.6]
     best = load_checkpoint(run_dir / "checkpoints" / "best.pt")
@@ -108,7 +98,7 @@ def test_nonfinite_steps_are_skipped_and_counted(tmp_path: Path, tiny_demo_root:
                                                  fault: str, grad_clip: str) -> None:
     _inject_faults(monkeypatch, lambda call: call in (2, 5), fault)  # one step in each of the 2 epochs
     run_dir = tmp_path / "run"
-    metrics = train(_config(run_dir, tiny_demo_root, "trainer.max_epochs=2", f"trainer.grad_clip={grad_clip}"))
+    metrics = train(micro_config(run_dir, tiny_demo_root, "trainer.max_epochs=2", f"trainer.grad_clip={grad_clip}"))
     assert metrics["nonfinite_steps"] == 2
     assert json.loads((run_dir / "metrics.json").read_text())["nonfinite_steps"] == 2
     assert all(torch.isfinite(torch.tensor(record["loss"])) for record in metrics["history"])
@@ -124,7 +114,7 @@ def test_nonfinite_streak_stops_the_run_naming_the_last_good_checkpoint(
         capsys: pytest.CaptureFixture[str]) -> None:
     _inject_faults(monkeypatch, lambda call: call > STEPS_PER_EPOCH)  # every step from epoch 2 on
     run_dir = tmp_path / "run"
-    cfg = _config(run_dir, tiny_demo_root, "trainer.max_epochs=3", "trainer.max_nonfinite_steps=2")
+    cfg = micro_config(run_dir, tiny_demo_root, "trainer.max_epochs=3", "trainer.max_nonfinite_steps=2")
     with pytest.raises(SystemExit) as exit_info:
         one_line_errors(train_cli)(cfg)
     assert exit_info.value.code == 1
@@ -151,7 +141,7 @@ def test_grad_clip_is_configurable(tmp_path: Path, tiny_demo_root: Path, monkeyp
 
     monkeypatch.setattr(torch.nn.utils, "clip_grad_norm_", spy)
     value = "null" if grad_clip is None else str(grad_clip)
-    train(_config(tmp_path / "run", tiny_demo_root, "trainer.max_epochs=1", f"trainer.grad_clip={value}"))
+    train(micro_config(tmp_path / "run", tiny_demo_root, "trainer.max_epochs=1", f"trainer.grad_clip={value}"))
     if grad_clip is None:
         assert calls == []
         return
@@ -164,11 +154,11 @@ def test_grad_clip_is_configurable(tmp_path: Path, tiny_demo_root: Path, monkeyp
 def test_resume_with_another_architecture_is_one_clean_error(tmp_path: Path, tiny_demo_root: Path,
                                                              capsys: pytest.CaptureFixture[str]) -> None:
     run_dir = tmp_path / "run"
-    train(_config(run_dir, tiny_demo_root, "trainer.max_epochs=1"))
+    train(micro_config(run_dir, tiny_demo_root, "trainer.max_epochs=1"))
     last = run_dir / "checkpoints" / "last.pt"
     for resume in ("trainer.resume=true", f"ckpt_path={last}"):
         capsys.readouterr()
-        cfg = _config(run_dir, tiny_demo_root, "trainer.max_epochs=2", "model.bottleneck=masa", resume)
+        cfg = micro_config(run_dir, tiny_demo_root, "trainer.max_epochs=2", "model.bottleneck=masa", resume)
         with pytest.raises(SystemExit) as exit_info:
             one_line_errors(train_cli)(cfg)
         assert exit_info.value.code == 1

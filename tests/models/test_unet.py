@@ -1,15 +1,35 @@
-"""The slotted U-Net: every block in every slot, 2D and 3D, any input size, deep supervision."""
+"""The slotted U-Net: every block in every slot, every norm, 2D and 3D, any input size, deep supervision."""
 
 from __future__ import annotations
 
+import math
+from collections.abc import Callable
+from pathlib import Path
+
 import pytest
 import torch
+from torch import nn
 
 from medseg.attention import available_blocks
-from medseg.models import SlottedUNet, build_model
-from medseg.models.unet import level_spacing, per_axis_strides
+from medseg.config import validate_config
+from medseg.models import NORMS, SlottedUNet, build_model
+from medseg.models.unet import GROUP_NORM_GROUPS, level_spacing, per_axis_strides
+
+from ..conftest import compose_config
 
 ATTENTION = {"num_heads": 4, "split_size": 2, "kernel_size": 3}
+
+NORM_LAYERS = (nn.GroupNorm, nn.BatchNorm2d, nn.BatchNorm3d, nn.InstanceNorm2d, nn.InstanceNorm3d)
+BATCH_NORMS = {2: nn.BatchNorm2d, 3: nn.BatchNorm3d}
+EXPECTED_NORM: dict[str, Callable[[nn.Module, int], bool]] = {
+    "instance": lambda layer, dims: isinstance(layer, nn.GroupNorm) and layer.num_groups == layer.num_channels
+    and layer.affine,
+    "group": lambda layer, dims: isinstance(layer, nn.GroupNorm)
+    and layer.num_groups == math.gcd(GROUP_NORM_GROUPS, layer.num_channels),
+    "batch": lambda layer, dims: isinstance(layer, BATCH_NORMS[dims]),
+}
+"""``model.norm`` -> whether a norm layer of a ``dims``-D U-Net is that norm: instance norm is one group per
+channel (with affine parameters), group norm ``gcd(8, width)`` groups, batch norm torch's BatchNorm."""
 
 
 @pytest.mark.parametrize("block", ["none", *available_blocks()])
@@ -89,3 +109,27 @@ def test_build_model_monai_reference_networks() -> None:
         build_model({**cfg, "name": "monai_swinunetr"}, 1, 3, [48, 48, 32])
     with pytest.raises(ValueError, match="model.name"):
         build_model({**cfg, "name": "resnet"}, 1, 3, [16, 16, 16])
+
+
+@pytest.mark.parametrize("norm", NORMS)
+@pytest.mark.parametrize("spatial_dims", [2, 3])
+def test_every_norm_the_schema_accepts_builds_and_trains(norm: str, spatial_dims: int, tmp_path: Path) -> None:
+    """Every value of ``model.norm`` passes the schema, builds, runs forward and backward, and is that norm."""
+    assert norm in EXPECTED_NORM, f"model.norm={norm}: add the layer it must build to EXPECTED_NORM"
+    channels = [6, 12, 16]  # gcd(8, width) = 2, 4, 8: narrow levels get fewer groups
+    cfg = validate_config(compose_config([f"model.norm={norm}", f"model.spatial_dims={spatial_dims}",
+                                          f"model.channels={channels}", "model.strides=[2,2]",
+                                          f"output_dir={tmp_path}"]))
+    patch = [16, 12, 8][:spatial_dims]
+    torch.manual_seed(0)
+    model = build_model(cfg.model, 1, 3, patch)
+    layers = [m for m in model.modules() if isinstance(m, NORM_LAYERS)]
+    widths = {layer.num_channels if isinstance(layer, nn.GroupNorm) else layer.num_features for layer in layers}
+    assert widths == set(channels), "every level holds norm layers"
+    for layer in layers:
+        assert EXPECTED_NORM[norm](layer, spatial_dims), f"model.norm={norm} built {layer}"
+    x = torch.randn(2, 1, *patch)
+    out = model(x)
+    assert out.shape == (2, 3, *patch)
+    out.square().mean().backward()
+    assert all(p.grad is not None and torch.isfinite(p.grad).all() for p in model.parameters())

@@ -14,6 +14,7 @@ from tensorboard.backend.event_processing.event_accumulator import EventAccumula
 from tensorboard.plugins.hparams import metadata as hparams_metadata
 from tensorboard.plugins.hparams import plugin_data_pb2
 
+from medseg.attention import available_blocks
 from medseg.config import validate_config
 
 from ..conftest import CONFIGS, TINY_OVERRIDES, compose_config, run_script
@@ -103,7 +104,7 @@ def test_failing_job_is_recorded_and_the_sweep_goes_on(tmp_path: Path, tiny_demo
 @pytest.mark.parametrize("name", EXPERIMENTS)
 def test_experiment_presets_compose_and_validate(name: str) -> None:
     cfg = validate_config(compose_config([f"experiment={name}", "output_dir=unused"]))
-    assert cfg.model.bottleneck in ("none", "masa", "focused_linear")
+    assert cfg.model.bottleneck in ["none", *available_blocks()]
 
 
 def test_experiment_preset_values() -> None:
@@ -131,7 +132,7 @@ def test_compare_blocks_is_a_multirun_over_every_block() -> None:
     cfg = compose_with_hydra(["experiment=compare_blocks"])
     assert str(cfg.hydra.mode) == "RunMode.MULTIRUN"
     blocks = cfg.hydra.sweeper.params["model.bottleneck"].split(",")
-    assert blocks == ["none", "masa", "masa_decomposed", "focused_linear", "cswin", "mha"]
+    assert blocks == ["none", *available_blocks()]
     assert cfg.hydra.callbacks.summarize_sweep._target_ == "medseg.engine.callbacks.SummarizeSweep"
 
 

@@ -1,0 +1,227 @@
+"""The one image reader: files as stored (verification) and in RAS voxel order (planning, training, evaluation).
+
+Axis convention: "RAS voxel order" means axis 0 runs left -> right (R), axis 1 posterior -> anterior (A),
+axis 2 inferior -> superior (S), the order MONAI's ``Orientationd(axcodes="RAS")`` produces. Files stored in
+another orientation (DICOM's LPS, permuted axes) are permuted and flipped into it with nibabel's orientation
+tools, and :func:`from_ras` takes voxels back to a file's own order.
+
+- :func:`read_file`: a file's voxels and affine as stored (NIfTI through nibabel, ``.nrrd``/``.mha``/``.mhd``
+  through MONAI's readers, which need the ``formats`` extra);
+- :func:`read_ras`: the same voxels in RAS order, with the RAS affine;
+- :func:`read_case`: a datalist entry (image file or one file per channel, optional label) in RAS order;
+- :class:`LoadCased`: :func:`read_case` as the first MONAI transform of every chain, so planning, training,
+  validation and evaluation see the same axes by construction.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+from collections.abc import Hashable, Mapping, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, NamedTuple
+
+import nibabel as nib
+import numpy as np
+import torch
+from monai.data import MetaTensor
+from monai.transforms import LoadImage, MapTransform
+from nibabel.orientations import apply_orientation, axcodes2ornt, inv_ornt_aff, io_orientation, ornt_transform
+
+from medseg.errors import DatasetError
+
+IMAGE, LABEL = "image", "label"
+"""The keys of a case's image file(s) and label file in a datalist entry, and of their tensors in a chain."""
+NIBABEL_ENDINGS = (".nii.gz", ".nii")
+FORMAT_PACKAGES = {".nrrd": ("nrrd", "pynrrd"), ".mha": ("itk", "itk-io"), ".mhd": ("itk", "itk-io")}
+"""Non-NIfTI endings MONAI reads through an optional package: ending -> (module, pip name)."""
+IMAGE_ENDINGS = (*NIBABEL_ENDINGS, *FORMAT_PACKAGES)
+"""Every image file ending medseg reads."""
+_RAS = axcodes2ornt("RAS")
+
+
+class ImageReadError(DatasetError):
+    """An image file that is missing or that its reader cannot read; ``reason`` says why without the path."""
+
+    def __init__(self, path: str | Path, reason: str) -> None:
+        super().__init__(f"{path}: {reason}")
+        self.path, self.reason = str(path), reason
+
+    def __reduce__(self) -> tuple[type, tuple[str, str]]:  # picklable, so DataLoader workers can send it
+        return type(self), (self.path, self.reason)
+
+
+def _missing_reader_hint(path: str | Path) -> str:
+    """``; reading .X needs P: pip install ...`` when ``path``'s format needs a package that is not installed."""
+    module, package = FORMAT_PACKAGES.get(Path(path).suffix.lower(), (None, None))
+    if module is None or importlib.util.find_spec(module) is not None:
+        return ""
+    return f"; reading {Path(path).suffix} needs {package}: pip install 'medseg[formats]'"
+
+
+def _read_with_monai(path: str) -> tuple[np.ndarray, np.ndarray]:
+    data, meta = LoadImage(image_only=False, dtype=None, ensure_channel_first=False)(path)
+    return np.asarray(data), np.asarray(meta["affine"], dtype=np.float64)
+
+
+def read_file(path: str | Path) -> tuple[np.ndarray, np.ndarray]:
+    """A file's voxels in its own dtype and axis order, and its ``(4, 4)`` voxel-to-world (RAS mm) affine.
+
+    NIfTI goes through nibabel's ``dataobj`` (integer labels stay integer, scaling applied as stored); other
+    formats through MONAI's ``LoadImage``, whose affine is converted to RAS world coordinates as NIfTI's are.
+
+    Raises:
+        ImageReadError: the file is missing or unreadable; the message names it (and the package to install
+            when its format needs one that is missing), the reader's exception is the cause.
+    """
+    if not Path(path).is_file():
+        raise ImageReadError(path, "file not found")
+    try:
+        if str(path).endswith(NIBABEL_ENDINGS):
+            image = nib.load(str(path), mmap=False)  # voxels in memory, not a view of the file
+            return np.asarray(image.dataobj), np.asarray(image.affine, dtype=np.float64)
+        return _read_with_monai(str(path))
+    except Exception as err:  # the file's bytes decide what nibabel, pynrrd or ITK raise: all mean "unreadable"
+        lines = str(err).strip().splitlines()
+        reason = f"{type(err).__name__}: {lines[0]}" if lines else type(err).__name__
+        raise ImageReadError(path, f"cannot read file ({reason}){_missing_reader_hint(path)}") from err
+
+
+def drop_trailing_singletons(array: np.ndarray) -> np.ndarray:
+    """``array`` without its size-1 axes after the third: ``(X, Y, Z, 1)`` is a 3D volume (a view)."""
+    while array.ndim > 3 and array.shape[-1] == 1:
+        array = array[..., 0]
+    return array
+
+
+def nifti_header(path: str | Path) -> nib.Nifti1Header | None:
+    """The header of a NIfTI file (its voxels are not read), to write an output onto its grid; None for others."""
+    return nib.load(str(path)).header if str(path).endswith(NIBABEL_ENDINGS) else None
+
+
+class RasImage(NamedTuple):
+    """One image file in RAS voxel order."""
+
+    array: np.ndarray
+    """(X, Y, Z) or (X, Y, Z, C): the file's voxels in its own dtype, spatial axes permuted/flipped to RAS."""
+    affine: np.ndarray
+    """(4, 4) voxel-to-world (RAS mm) affine of ``array``."""
+    file_affine: np.ndarray
+    """(4, 4) the file's own affine, which :func:`from_ras` needs to go back to its voxel order."""
+
+
+def read_ras(path: str | Path) -> RasImage:
+    """Read ``path`` (:func:`read_file`) and reorder its first three axes to RAS, as MONAI's ``Orientationd`` does.
+
+    Size-1 axes after the third are dropped (:func:`drop_trailing_singletons`).
+
+    Raises:
+        ImageReadError: missing or unreadable file.
+        DatasetError: the image is not 3D (or 4D with channels last).
+    """
+    data, affine = read_file(path)
+    data = drop_trailing_singletons(data)
+    if data.ndim not in (3, 4):
+        raise DatasetError(f"{path}: expected a 3D image (or 4D, channels last), got shape {data.shape}")
+    to_ras = ornt_transform(io_orientation(affine), _RAS)
+    return RasImage(apply_orientation(data, to_ras), affine @ inv_ornt_aff(to_ras, data.shape[:3]), affine)
+
+
+def from_ras(array: np.ndarray, file_affine: np.ndarray) -> np.ndarray:
+    """``array`` (X, Y, Z, ...) in RAS voxel order back in the voxel order of the file whose affine is
+    ``file_affine``: the inverse of :func:`read_ras`'s reordering (a view, trailing axes kept)."""
+    return apply_orientation(array, ornt_transform(_RAS, io_orientation(file_affine)))
+
+
+@dataclass
+class CaseVolume:
+    """One case as read from disk, in RAS voxel order."""
+
+    image: np.ndarray
+    """(C, X, Y, Z) in the file's dtype (e.g. int16 for CT); cast before arithmetic."""
+    label: np.ndarray | None
+    """(X, Y, Z) class indices (the file's integer dtype, int64 for a float file), or None without label."""
+    affine: np.ndarray
+    """(4, 4) voxel-to-world (RAS mm) affine of ``image`` and ``label`` (the first image file's)."""
+    file_affine: np.ndarray
+    """(4, 4) the first image file's own affine (its axis order)."""
+
+    @property
+    def spacing(self) -> tuple[float, float, float]:
+        """Voxel size in mm along X, Y, Z (RAS order)."""
+        return tuple(float(s) for s in nib.affines.voxel_sizes(self.affine))
+
+    @property
+    def orientation(self) -> str:
+        """The file's axis codes before reorientation, e.g. ``"LPS"``."""
+        return "".join(nib.aff2axcodes(self.file_affine))
+
+
+def image_paths(entry: Mapping[str, Any]) -> list[str]:
+    """The image file(s) of a datalist entry: one path, or one per channel (nnU-Net layout)."""
+    image = entry[IMAGE]
+    return [str(p) for p in image] if isinstance(image, list | tuple) else [str(image)]
+
+
+def _read_label(path: str, shape: tuple[int, ...]) -> np.ndarray:
+    """(X, Y, Z) non-negative integer label map in RAS order, checked against the image ``shape``."""
+    label = read_ras(path).array
+    if label.shape != shape:
+        raise DatasetError(f"{path}: label shape {label.shape} (RAS) differs from the image's {shape}")
+    if label.dtype.kind not in "iu" or label.dtype == np.uint64:  # bincount needs a safe cast to intp
+        label = np.rint(label).astype(np.int64)
+    if label.size and label.min() < 0:
+        raise DatasetError(f"{path}: negative label values")
+    return label
+
+
+def read_case(entry: Mapping[str, Any]) -> CaseVolume:
+    """Read a datalist entry (``image`` path or per-channel paths, optional ``label``) in RAS order.
+
+    An MSD multi-channel file is 4D with channels last; nnU-Net's are one 3D file per channel.
+
+    Raises:
+        DatasetError: a missing or unreadable file, channel files that differ in shape, a label whose shape
+            differs from the image's or that holds negative values; the message names the file or case.
+    """
+    volumes = [read_ras(path) for path in image_paths(entry)]
+    first = volumes[0]
+    if len(volumes) == 1:
+        image = np.moveaxis(first.array, -1, 0) if first.array.ndim == 4 else first.array[None]
+    else:
+        shapes = {v.array.shape for v in volumes}
+        if len(shapes) > 1 or first.array.ndim != 3:
+            raise DatasetError(f"case {entry.get('case')}: channel files differ in shape or are not 3D: {shapes}")
+        image = np.stack([v.array for v in volumes])
+    label = _read_label(str(entry[LABEL]), image.shape[1:]) if entry.get(LABEL) else None
+    return CaseVolume(image=image, label=label, affine=first.affine, file_affine=first.file_affine)
+
+
+class LoadCased(MapTransform):
+    """:func:`read_case` as a MONAI transform: a datalist entry's files become RAS ``MetaTensor`` s.
+
+    ``image`` becomes (C, X, Y, Z) and ``label`` (with ``with_label``) (1, X, Y, Z), both float32 with the RAS
+    affine, which ``Spacingd`` and the rest of a chain follow; the image's meta also holds its first file's
+    ``original_affine`` (for :func:`from_ras`) and path (``filename_or_obj``). The result equals MONAI's
+    ``LoadImaged`` + ``EnsureChannelFirstd`` + ``EnsureTyped(float32)`` + ``Orientationd("RAS")``
+    (tests/data/test_reading.py), with the reading rule planning uses.
+    """
+
+    def __init__(self, with_label: bool = True) -> None:
+        keys: Sequence[Hashable] = (IMAGE, LABEL) if with_label else (IMAGE,)
+        super().__init__(keys)
+        self.with_label = with_label
+
+    def __call__(self, data: Mapping[str, Any]) -> dict[str, Any]:
+        """``data``: a datalist entry (``image`` and, with ``with_label``, ``label`` paths; ``case`` optional)."""
+        if self.with_label and not data.get(LABEL):
+            raise DatasetError(f"case {data.get('case')}: no label file")
+        volume = read_case(data if self.with_label else {k: v for k, v in data.items() if k != LABEL})
+        affine = torch.as_tensor(volume.affine, dtype=torch.float64)
+        out = dict(data)
+        out[IMAGE] = MetaTensor(torch.from_numpy(np.ascontiguousarray(volume.image, np.float32)), affine=affine,
+                                meta={"original_affine": volume.file_affine, "filename_or_obj": image_paths(data)[0]})
+        if self.with_label:
+            out[LABEL] = MetaTensor(torch.from_numpy(np.ascontiguousarray(volume.label[None], np.float32)),
+                                    affine=affine.clone())
+        return out

@@ -1,0 +1,189 @@
+"""Evaluate a checkpoint on new volumes: predict, write label maps in the original geometry, score them.
+
+Behind ``scripts/evaluate.py ckpt=RUN/checkpoints/best.pt input=PATH output=DIR``. The checkpoint alone
+rebuilds the model, its preprocessing (target spacing, normalisation), the sliding window and the
+class names. ``input`` is one of:
+
+- a folder of images (``.nii.gz``, ``.nii``, ``.nrrd``, ``.mha``): predict only;
+- a folder holding ``imagesTs/`` (or ``imagesTr/``) and, optionally, ``labelsTs/`` (``labelsTr/``),
+  matched by case id; nnU-Net names (``CASE_0000.nii.gz`` ... one file per channel, label
+  ``CASE.nii.gz``) are recognised;
+- an MSD or nnU-Net ``dataset.json`` (the file or its folder) with ``split`` = ``test`` |
+  ``training`` | ``validation``; test images get labels from ``labelsTs/`` when they are there.
+  ``validation`` is the file's own validation list or, without one, the validation fold the checkpoint
+  was trained with (its ``data.fold``, ``num_folds`` and ``split_seed``; the stored split when there is one).
+
+Each case is preprocessed by :func:`medseg.data.transforms.eval_transforms`, predicted by
+:func:`medseg.engine.inference.predict_volume` (gaussian sliding windows, optional mirroring TTA),
+and its class probabilities are taken back to the original voxel grid with MONAI's ``Invertd``
+(linear interpolation of the probabilities) and to the file's own axis order, then argmax.
+``OUTPUT/<case>.nii.gz`` is written with the original image's affine and header, so its shape and
+affine equal the input's exactly (``save_probabilities``: ``<case>.npz`` with float16
+``probabilities`` ``(C, X, Y, Z)`` too).
+
+With labels, every foreground class of every case is scored in the original geometry with the
+label's own voxel spacing (:mod:`medseg.engine.metrics`): Dice, HD95 (mm), normalised surface Dice
+at ``tolerance_mm`` and both volumes (mL), into ``metrics.csv``; means go to ``summary.json``.
+Empty masks: both empty gives Dice 1, NSD 1, HD95 NaN (flag ``both_empty``); an empty reference
+with a non-empty prediction gives Dice 0, NSD 0, HD95 inf (``ref_empty``); an empty prediction
+with a non-empty reference the same (``pred_empty``). HD95 means skip NaN and inf and report how
+many they skipped. Label values that are not classes of the checkpoint count as background.
+
+A case that cannot be evaluated (unreadable file, wrong channel count, a label whose shape or
+geometry differs from its image) is reported by name and recorded in ``summary.json``; the other
+cases are still evaluated, and the exit code is 1. A missing or foreign checkpoint, or an input
+without images, stops at once with a one-line error.
+
+Modules: :mod:`.settings` (the checked settings), :mod:`.cases` (finding the cases of ``input``),
+:mod:`.model` (the network of a checkpoint), :mod:`.predict` (prediction in the original geometry),
+:mod:`.output` (label maps and probabilities), :mod:`.scoring` (metrics, ``metrics.csv``, means, the table);
+this one runs them over every case.
+"""
+
+from __future__ import annotations
+
+import logging
+import sys
+import time
+from collections.abc import Mapping
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+from omegaconf import DictConfig
+from tqdm import tqdm
+
+from medseg.config import EvaluateConfig
+from medseg.engine.evaluate.cases import Case, find_cases, group_channels
+from medseg.engine.evaluate.model import EvalModel, load_model
+from medseg.engine.evaluate.output import check_output, write_label_map, write_probabilities
+from medseg.engine.evaluate.predict import Predictor, mirror_axes
+from medseg.engine.evaluate.scoring import (
+    json_safe,
+    read_reference,
+    score_case,
+    summarize,
+    summary_table,
+    write_metrics_csv,
+)
+from medseg.engine.evaluate.settings import EvaluationError, parse_config
+from medseg.errors import DatasetError
+from medseg.io import atomic_write_json
+
+__all__ = ["Case", "EvalModel", "EvaluationError", "EvaluationResult", "Predictor", "evaluate", "evaluate_case",
+           "evaluate_cli", "find_cases", "group_channels", "load_model", "mirror_axes"]
+
+log = logging.getLogger("medseg")
+
+
+@dataclass
+class EvaluationResult:
+    """What :func:`evaluate` wrote: one row per (case, foreground class), the summary, the failures."""
+
+    output: Path
+    rows: list[dict[str, Any]] = field(default_factory=list)
+    summary: dict[str, Any] = field(default_factory=dict)
+    failed: list[dict[str, str]] = field(default_factory=list)
+
+    @property
+    def exit_code(self) -> int:
+        return 1 if self.failed else 0
+
+
+def _root_message(err: BaseException) -> str:
+    """The innermost cause of an exception (MONAI wraps errors in transform errors), one line."""
+    while err.__cause__ is not None:
+        err = err.__cause__
+    text = str(err).strip().splitlines()
+    return f"{type(err).__name__}: {text[0] if text else ''}"
+
+
+def evaluate_case(predictor: Predictor, case: Case, output: Path, tolerance_mm: float,
+                  progress: bool = False) -> list[dict[str, Any]]:
+    """Predict one case, write ``<case>.nii.gz`` (and ``.npz``), and score it when it has a label.
+
+    Returns:
+        One row per foreground class (empty without a label).
+
+    Raises:
+        DatasetError: unreadable files, a wrong channel count, or a label that does not fit its image; the
+            message names the file.
+    """
+    prediction = predictor.predict(case, progress=progress)
+    labels = write_label_map(output, case, prediction)
+    if predictor.settings.save_probabilities:
+        write_probabilities(output, case, prediction)
+    if case.label is None:
+        return []
+    reference, spacing = read_reference(case.label, labels.shape, prediction.affine, case.image_files[0])
+    return score_case(case.case, labels, reference, spacing, predictor.net.labels, tolerance_mm)
+
+
+def evaluate(cfg: EvaluateConfig | Mapping[str, Any] | DictConfig) -> EvaluationResult:
+    """Predict (and score, where labels exist) every case of ``cfg.input`` into ``cfg.output``.
+
+    Writes ``<case>.nii.gz`` (+ ``<case>.npz``), ``metrics.csv`` (when any case has a label) and
+    ``summary.json``. Per-case failures are recorded, not raised.
+
+    Raises:
+        EvaluationError: bad settings, no images, or outputs that would overwrite inputs.
+        CheckpointError: a missing, foreign or incompatible checkpoint.
+    """
+    settings = parse_config(cfg)
+    started = time.perf_counter()
+    net = load_model(settings.ckpt)
+    predictor = Predictor(net, settings)
+    cases = find_cases(settings.input, settings.split, net.in_channels, net.data)
+    output = Path(settings.output).expanduser()
+    check_output(cases, output)
+    log.info("evaluating %d case(s) from %s with %s (%dD, spacing %s mm) on %s", len(cases), settings.input,
+             settings.ckpt, net.spatial_dims, net.data.spacing, predictor.device)
+    result = EvaluationResult(output)
+    scored: list[str] = []
+    for case in tqdm(cases, desc="evaluate", unit="case", disable=not settings.progress):
+        try:
+            rows = evaluate_case(predictor, case, output, settings.tolerance_mm, progress=settings.progress)
+        except DatasetError as err:
+            result.failed.append({"case": case.case, "reason": str(err)})
+            log.error("case %s failed: %s", case.case, err)
+            continue
+        except Exception as err:  # one broken case must not stop the others
+            result.failed.append({"case": case.case, "reason": _root_message(err)})
+            log.exception("case %s failed", case.case)
+            continue
+        result.rows.extend(rows)
+        if case.label is not None:
+            scored.append(case.case)
+    if scored:
+        write_metrics_csv(output / "metrics.csv", result.rows)
+    result.summary = {
+        "checkpoint": str(settings.ckpt),
+        "input": str(settings.input),
+        "num_cases": len(cases),
+        "num_predicted": len(cases) - len(result.failed),
+        "num_scored": len(scored),
+        **(summarize(result.rows, net.labels) if scored else {}),
+        "failed": result.failed,
+        "settings": {k: v for k, v in asdict(settings).items() if k not in ("ckpt", "input", "progress")},
+        "seconds": round(time.perf_counter() - started, 2),
+    }
+    atomic_write_json(output / "summary.json", json_safe(result.summary))
+    return result
+
+
+def evaluate_cli(cfg: DictConfig | Mapping[str, Any]) -> int:
+    """``scripts/evaluate.py``'s task: run :func:`evaluate`, print the table and failures; the exit code.
+
+    Any failed case makes the exit code 1; setup errors raise (:class:`~medseg.errors.MedsegError`).
+    """
+    result = evaluate(cfg)
+    summary = result.summary
+    print(f"\n{summary['num_predicted']}/{summary['num_cases']} case(s) predicted into {result.output}"
+          + (f"; {summary['num_scored']} scored (metrics.csv, summary.json)" if summary["num_scored"] else ""))
+    if summary["num_scored"]:
+        print(summary_table(summary))
+    if result.failed:
+        print(f"\n{len(result.failed)} case(s) failed:", file=sys.stderr)
+        for failure in result.failed:
+            print(f"  {failure['case']}: {failure['reason']}", file=sys.stderr)
+    return result.exit_code

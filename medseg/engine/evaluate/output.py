@@ -1,0 +1,48 @@
+"""What evaluation writes per case into ``output/``: the label map (NIfTI on the input's grid) and probabilities."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from pathlib import Path
+
+import numpy as np
+
+from medseg.data.reading import nifti_header
+from medseg.engine.evaluate.cases import Case
+from medseg.engine.evaluate.predict import Prediction
+from medseg.engine.evaluate.settings import EvaluationError
+from medseg.io import atomic_write, write_nifti
+
+
+def label_map_path(output: Path, case: str) -> Path:
+    """Where a case's label map goes: ``output/<case>.nii.gz``."""
+    return output / f"{case}.nii.gz"
+
+
+def label_dtype(num_classes: int) -> type[np.integer]:
+    return np.uint8 if num_classes <= 256 else np.uint16
+
+
+def write_label_map(output: Path, case: Case, prediction: Prediction) -> np.ndarray:
+    """Write the argmax of ``prediction`` with the case image's affine (and NIfTI header); returns it (X, Y, Z).
+
+    The file has exactly the input's shape, affine and header, so it opens on top of the scan.
+    """
+    labels = prediction.probabilities.argmax(0).astype(label_dtype(len(prediction.probabilities)))
+    write_nifti(label_map_path(output, case.case), labels, prediction.affine, nifti_header(case.image_files[0]))
+    return labels
+
+
+def write_probabilities(output: Path, case: Case, prediction: Prediction) -> Path:
+    """Write ``output/<case>.npz`` with float16 ``probabilities`` ``(C, X, Y, Z)`` (the label map's grid)."""
+    half = prediction.probabilities.astype(np.float16)
+    return atomic_write(output / f"{case.case}.npz", lambda handle: np.savez_compressed(handle, probabilities=half))
+
+
+def check_output(cases: Sequence[Case], output: Path) -> None:
+    """Refuse to write a prediction over an input file (e.g. ``output`` = the image folder)."""
+    inputs = {Path(f).resolve() for c in cases for f in [*c.image_files, *([c.label] if c.label else [])]}
+    clash = [c.case for c in cases if label_map_path(output, c.case).resolve() in inputs]
+    if clash:
+        raise EvaluationError(f"output={output}: predictions would overwrite input files (cases {clash[:3]}); "
+                              f"choose another output folder")

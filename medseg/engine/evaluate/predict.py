@@ -1,0 +1,93 @@
+"""Whole-case prediction in the original geometry: preprocess, sliding windows (+ mirroring TTA), and back.
+
+The case goes through :func:`medseg.data.transforms.eval_transforms` (read in RAS, resample, normalise), is
+predicted by :func:`medseg.engine.inference.predict_volume`, and its class probabilities are resampled back to
+the original voxel grid with MONAI's ``Invertd`` (linear interpolation), then reordered from RAS to the image
+file's own axis order (:func:`medseg.data.reading.from_ras`).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+import torch
+from monai.data import MetaTensor
+from monai.transforms import Compose, Invertd
+
+from medseg.config import EvaluateConfig
+from medseg.data.reading import from_ras
+from medseg.data.transforms import IMAGE, eval_transforms
+from medseg.engine.device import amp_dtype, resolve_device
+from medseg.engine.evaluate.cases import Case
+from medseg.engine.evaluate.model import EvalModel
+from medseg.engine.inference import predict_volume
+from medseg.errors import DatasetError
+
+PRED = "pred"
+
+
+def mirror_axes(spatial_dims: int, slice_axis: int) -> tuple[int, ...]:
+    """Spatial axes flipped by TTA: all three for 3D models, the two in-plane axes for 2D models."""
+    return tuple(a for a in range(3) if spatial_dims == 3 or a != slice_axis)
+
+
+@dataclass
+class Prediction:
+    """A case's prediction on its first image file's voxel grid."""
+
+    probabilities: np.ndarray
+    """(C, X, Y, Z) float32 class probabilities, spatial axes in the file's own order."""
+    affine: np.ndarray
+    """(4, 4) the image file's voxel-to-world (RAS mm) affine."""
+
+
+class Predictor:
+    """Whole-case prediction in the original geometry for one rebuilt model and one set of settings."""
+
+    def __init__(self, net: EvalModel, settings: EvaluateConfig) -> None:
+        self.net, self.settings = net, settings
+        self.device = resolve_device(settings.device, "device")
+        net.model.to(self.device)
+        self.sw_device = resolve_device(settings.sw_device, "sw_device") if settings.sw_device else self.device
+        self.amp_dtype = amp_dtype("auto", self.device)
+        self.transform: Compose = eval_transforms(net.data, with_label=False)
+        self.inverter = Invertd(keys=PRED, transform=self.transform, orig_keys=IMAGE, nearest_interp=False)
+        self.mirror_axes = mirror_axes(net.spatial_dims, net.window.slice_axis) if settings.tta else ()
+
+    def preprocess(self, case: Case) -> dict[str, Any]:
+        """The case through the eval chain: ``image`` is a ``(C, X', Y', Z')`` MetaTensor on the target grid.
+
+        Raises:
+            DatasetError: an unreadable image file, or a channel count other than the checkpoint's.
+        """
+        try:
+            data = self.transform({"case": case.case, IMAGE: case.image})
+        except RuntimeError as err:  # MONAI's Compose wraps what a transform raises; a DatasetError names the file
+            if isinstance(err.__cause__, DatasetError):
+                raise err.__cause__ from None
+            raise
+        channels = int(data[IMAGE].shape[0])
+        if channels != self.net.in_channels:
+            raise DatasetError(
+                f"{', '.join(case.image_files)}: the image has {channels} channel(s) but the checkpoint was "
+                f"trained on {self.net.in_channels} ({', '.join(self.net.channel_names)})")
+        return data
+
+    def predict(self, case: Case, progress: bool = False) -> Prediction:
+        """The case's class probabilities on its image file's voxel grid (see :class:`Prediction`)."""
+        data = self.preprocess(case)
+        image = data[IMAGE].unsqueeze(0).to(self.device)
+        probs = predict_volume(
+            self.net.model, image, self.net.window.roi_size, self.net.spatial_dims, self.net.window.slice_axis,
+            sw_batch_size=self.settings.sw_batch_size, overlap=self.settings.overlap, device=self.device,
+            sw_device=self.sw_device, amp_dtype=self.amp_dtype, mirror_axes=self.mirror_axes, progress=progress,
+        )
+        # a MetaTensor, so that Invertd takes the image's applied operations (it skips plain tensors)
+        data[PRED] = MetaTensor(probs[0].detach().cpu())
+        inverted = self.inverter(data)[PRED]  # (C, X, Y, Z) on the original grid, RAS voxel order
+        ras = (inverted.as_tensor() if isinstance(inverted, MetaTensor) else torch.as_tensor(inverted)).float()
+        file_affine = np.asarray(data[IMAGE].meta["original_affine"], dtype=np.float64)
+        probabilities = np.moveaxis(from_ras(np.moveaxis(ras.numpy(), 0, -1), file_affine), -1, 0)
+        return Prediction(probabilities, file_affine)

@@ -1,0 +1,55 @@
+"""A dataset on read-only storage trains: its caches go to the user's cache directory, with one log line.
+
+The dataset folder is made read-only for real: as root (CI containers), through a read-only bind mount in a
+private mount namespace (``unshare``); as any other user, through its permissions.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import shlex
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from medseg.data.datalist import CACHE_FOLDER
+from tests.conftest import REPO
+from tests.data.realistic import write_ct_dataset
+
+TRAIN = ["data=msd", "model.channels=[8,16,32]", "data.patch_size=[32,32,8]", "data.samples_per_volume=1",
+         "data.num_workers=0", "trainer.max_epochs=1", "trainer.batch_size=2", "trainer.progress=false"]
+
+
+def read_only_command(root: Path, command: list[str]) -> list[str]:
+    """``command`` run with ``root`` read-only; skips the test when this machine cannot make it so."""
+    if os.geteuid() != 0:
+        for path in [root, *root.rglob("*")]:
+            path.chmod(path.stat().st_mode & ~0o222)
+        return command
+    if shutil.which("unshare") is None or subprocess.run(["unshare", "-rm", "true"]).returncode != 0:
+        pytest.skip("running as root without user namespaces: no way to make a folder read-only")
+    mount = f"mount --bind {root} {root} && mount -o remount,bind,ro {root} && exec {shlex.join(command)}"
+    return ["unshare", "-rm", "sh", "-c", mount]
+
+
+def test_training_on_a_read_only_dataset_caches_in_the_user_cache(tmp_path: Path) -> None:
+    root = write_ct_dataset(tmp_path / "ct", "msd", num_cases=4, shape=(40, 40, 10))
+    before = sorted(p.relative_to(root) for p in root.rglob("*"))
+    run_dir, user_cache = tmp_path / "run", tmp_path / "user-cache"
+    command = [sys.executable, str(REPO / "scripts" / "train.py"), *TRAIN, f"data.root={root}",
+               f"hydra.run.dir={run_dir}"]
+    env = {**os.environ, "XDG_CACHE_HOME": str(user_cache), "PYTHONUNBUFFERED": "1"}
+    result = subprocess.run(read_only_command(root, command), cwd=tmp_path, env=env, capture_output=True, text=True,
+                            timeout=600)
+    output = result.stdout + result.stderr
+    assert result.returncode == 0, output[-3000:]
+    expected = user_cache / "medseg" / f"ct-{hashlib.sha1(str(root.resolve()).encode()).hexdigest()[:10]}"
+    assert output.count("is not writable: its caches go to") == 1 and str(expected) in output
+    assert (expected / "fingerprint.json").is_file() and list(expected.glob("splits_seed*_k5.json"))
+    assert sorted(p.relative_to(root) for p in root.rglob("*")) == before, "nothing written into the dataset"
+    assert not (root / CACHE_FOLDER).exists()
+    assert (run_dir / "checkpoints" / "best.pt").is_file()

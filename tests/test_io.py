@@ -1,0 +1,71 @@
+"""Crash-safe writes: NIfTI onto a source image's grid and header, by ending, and nothing torn or left behind."""
+
+from __future__ import annotations
+
+import gzip
+from pathlib import Path
+
+import nibabel as nib
+import numpy as np
+import pytest
+
+from medseg.io import atomic_save, write_nifti
+
+AFFINE = np.array([[0.0, 0.0, 2.0, -10.0], [-0.7, 0.0, 0.0, 20.0], [0.0, -0.7, 0.0, 5.0], [0.0, 0.0, 0.0, 1.0]])
+"""An oblique-free PIR-like affine with a non-zero origin."""
+
+
+def source_image(path: Path, image_class: type = nib.Nifti1Image) -> nib.Nifti1Image:
+    """A float CT-like file whose header carries scaling, a description and non-default form codes."""
+    image = image_class(np.arange(60, dtype=np.int16).reshape(3, 4, 5), AFFINE)
+    image.header["descrip"] = b"scanner 7"
+    image.header.set_slope_inter(2.0, -1024.0)
+    image.header["cal_min"], image.header["cal_max"] = -1000, 1000
+    image.set_qform(AFFINE, code=2)
+    image.set_sform(AFFINE, code=4)
+    nib.save(image, path)
+    return nib.load(path)
+
+
+@pytest.mark.parametrize("image_class", [nib.Nifti1Image, nib.Nifti2Image])
+def test_label_map_takes_the_source_grid_and_header(image_class: type, tmp_path: Path) -> None:
+    source = source_image(tmp_path / "ct.nii.gz", image_class)
+    labels = (np.arange(60).reshape(3, 4, 5) % 3).astype(np.uint8)
+    written = nib.load(write_nifti(tmp_path / "out" / "ct.nii.gz", labels, source.affine, source.header))
+    assert type(written) is image_class
+    assert written.get_data_dtype() == np.uint8 and written.shape == source.shape
+    np.testing.assert_array_equal(np.asarray(written.dataobj), labels)
+    np.testing.assert_array_equal(written.affine, source.affine)
+    assert written.header["descrip"] == b"scanner 7"
+    assert (int(written.header["qform_code"]), int(written.header["sform_code"])) == (2, 4)
+    assert (written.dataobj.slope, written.dataobj.inter) == (1.0, 0.0), "the source's scaling is not kept"
+    assert (written.header["cal_min"], written.header["cal_max"]) == (0, 0)
+
+
+def test_without_header_both_forms_are_the_affine_and_the_ending_picks_gzip(tmp_path: Path) -> None:
+    volume = np.random.default_rng(0).random((4, 3, 2)).astype(np.float32)
+    for name in ("image.nii.gz", "image.nii"):
+        written = nib.load(write_nifti(tmp_path / name, volume, AFFINE))
+        np.testing.assert_array_equal(written.get_fdata(dtype=np.float32), volume)
+        np.testing.assert_allclose(written.get_qform(), AFFINE, atol=1e-6)
+        np.testing.assert_allclose(written.get_sform(), AFFINE, atol=1e-6)
+        assert (int(written.header["qform_code"]), int(written.header["sform_code"])) == (1, 1)
+    assert (tmp_path / "image.nii.gz").read_bytes()[:2] == b"\x1f\x8b", "gzip magic"
+    with gzip.open(tmp_path / "image.nii.gz") as handle:
+        assert handle.read() == (tmp_path / "image.nii").read_bytes(), "the same NIfTI, compressed"
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["image.nii", "image.nii.gz"], "no temp files left"
+
+
+def test_a_failed_write_keeps_the_old_file_and_leaves_no_temp_file(tmp_path: Path) -> None:
+    target = tmp_path / "pred.nii.gz"
+    target.write_bytes(b"old")
+
+    def half_then_crash(tmp: Path) -> None:
+        assert tmp.name.endswith(".tmp.nii.gz") and tmp.parent == tmp_path
+        tmp.write_bytes(b"half a fi")
+        raise KeyboardInterrupt
+
+    with pytest.raises(KeyboardInterrupt):
+        atomic_save(target, half_then_crash, ".nii.gz")
+    assert target.read_bytes() == b"old"
+    assert [p.name for p in tmp_path.iterdir()] == ["pred.nii.gz"]
