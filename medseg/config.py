@@ -46,18 +46,30 @@ class AttentionConfig:
     """MaSA: 0 for one gamma for all heads; > 0 for per-head 1 - (1 - gamma) * 2 ** (-heads_range * h / num_heads)."""
     spacing: list[float] | None = None
     """Voxel spacing in mm per spatial axis at the network input; MaSA distances become physical. null: voxels."""
+    rope: str = "none"
+    """masa, masa_decomposed, mha: none, or axial (rotary encoding of q and k, head dim split over the axes)."""
     focusing_factor: float = 3.0
     """Focused linear attention: the power p of the focusing function."""
+    positional_size: int = 8
+    """Focused linear attention: side of the grid its zero-initialised positional term on k is stored on
+    (interpolated to the actual grid); 0 = one value per token of the slot's training grid (official FLatten)."""
     kernel_size: int = 5
     """Depthwise-conv kernel of MaSA's LCE and of focused linear attention's rank restoration."""
     split_size: int = 2
     """CSWin stripe width in tokens."""
+    lepe: str = "map"
+    """CSWin LePE: map (one 3x3(x3) depthwise conv over the whole map) or stripe (official: inside each stripe)."""
     pe: str = "sincos"
     """MHA position encoding: sincos, relative or none."""
     max_relative_size: int = 0
-    """MHA relative bias: tokens per axis its table covers; 0 means 16 (larger grids interpolate it)."""
+    """MHA relative bias: tokens per axis its table covers exactly; 0 means 16 (grids above it interpolate it)."""
+    max_bias_gb: float | None = 2.0
+    """Model build fails when a slot's dense N x N attention bias (masa; mha with pe=relative, plus its gradient)
+    would need more GB (2^30 bytes) than this in float32 at the training patch; null disables the check."""
     mlp_ratio: float = 4.0
     """Hidden width of the transformer block's FFN as a multiple of the channel width."""
+    ffn: str = "mlp"
+    """Transformer block FFN: mlp (Linear-GELU-Linear) or dwconv (RMT's: a depthwise conv inside the hidden layer)."""
     drop_path: float = 0.0
     """Stochastic-depth rate of the transformer block's residual branches."""
     layer_scale: float | None = None
@@ -360,7 +372,7 @@ def check_override_keys(argv: Sequence[str], schema: type) -> None:
 def _unknown_keys(node: DictConfig, schema: type, prefix: str = "") -> Iterator[str]:
     """The keys of ``node`` that dataclass ``schema`` lacks, depth first, as full dotted keys."""
     known = {f.name: f for f in fields(schema)}
-    for key in node.keys():
+    for key in node:
         if key not in known:
             yield f"{prefix}{key}"
             continue
@@ -410,7 +422,10 @@ def block_choices() -> list[str]:
 
 def _choices() -> dict[str, Sequence[str]]:
     """Every key with a fixed set of values, and that set, read from the registry it selects from."""
+    from medseg.attention.block import FFN_KINDS
+    from medseg.attention.cswin import LEPE_MODES
     from medseg.attention.mha import POSITION_ENCODINGS
+    from medseg.attention.position import ROTARY_ENCODINGS
     from medseg.data.datalist import DATASET_FORMATS
     from medseg.engine.data import CACHE_MODES
     from medseg.engine.device import PRECISIONS
@@ -420,6 +435,8 @@ def _choices() -> dict[str, Sequence[str]]:
     return {
         "model.name": list(MODELS), "model.norm": list(NORMS), "model.bottleneck": block_choices(),
         "model.decoder": block_choices(), "model.attention.pe": list(POSITION_ENCODINGS),
+        "model.attention.rope": list(ROTARY_ENCODINGS), "model.attention.lepe": list(LEPE_MODES),
+        "model.attention.ffn": list(FFN_KINDS),
         "data.format": list(DATASET_FORMATS), "data.cache": list(CACHE_MODES),
         "trainer.optimizer": list(OPTIMIZERS), "trainer.scheduler": list(SCHEDULES),
         "trainer.precision": list(PRECISIONS),

@@ -9,10 +9,44 @@ from monai.networks.layers import DropPath
 from torch import nn
 from torch.utils.checkpoint import checkpoint
 
-from medseg.attention.common import DepthwiseConv, SpatialAttention, to_spatial, to_tokens
+from medseg.attention.common import DepthwiseConv, SpatialAttention, TokenDepthwiseConv, to_spatial, to_tokens
+from medseg.errors import ConfigError
 
 CPE_KERNEL = 3
 """Kernel of the conditional position encoding ``x + DWConv(x)`` in front of the attention."""
+
+FFN_KINDS = ("mlp", "dwconv")
+"""The values of ``model.attention.ffn``: a plain MLP, or RMT's with a depthwise conv inside the hidden layer."""
+
+FFN_CONV_KERNEL = 3
+"""Kernel of the depthwise conv in RMT's FFN (``ffn=dwconv``)."""
+
+
+class FeedForward(nn.Sequential):
+    """The block's FFN on tokens: ``(B, N, C)`` on a ``spatial_shape`` grid -> ``(B, N, C)``.
+
+    ``mlp``: ``Linear(C, hidden) -> GELU -> Linear(hidden, C)``. ``dwconv`` (RMT's ``FeedForwardNetwork``):
+    ``h = GELU(Linear(x))``, then ``h + DWConv3(h)`` on the token grid, then ``Linear(hidden, C)``. The linear
+    layers are ``self[0]`` and ``self[2]`` in both kinds (the same state-dict keys).
+
+    Args:
+        dim: channel width ``C``.
+        hidden: hidden width.
+        spatial_dims: 2 or 3 (the grid of the conv).
+        kind: ``mlp`` | ``dwconv``.
+    """
+
+    def __init__(self, dim: int, hidden: int, spatial_dims: int, kind: str = "mlp") -> None:
+        if kind not in FFN_KINDS:
+            raise ConfigError(f"model.attention.ffn={kind!r} is not one of {list(FFN_KINDS)}")
+        super().__init__(nn.Linear(dim, hidden), nn.GELU(), nn.Linear(hidden, dim))
+        self.conv = TokenDepthwiseConv(hidden, spatial_dims, FFN_CONV_KERNEL) if kind == "dwconv" else None
+
+    def forward(self, x: torch.Tensor, spatial_shape: tuple[int, ...]) -> torch.Tensor:
+        hidden = self[1](self[0](x))
+        if self.conv is not None:
+            hidden = hidden + self.conv(hidden, spatial_shape)
+        return self[2](hidden)
 
 
 class LayerScale(nn.Module):
@@ -38,6 +72,7 @@ class TransformerBlock(nn.Module):
         layer_scale: initial per-channel layer scale; None disables it.
         checkpointing: recompute attention and FFN in the backward pass (saves activation memory) while
             training.
+        ffn: ``mlp`` | ``dwconv`` (:class:`FeedForward`).
     """
 
     def __init__(
@@ -47,6 +82,7 @@ class TransformerBlock(nn.Module):
         drop_path: float = 0.0,
         layer_scale: float | None = None,
         checkpointing: bool = False,
+        ffn: str = "mlp",
     ) -> None:
         super().__init__()
         dim = attention.dim
@@ -55,7 +91,7 @@ class TransformerBlock(nn.Module):
         self.attention_norm = nn.LayerNorm(dim)
         self.attention = attention
         self.ffn_norm = nn.LayerNorm(dim)
-        self.ffn = nn.Sequential(nn.Linear(dim, hidden), nn.GELU(), nn.Linear(hidden, dim))
+        self.ffn = FeedForward(dim, hidden, attention.spatial_dims, ffn)
         self.drop_path = DropPath(float(drop_path)) if drop_path else nn.Identity()
         self.attention_scale = LayerScale(dim, layer_scale) if layer_scale is not None else nn.Identity()
         self.ffn_scale = LayerScale(dim, layer_scale) if layer_scale is not None else nn.Identity()
@@ -69,13 +105,13 @@ class TransformerBlock(nn.Module):
     def _attend(self, x: torch.Tensor, spatial_shape: tuple[int, ...]) -> torch.Tensor:
         return self.attention.attend(self.attention_norm(x), spatial_shape)
 
-    def _feed_forward(self, x: torch.Tensor) -> torch.Tensor:
-        return self.ffn(self.ffn_norm(x))
+    def _feed_forward(self, x: torch.Tensor, spatial_shape: tuple[int, ...]) -> torch.Tensor:
+        return self.ffn(self.ffn_norm(x), spatial_shape)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         """``(B, C, *spatial) -> (B, C, *spatial)``."""
         spatial_shape = tuple(x.shape[2:])
         x = to_tokens(x + self.cpe(x))
         x = x + self.drop_path(self.attention_scale(self._run(self._attend, x, spatial_shape)))
-        x = x + self.drop_path(self.ffn_scale(self._run(self._feed_forward, x)))
+        x = x + self.drop_path(self.ffn_scale(self._run(self._feed_forward, x, spatial_shape)))
         return to_spatial(x, spatial_shape)

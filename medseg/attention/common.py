@@ -11,8 +11,9 @@ from __future__ import annotations
 
 import math
 from abc import ABC, abstractmethod
-from collections.abc import Sequence
-from typing import Any
+from collections.abc import Callable, Sequence
+from functools import lru_cache
+from typing import Any, TypeVar
 
 import torch
 import torch.nn.functional as F
@@ -22,6 +23,42 @@ from torch import nn
 from medseg.errors import ConfigError
 
 _CONV = {1: F.conv1d, 2: F.conv2d, 3: F.conv3d}
+
+GRID_CACHE_SIZE = 4
+"""Entries of each per-grid tensor cache (decay biases, relative-position indices, rotary tables): what one U-Net
+needs, one grid per attention slot level (the bottleneck and up to three decoder levels)."""
+
+Builder = TypeVar("Builder", bound=Callable[..., Any])
+
+
+def tensor_cache(maxsize: int = GRID_CACHE_SIZE) -> Callable[[Builder], Builder]:
+    """``functools.lru_cache`` for a function that builds constant tensors, which it always builds outside
+    inference mode.
+
+    A tensor first built under ``torch.inference_mode()`` (a validation loop, a prediction in a notebook) is an
+    inference tensor, and autograd refuses to save one for backward, so a later training step at the same grid
+    would fail. ``inference_mode(False)`` makes the cached tensor a normal one whatever mode the first call ran in.
+    """
+
+    def decorate(build: Builder) -> Builder:
+        return lru_cache(maxsize=maxsize)(torch.inference_mode(False)(build))  # type: ignore[return-value]
+
+    return decorate
+
+
+FLOAT32_BYTES = 4
+"""Bytes per element the bias-memory estimate assumes (float32 training; bf16 autocast halves the real figure)."""
+
+
+def even_split(total: int, parts: int) -> list[int]:
+    """``total`` split into ``parts`` integers as evenly as possible, the larger ones first: ``(4, 3) -> [2, 1, 1]``."""
+    base, extra = divmod(total, parts)
+    return [base + (i < extra) for i in range(parts)]
+
+
+def dense_bias_bytes(grid: Sequence[int], heads: int, dtype_bytes: int = FLOAT32_BYTES) -> int:
+    """Bytes of a dense attention bias of ``heads`` planes ``(N, N)``, ``N = prod(grid)``."""
+    return heads * math.prod(grid) ** 2 * dtype_bytes
 
 
 def to_tokens(x: torch.Tensor) -> torch.Tensor:
@@ -158,6 +195,15 @@ class SpatialAttention(nn.Module, ABC):
         self.head_dim = dim // num_heads
         self.qkv = nn.Linear(dim, 3 * dim)
         self.proj = nn.Linear(dim, dim)
+
+    @property
+    def bias_heads(self) -> int:
+        """``(N, N)`` planes of dense attention bias a training step of this block holds (0: none).
+
+        :func:`dense_bias_bytes` turns them into bytes; the U-Net checks them against
+        ``model.attention.max_bias_gb`` when it builds a slot.
+        """
+        return 0
 
     @abstractmethod
     def mix(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, spatial_shape: tuple[int, ...]) -> torch.Tensor:

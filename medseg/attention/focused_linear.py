@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+
 import torch
 import torch.nn.functional as F
 from einops import rearrange
@@ -10,6 +12,7 @@ from torch import nn
 from medseg.attention import functional
 from medseg.attention.common import SpatialAttention, TokenDepthwiseConv, to_tokens
 from medseg.attention.position import resize_grid
+from medseg.errors import ConfigError
 
 
 class FocusedLinearAttention(SpatialAttention):
@@ -17,8 +20,10 @@ class FocusedLinearAttention(SpatialAttention):
 
     ``out = proj(FLA(q, k + pos, v; softplus(scale)) + DWConv_k(v))`` where FLA is
     :func:`medseg.attention.functional.focused_linear`. The depthwise conv works per head with weights
-    shared across heads (as in FLatten). The positional term is stored on a ``reference_size`` grid and
-    interpolated to the actual grid. Cost linear in the token count. Maps ``(B, C, *sp) -> (B, C, *sp)``.
+    shared across heads (as in FLatten). The positional term ``pos`` is zero-initialised (as in FLatten) and
+    stored either on a ``positional_size``-sided grid, interpolated to the actual grid, or, with
+    ``positional_size=0``, one value per token of the slot's grid ``grid`` (official FLatten; another grid at
+    run time interpolates it). Cost linear in the token count. Maps ``(B, C, *sp) -> (B, C, *sp)``.
 
     Args:
         dim: channel width ``C``.
@@ -26,7 +31,8 @@ class FocusedLinearAttention(SpatialAttention):
         num_heads: attention heads; must divide ``dim``.
         focusing_factor: the focusing power ``p``.
         kernel_size: rank-restoration depthwise-conv kernel.
-        reference_size: side of the grid the positional term is stored on.
+        positional_size: side of the grid the positional term is stored on; 0 for the slot's own grid.
+        grid: the token grid the slot sees in training (the U-Net passes it); needed when ``positional_size=0``.
     """
 
     def __init__(
@@ -36,13 +42,21 @@ class FocusedLinearAttention(SpatialAttention):
         num_heads: int = 4,
         focusing_factor: float = 3.0,
         kernel_size: int = 5,
-        reference_size: int = 8,
+        positional_size: int = 8,
+        grid: Sequence[int] | None = None,
     ) -> None:
         super().__init__(dim, spatial_dims, num_heads)
+        if positional_size < 0:
+            raise ConfigError(f"model.attention.positional_size must be >= 0, got {positional_size}")
+        if positional_size == 0 and grid is None:
+            raise ConfigError(
+                "model.attention.positional_size=0 stores one positional value per token of the slot's grid, which "
+                "is known only inside the U-Net (build_model(..., patch_size)); pass grid= or a positive size"
+            )
         self.focusing_factor = float(focusing_factor)
         self.scale = nn.Parameter(torch.zeros(1, 1, dim))
-        self.positional = nn.Parameter(torch.zeros(1, dim, *(reference_size,) * spatial_dims))
-        nn.init.trunc_normal_(self.positional, std=0.02)
+        stored = tuple(int(s) for s in grid) if positional_size == 0 else (int(positional_size),) * spatial_dims
+        self.positional = nn.Parameter(torch.zeros(1, dim, *stored))
         self.rank_restoration = TokenDepthwiseConv(self.head_dim, spatial_dims, kernel_size)
 
     def mix(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, spatial_shape: tuple[int, ...]) -> torch.Tensor:
@@ -53,4 +67,5 @@ class FocusedLinearAttention(SpatialAttention):
         return out + restored
 
     def extra_repr(self) -> str:
-        return f"dim={self.dim}, num_heads={self.num_heads}, focusing_factor={self.focusing_factor}"
+        return (f"dim={self.dim}, num_heads={self.num_heads}, focusing_factor={self.focusing_factor}, "
+                f"positional={tuple(self.positional.shape[2:])}")

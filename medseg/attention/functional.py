@@ -12,13 +12,14 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable, Sequence
-from functools import cache, lru_cache
+from functools import cache
 
 import torch
 import torch.nn.functional as F
 from einops import rearrange
 
-from medseg.attention.common import merge_heads, split_heads
+from medseg.attention import position
+from medseg.attention.common import merge_heads, split_heads, tensor_cache
 from medseg.attention.position import axis_scales, manhattan_distance
 
 try:
@@ -48,8 +49,7 @@ def log_gammas(gamma: Gamma, num_heads: int) -> tuple[float, ...]:
     return tuple(math.log(max(g, GAMMA_FLOOR)) for g in values)
 
 
-@lru_cache(maxsize=8)
-def decay_bias(
+def _decay_bias(
     spatial_shape: tuple[int, ...],
     scales: tuple[float, ...],
     log_gamma: tuple[float, ...],
@@ -58,9 +58,8 @@ def decay_bias(
 ) -> torch.Tensor:
     """MaSA's additive bias ``log(gamma_h) * dist``: ``(1, G, N, N)``, ``G = len(log_gamma)`` (1 or heads).
 
-    Cached per (grid, scales, decays, device, dtype), so training at a fixed patch size builds it once,
-    directly in the attention dtype. Use :func:`clear_cache` to release it. It is 4-D on purpose: CPU SDPA
-    broadcasts a 4-D mask over batch and heads in place, but copies a 3-D one to ``(B, heads, N, N)``.
+    Built directly in the attention dtype. It is 4-D on purpose: CPU SDPA broadcasts a 4-D mask over batch and
+    heads in place, but copies a 3-D one to ``(B, heads, N, N)``.
     """
     work = torch.promote_types(dtype, torch.float32)
     dist = manhattan_distance(spatial_shape, scales, device, work)
@@ -69,6 +68,12 @@ def decay_bias(
     else:
         bias = dist * torch.tensor(log_gamma, device=device, dtype=work).view(1, -1, 1, 1)
     return bias.to(dtype)
+
+
+decay_bias = tensor_cache()(_decay_bias)
+""":func:`_decay_bias` for a whole grid, cached per (grid, scales, decays, device, dtype): training at a fixed
+patch size builds each slot's bias once. The cache keeps one model's worth (``GRID_CACHE_SIZE`` grids); the
+U-Net empties it when it builds a new model, and :func:`clear_cache` releases it."""
 
 
 def _check_tokens(q: torch.Tensor, spatial_shape: Sequence[int]) -> tuple[int, ...]:
@@ -99,19 +104,23 @@ def masa(
 
     On CUDA with FlexAttention available (and a power-of-2 ``head_dim >= 16``, what its compiled kernels
     are tuned for) it runs :func:`masa_flex`, which needs no ``N x N`` tensor at all; elsewhere fused SDPA
-    with the cached bias from :func:`decay_bias`.
+    with the cached bias from :func:`decay_bias`. When every ``gamma`` is 1 the bias is 0 and it runs plain
+    SDPA without one.
 
     Returns:
         ``(B, heads, N, head_dim)``.
     """
     shape = _check_tokens(q, spatial_shape)
+    log_gamma = log_gammas(gamma, q.shape[1])
+    if not any(log_gamma):
+        return F.scaled_dot_product_attention(q, k, v)
     if _use_flex(q):
         return masa_flex(q, k, v, shape, gamma, spacing=spacing)
-    bias = decay_bias(shape, axis_scales(len(shape), spacing), log_gammas(gamma, q.shape[1]), q.device, q.dtype)
+    bias = decay_bias(shape, axis_scales(len(shape), spacing), log_gamma, q.device, q.dtype)
     return F.scaled_dot_product_attention(q, k, v, attn_mask=bias)
 
 
-@lru_cache(maxsize=8)
+@tensor_cache(maxsize=8)
 def _manhattan_score_mod(
     spatial_shape: tuple[int, ...],
     scales: tuple[float, ...],
@@ -187,7 +196,8 @@ def masa_decomposed(
 
     Along each axis in turn, last to first (W, then H, then D), every line of tokens attends within itself
     with ``softmax(q k^T / sqrt(d) + log(gamma) * |i - j| * scale_axis)``; ``q`` and ``k`` stay fixed and the
-    values are replaced by each pass's output. Cost ~ ``N * (D + H + W)``.
+    values are replaced by each pass's output. Cost ~ ``N * (D + H + W)``. The ``L x L`` biases are tiny and
+    built per call (no cache); when every ``gamma`` is 1 there is none.
 
     Returns:
         ``(B, heads, N, head_dim)``.
@@ -202,7 +212,7 @@ def masa_decomposed(
     for axis in reversed(range(len(shape))):
         others = " ".join(n for i, n in enumerate(names) if i != axis)
         lines = f"(b {others}) h {names[axis]} d"
-        bias = decay_bias((shape[axis],), (scales[axis],), log_gamma, q.device, q.dtype)
+        bias = _decay_bias((shape[axis],), (scales[axis],), log_gamma, q.device, q.dtype) if any(log_gamma) else None
         ql, kl, vl = (rearrange(t, f"{grid} -> {lines}") for t in (q, k, out))
         out = rearrange(F.scaled_dot_product_attention(ql, kl, vl, attn_mask=bias), f"{lines} -> {grid}", **sizes)
     return out.flatten(2, -2)
@@ -227,38 +237,87 @@ def stripe_attention(
         ``(B, heads, N, head_dim)``.
     """
     shape = _check_tokens(q, spatial_shape)
-    widths = tuple(size if a == axis else min(width, size) for a, size in enumerate(shape))
-    padded = tuple(math.ceil(size / w) * w for size, w in zip(shape, widths))
-    pad = [0, 0] + [p for size, full in zip(reversed(shape), reversed(padded)) for p in (0, full - size)]
-    window = " ".join(f"(n{a} w{a})" for a in range(len(shape)))
-    counts = " ".join(f"n{a}" for a in range(len(shape)))
-    stripe = f"(b {counts}) h ({' '.join(f'w{a}' for a in range(len(shape)))}) d"
-    sizes = {f"w{a}": w for a, w in enumerate(widths)}
+    batch, ndim = q.shape[0], len(shape)
 
-    def partition(t: torch.Tensor) -> torch.Tensor:  # (b, h, N, d) -> (b * stripes, h, tokens per stripe, d)
-        return rearrange(F.pad(t.unflatten(2, shape), pad), f"b h {window} d -> {stripe}", **sizes)
+    def partition(t: torch.Tensor) -> torch.Tensor:  # (B, h, N, d) -> (stripes * B, h, tokens per stripe, d)
+        stripes = stripe_partition(t.transpose(-1, -2).unflatten(-1, shape), shape, axis, width)
+        return stripes.flatten(-ndim).transpose(-1, -2).flatten(0, 1)
 
+    widths = _stripe_widths(shape, axis, width)
     mask = None
-    if padded != shape:
-        valid = torch.ones(1, 1, math.prod(shape), 1, device=q.device)
-        mask = partition(valid).transpose(-1, -2).bool().repeat(q.shape[0], 1, 1, 1)  # (b * stripes, 1, 1, T)
+    if any(size % w for size, w in zip(shape, widths)):
+        valid = stripe_partition(torch.ones(shape, device=q.device), shape, axis, width).flatten(1) > 0  # (S, T)
+        mask = valid[:, None, None, None, :].expand(-1, batch, 1, 1, -1).flatten(0, 1)  # (S * B, 1, 1, T)
     out = F.scaled_dot_product_attention(partition(q), partition(k), partition(v), attn_mask=mask)
-    out = rearrange(
-        out,
-        f"{stripe} -> b h {window} d",
-        **sizes,
-        **{f"n{a}": p // w for a, (p, w) in enumerate(zip(padded, widths))},
+    out = out.unflatten(0, (-1, batch)).transpose(-1, -2).unflatten(-1, widths)  # (S, B, h, d, *widths)
+    return stripe_merge(out, shape, axis, width).flatten(-ndim).transpose(-1, -2)
+
+
+def _stripe_widths(spatial_shape: tuple[int, ...], axis: int, width: int) -> tuple[int, ...]:
+    """A stripe's extent per axis: the whole of ``axis``, ``width`` (clamped to the axis) on the others."""
+    return tuple(size if a == axis else min(width, size) for a, size in enumerate(spatial_shape))
+
+
+def _stripe_pattern(ndim: int) -> tuple[str, str, str]:
+    """einops names: the padded grid ``(n0 w0) ...``, the stripe counts ``n0 ...`` and the stripe extent ``w0 ...``."""
+    return (
+        " ".join(f"(n{a} w{a})" for a in range(ndim)),
+        " ".join(f"n{a}" for a in range(ndim)),
+        " ".join(f"w{a}" for a in range(ndim)),
     )
-    return out[(..., *(slice(0, size) for size in shape), slice(None))].flatten(2, -2)
+
+
+def stripe_partition(x: torch.Tensor, spatial_shape: Sequence[int], axis: int, width: int) -> torch.Tensor:
+    """Cut a grid into CSWin stripes: ``(*lead, *spatial) -> (S, *lead, *stripe)``.
+
+    Stripes run the full length of ``axis`` and are ``width`` tokens wide on the other axes (clamped to the
+    axis), starting at index 0; axes that are not a multiple of the width are zero-padded at the end first.
+    ``S`` is the number of stripes; :func:`stripe_merge` is the inverse.
+    """
+    shape = tuple(int(s) for s in spatial_shape)
+    widths = _stripe_widths(shape, axis, width)
+    pad = [p for size, w in zip(reversed(shape), reversed(widths)) for p in (0, -size % w)]
+    grid, counts, extent = _stripe_pattern(len(shape))
+    sizes = {f"w{a}": w for a, w in enumerate(widths)}
+    return rearrange(F.pad(x, pad), f"... {grid} -> ({counts}) ... {extent}", **sizes)
+
+
+def stripe_merge(stripes: torch.Tensor, spatial_shape: Sequence[int], axis: int, width: int) -> torch.Tensor:
+    """The inverse of :func:`stripe_partition`: ``(S, *lead, *stripe) -> (*lead, *spatial)``, padding cropped."""
+    shape = tuple(int(s) for s in spatial_shape)
+    widths = _stripe_widths(shape, axis, width)
+    grid, counts, extent = _stripe_pattern(len(shape))
+    counts_of = {f"n{a}": math.ceil(size / w) for a, (size, w) in enumerate(zip(shape, widths))}
+    merged = rearrange(stripes, f"({counts}) ... {extent} -> ... {grid}", **counts_of)
+    return merged[(..., *(slice(0, size) for size in shape))]
+
+
+def within_stripes(
+    fn: Callable[[torch.Tensor], torch.Tensor], x: torch.Tensor, spatial_shape: Sequence[int], axis: int, width: int
+) -> torch.Tensor:
+    """Apply a spatial map to every CSWin stripe on its own: ``(B, C, *spatial) -> (B, C, *spatial)``.
+
+    ``fn`` maps ``(B', C, *stripe) -> (B', C, *stripe)`` (e.g. a 'same' depthwise convolution, which then sees
+    zeros beyond the stripe's borders, as official CSWin's LePE does); stripes as in :func:`stripe_partition`.
+    """
+    stripes = stripe_partition(x, spatial_shape, axis, width)
+    out = fn(stripes.flatten(0, 1)).unflatten(0, stripes.shape[:2])
+    return stripe_merge(out, spatial_shape, axis, width)
 
 
 def _focus(x: torch.Tensor, focusing_factor: float, scale: torch.Tensor | None) -> torch.Tensor:
-    """FLatten's focused feature map on ``(B, N, C)``: ReLU kernel, scale, then ``x**p / |x**p| * |x|``."""
+    """FLatten's focused feature map on ``(B, N, C)``: ReLU kernel, scale, then ``x**p / |x**p| * |x|``.
+
+    ``x**p / |x**p|`` does not change when ``x`` is scaled, so each token is divided by its largest entry
+    before the power: every ``(x / max)**p`` lies in (0, 1] with one entry 1, and no ``p`` overflows. (Without
+    it the norm of ``x**p`` squares ``x**p``: float32 overflows once ``x**(2p)`` passes 3.4e38, e.g. entries of
+    10 at ``p = 20``, and the result is NaN.)
+    """
     x = F.relu(x) + KERNEL_EPS
     if scale is not None:
         x = x / scale.to(x.dtype)
     norm = x.norm(dim=-1, keepdim=True)
-    x = x**focusing_factor
+    x = (x / x.amax(dim=-1, keepdim=True).detach()) ** focusing_factor  # the result is exactly scale-free
     return x / x.norm(dim=-1, keepdim=True) * norm
 
 
@@ -300,6 +359,7 @@ def focused_linear(
 
 
 def clear_cache() -> None:
-    """Release the cached MaSA biases and FlexAttention score_mods."""
+    """Release every cached attention tensor: MaSA biases, FlexAttention score_mods and the position tables."""
     decay_bias.cache_clear()
     _manhattan_score_mod.cache_clear()
+    position.clear_caches()

@@ -8,7 +8,7 @@ import torch
 
 from medseg.attention import functional
 from medseg.attention.common import SpatialAttention, TokenDepthwiseConv, merge_heads, split_heads
-from medseg.attention.position import axis_scales
+from medseg.attention.position import axial_rope, axis_scales, check_rope
 from medseg.errors import ConfigError
 
 
@@ -40,6 +40,8 @@ class MaSA(SpatialAttention):
         spacing: voxel spacing per spatial axis at this feature level; distances become physical
             (in units of the smallest spacing). None: distances in voxels.
         kernel_size: LCE depthwise-conv kernel.
+        rope: ``none``, or ``axial`` to rotate q and k by :func:`medseg.attention.position.axial_rope` (the
+            axial, 3D-capable counterpart of RMT's ``theta_shift``).
     """
 
     attention = staticmethod(functional.masa)
@@ -54,25 +56,38 @@ class MaSA(SpatialAttention):
         heads_range: float = 0.0,
         spacing: Sequence[float] | None = None,
         kernel_size: int = 5,
+        rope: str = "none",
     ) -> None:
         super().__init__(dim, spatial_dims, num_heads)
         self.gamma = head_gammas(float(gamma), float(heads_range), num_heads)
         self.spacing = None if spacing is None else axis_scales(spatial_dims, spacing)
+        self.rope = check_rope(rope, self.head_dim, spatial_dims)
         self.lce = TokenDepthwiseConv(dim, spatial_dims, kernel_size)
+
+    @property
+    def bias_heads(self) -> int:
+        """The decay bias's planes: one shared decay, one per head, or none when every ``gamma`` is 1."""
+        log_gamma = functional.log_gammas(self.gamma, self.num_heads)
+        return len(log_gamma) if any(log_gamma) else 0
 
     def mix(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, spatial_shape: tuple[int, ...]) -> torch.Tensor:
         q, k, vh = (split_heads(t, self.num_heads) for t in (q, k, v))
+        if self.rope == "axial":
+            q, k = axial_rope(q, spatial_shape), axial_rope(k, spatial_shape)
         out = self.attention(q, k, vh, spatial_shape, self.gamma, spacing=self.spacing)
         return merge_heads(out) + self.lce(v, spatial_shape)
 
     def extra_repr(self) -> str:
-        return f"dim={self.dim}, num_heads={self.num_heads}, gamma={self.gamma}, spacing={self.spacing}"
+        return (f"dim={self.dim}, num_heads={self.num_heads}, gamma={self.gamma}, spacing={self.spacing}, "
+                f"rope={self.rope!r}")
 
 
 class MaSADecomposed(MaSA):
     """Decomposed MaSA: axial attention along W, then H (then D) with 1-D decays, plus LCE.
 
-    Same arguments as :class:`MaSA`; see :func:`medseg.attention.functional.masa_decomposed`.
+    Same arguments as :class:`MaSA`; see :func:`medseg.attention.functional.masa_decomposed`. Its biases are
+    per line (``L x L``), so it holds no ``N x N`` bias.
     """
 
     attention = staticmethod(functional.masa_decomposed)
+    bias_heads = 0

@@ -7,7 +7,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from medseg.attention.common import SpatialAttention, merge_heads, split_heads
-from medseg.attention.position import relative_bias, sincos_embedding
+from medseg.attention.position import axial_rope, check_rope, relative_bias, sincos_embedding
 from medseg.errors import ConfigError
 
 POSITION_ENCODINGS = ("sincos", "relative", "none")
@@ -23,18 +23,21 @@ class MultiHeadAttention(SpatialAttention):
 
     * ``sincos``: fixed 2D/3D sin/cos absolute embedding of the actual grid, added to the tokens before
       the q/k/v projection (any width: leftover channels get zeros).
-    * ``relative``: a learned bias per head and offset ``(dd, dh, dw)`` (Shaw et al., 2018; Swin's relative
-      position bias), added to the logits; the table is cropped / interpolated to the actual grid.
+    * ``relative``: a learned scalar bias per head and offset ``(dd, dh, dw)``, added to the logits: Swin's
+      relative position bias (Liu et al., 2021), not Shaw et al.'s per-offset key/value embeddings. The
+      table is cropped / interpolated to the actual grid.
     * ``none``: no position information (permutation-equivariant).
 
-    Maps ``(B, C, *spatial) -> (B, C, *spatial)``.
+    Independently, ``rope=axial`` rotates q and k (:func:`medseg.attention.position.axial_rope`), a relative
+    encoding without parameters. Maps ``(B, C, *spatial) -> (B, C, *spatial)``.
 
     Args:
         dim: channel width ``C``.
         spatial_dims: 2 or 3.
         num_heads: attention heads; must divide ``dim``.
         pe: ``sincos`` | ``relative`` | ``none``.
-        max_relative_size: tokens per axis the relative table covers; 0 uses ``DEFAULT_RELATIVE_SIZE``.
+        max_relative_size: tokens per axis the relative table covers; 0 uses ``DEFAULT_RELATIVE_SIZE`` (16).
+        rope: ``none`` | ``axial``.
     """
 
     def __init__(
@@ -44,15 +47,22 @@ class MultiHeadAttention(SpatialAttention):
         num_heads: int = 4,
         pe: str = "sincos",
         max_relative_size: int = 0,
+        rope: str = "none",
     ) -> None:
         super().__init__(dim, spatial_dims, num_heads)
         if pe not in POSITION_ENCODINGS:
             raise ConfigError(f"model.attention.pe={pe!r} is not one of {list(POSITION_ENCODINGS)}")
         self.pe = pe
+        self.rope = check_rope(rope, self.head_dim, spatial_dims)
         if pe == "relative":
             extent = 2 * (int(max_relative_size) or DEFAULT_RELATIVE_SIZE) - 1
             self.relative_table = nn.Parameter(torch.zeros(num_heads, *(extent,) * spatial_dims))
             nn.init.trunc_normal_(self.relative_table, std=0.02)
+
+    @property
+    def bias_heads(self) -> int:
+        """A learned relative bias: one plane per head, and its gradient as many again."""
+        return 2 * self.num_heads if self.pe == "relative" else 0
 
     def attend(self, x: torch.Tensor, spatial_shape: tuple[int, ...]) -> torch.Tensor:
         if self.pe == "sincos":
@@ -61,8 +71,10 @@ class MultiHeadAttention(SpatialAttention):
 
     def mix(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, spatial_shape: tuple[int, ...]) -> torch.Tensor:
         q, k, v = (split_heads(t, self.num_heads) for t in (q, k, v))
+        if self.rope == "axial":
+            q, k = axial_rope(q, spatial_shape), axial_rope(k, spatial_shape)
         bias = relative_bias(self.relative_table, spatial_shape).to(q.dtype) if self.pe == "relative" else None
         return merge_heads(F.scaled_dot_product_attention(q, k, v, attn_mask=bias))
 
     def extra_repr(self) -> str:
-        return f"dim={self.dim}, num_heads={self.num_heads}, pe={self.pe!r}"
+        return f"dim={self.dim}, num_heads={self.num_heads}, pe={self.pe!r}, rope={self.rope!r}"

@@ -1,4 +1,5 @@
-"""Position helpers shared by the blocks: token distances, sin/cos embeddings, relative-bias tables.
+"""Position helpers shared by the blocks: token distances, sin/cos embeddings, relative-bias tables, rotary
+encoding.
 
 Every grid is row-major (C-order) over ``(D, H, W)`` or ``(H, W)``, matching
 :func:`medseg.attention.common.to_tokens`.
@@ -9,13 +10,21 @@ from __future__ import annotations
 import math
 import warnings
 from collections.abc import Sequence
-from functools import lru_cache
 
 import torch
 import torch.nn.functional as F
 from monai.networks.blocks.pos_embed_utils import build_sincos_position_embedding
 
+from medseg.attention.common import even_split, tensor_cache
+from medseg.errors import ConfigError
+
 _INTERPOLATION = {1: "linear", 2: "bilinear", 3: "trilinear"}
+
+ROTARY_ENCODINGS = ("none", "axial")
+"""The values of ``model.attention.rope``."""
+
+ROPE_BASE = 10000.0
+"""Rotary frequencies per axis are ``ROPE_BASE ** -linspace(0, 1, pairs)``, as in RMT's ``theta_shift``."""
 
 
 def axis_scales(ndim: int, spacing: Sequence[float] | None) -> tuple[float, ...]:
@@ -63,7 +72,7 @@ def grid_coordinates(spatial_shape: Sequence[int]) -> torch.Tensor:
     return torch.stack(torch.meshgrid(*axes, indexing="ij"), dim=-1).reshape(-1, len(spatial_shape))
 
 
-@lru_cache(maxsize=16)
+@tensor_cache()
 def _sincos_table(spatial_shape: tuple[int, ...], dim: int) -> torch.Tensor:
     ndim = len(spatial_shape)
     usable = dim - dim % (2 * ndim)  # MONAI needs dim % 4 == 0 (2D) / dim % 6 == 0 (3D)
@@ -84,8 +93,8 @@ def sincos_embedding(spatial_shape: Sequence[int], dim: int, device: torch.devic
     return _sincos_table(tuple(spatial_shape), dim).to(device=device, dtype=dtype)
 
 
-@lru_cache(maxsize=16)
-def relative_position_index(spatial_shape: tuple[int, ...]) -> torch.Tensor:
+@tensor_cache()
+def relative_position_index(spatial_shape: tuple[int, ...], device: torch.device | None = None) -> torch.Tensor:
     """Index of offset ``(n - m)`` in a flattened ``(2*S_a - 1, ...)`` table, for all pairs: ``(N, N)``."""
     sizes = torch.tensor(spatial_shape)
     extents = 2 * sizes - 1
@@ -94,7 +103,7 @@ def relative_position_index(spatial_shape: tuple[int, ...]) -> torch.Tensor:
         strides[axis] = strides[axis + 1] * extents[axis + 1]
     coords = grid_coordinates(spatial_shape)
     offsets = coords[:, None, :] - coords[None, :, :] + (sizes - 1)
-    return (offsets * strides).sum(-1)
+    return (offsets * strides).sum(-1).to(device)
 
 
 def resize_grid(x: torch.Tensor, size: Sequence[int]) -> torch.Tensor:
@@ -122,5 +131,62 @@ def relative_bias(table: torch.Tensor, spatial_shape: Sequence[int]) -> torch.Te
         slice((e - t) // 2, (e - t) // 2 + t) if e > t else slice(None) for e, t in zip(table.shape[1:], target)
     )
     table = resize_grid(table[(slice(None), *crop)].unsqueeze(0), target).squeeze(0)
-    index = relative_position_index(tuple(spatial_shape)).to(table.device)
+    index = relative_position_index(tuple(spatial_shape), table.device)
     return table.flatten(1)[:, index].unsqueeze(0)
+
+
+def check_rope(rope: str, head_dim: int, spatial_dims: int) -> str:
+    """``model.attention.rope`` for a block of ``head_dim`` channels per head; returns it.
+
+    Raises:
+        ConfigError: an unknown value, or ``axial`` with fewer than one channel pair per spatial axis.
+    """
+    if rope not in ROTARY_ENCODINGS:
+        raise ConfigError(f"model.attention.rope={rope!r} is not one of {list(ROTARY_ENCODINGS)}")
+    if rope == "axial" and head_dim // 2 < spatial_dims:
+        raise ConfigError(
+            f"model.attention.rope=axial rotates one channel pair per spatial axis at least: it needs a head "
+            f"dimension >= {2 * spatial_dims}, got {head_dim} (fewer model.attention.num_heads)"
+        )
+    return rope
+
+
+@tensor_cache()
+def _rope_tables(
+    spatial_shape: tuple[int, ...], head_dim: int, device: torch.device, dtype: torch.dtype
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """``cos`` and ``sin`` of every token's rotation angles: ``(N, 2 * (head_dim // 2))`` each, each angle
+    written twice (once per channel of its pair)."""
+    coords = grid_coordinates(spatial_shape).to(device=device, dtype=dtype)
+    angles = [
+        coords[:, axis, None] * ROPE_BASE ** -torch.linspace(0, 1, pairs, device=device, dtype=dtype)
+        for axis, pairs in enumerate(even_split(head_dim // 2, len(spatial_shape)))
+    ]
+    angle = torch.cat(angles, dim=-1).repeat_interleave(2, dim=-1)
+    return angle.cos(), angle.sin()
+
+
+def axial_rope(x: torch.Tensor, spatial_shape: Sequence[int]) -> torch.Tensor:
+    """Axial rotary position encoding: ``(..., N, head_dim) -> (..., N, head_dim)``.
+
+    The ``head_dim // 2`` channel pairs ``(2i, 2i + 1)`` are split over the spatial axes as evenly as possible
+    (earlier axes first, in order); pair ``i`` of axis ``a``'s share is rotated by the angle
+    ``n_a * ROPE_BASE ** -(i / (P_a - 1))`` (``P_a`` pairs, RMT's frequencies), ``n_a`` the token's index along
+    ``a``. An odd last channel is left as it is. Rotating q and k makes ``q_n . k_m`` depend on ``m - n``
+    only. Computed in at least float32; returns ``x``'s dtype.
+    """
+    shape = tuple(int(s) for s in spatial_shape)
+    work = torch.promote_types(x.dtype, torch.float32)
+    cos, sin = _rope_tables(shape, x.shape[-1], x.device, work)
+    rotated = cos.shape[-1]
+    head = x[..., :rotated].to(work)
+    pairs = head.unflatten(-1, (-1, 2))
+    turned = torch.stack((-pairs[..., 1], pairs[..., 0]), dim=-1).flatten(-2)  # (x0, x1) -> (-x1, x0)
+    out = (head * cos + turned * sin).to(x.dtype)
+    return torch.cat((out, x[..., rotated:]), dim=-1) if rotated < x.shape[-1] else out
+
+
+def clear_caches() -> None:
+    """Release the cached sin/cos tables, relative-position indices and rotary tables."""
+    for cached in (_sincos_table, relative_position_index, _rope_tables):
+        cached.cache_clear()

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import inspect
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import fields
 from typing import Any, TypeVar
 
@@ -75,13 +75,17 @@ def _accepted(fn: Callable, cfg: Mapping[str, Any]) -> dict[str, Any]:
     return {key: value for key, value in cfg.items() if key in parameters}
 
 
-def build_attention(name: str, dim: int, spatial_dims: int, **attention_cfg: Any) -> SpatialAttention:
+def build_attention(
+    name: str, dim: int, spatial_dims: int, grid: Sequence[int] | None = None, **attention_cfg: Any
+) -> SpatialAttention:
     """Build a registered attention block: ``(B, dim, *spatial) -> (B, dim, *spatial)``.
 
     Args:
         name: a name from :func:`available_blocks`.
         dim: channel width.
         spatial_dims: 2 or 3.
+        grid: the token grid the block sees in training, where known (the U-Net passes each slot's); blocks
+            whose ``__init__`` takes ``grid`` get it.
         **attention_cfg: ``model.attention`` keys; the block takes the ones it uses and ignores the rest.
 
     Raises:
@@ -90,16 +94,21 @@ def build_attention(name: str, dim: int, spatial_dims: int, **attention_cfg: Any
     if name not in ATTENTION_BLOCKS:
         raise ConfigError(f"unknown attention block {name!r}; valid blocks: {available_blocks()}")
     cls = ATTENTION_BLOCKS[name]
-    return cls(dim, spatial_dims, **_accepted(cls, _validated(attention_cfg)))
+    return cls(dim, spatial_dims, **_accepted(cls, {**_validated(attention_cfg), "grid": grid}))
 
 
 def build_transformer_block(
-    name: str, dim: int, spatial_dims: int, checkpointing: bool = False, **attention_cfg: Any
+    name: str,
+    dim: int,
+    spatial_dims: int,
+    checkpointing: bool = False,
+    grid: Sequence[int] | None = None,
+    **attention_cfg: Any,
 ) -> TransformerBlock:
     """A :class:`TransformerBlock` around ``build_attention(name, ...)``.
 
-    ``mlp_ratio``, ``drop_path`` and ``layer_scale`` come from ``attention_cfg`` like the attention keys.
+    ``mlp_ratio``, ``drop_path``, ``layer_scale`` and ``ffn`` come from ``attention_cfg`` like the attention keys.
     """
     cfg = _validated(attention_cfg)
-    attention = build_attention(name, dim, spatial_dims, **cfg)
+    attention = build_attention(name, dim, spatial_dims, grid=grid, **cfg)
     return TransformerBlock(attention, checkpointing=checkpointing, **_accepted(TransformerBlock, cfg))

@@ -1,17 +1,21 @@
 """``benchmark.py attention``: fwd+bwd time and peak memory of every attention block over token counts.
 
 Per (block, grid) it runs the attention module alone, ``build_attention(name, dim, spatial_dims,
-num_heads=heads)``, on a ``(batch, dim, *grid)`` float32 input: forward, then ``out.sum().backward()``
-(parameter gradients included). Two extra rows share MaSA's projections and LCE and differ only in the
-attention op: ``masa_naive``, the seed's form (materialise the softmax, multiply by the decay matrix,
-renormalise), and ``sdpa``, plain unmasked fused attention: the floor of what any global attention costs.
+num_heads=heads)``, on a ``(batch, dim, *grid)`` float32 input: forward (under ``--precision``'s autocast,
+as training runs it; fp32 by default), then ``out.sum().backward()`` (parameter gradients included). Extra
+rows share MaSA's projections and LCE and differ only in the attention op: ``masa_naive``, the seed's form
+(materialise the softmax, multiply by the decay matrix, renormalise), and ``sdpa``, plain unmasked fused
+attention: the floor of what any global attention costs. ``masa_sdpa_bias`` (run only when ``--blocks``
+names it) is fused SDPA with the dense decay bias, the path ``masa`` takes without FlexAttention: on CUDA
+the reference its FlexAttention output is compared with (``max_abs_diff_masa_vs_sdpa_bias``).
 
 * Time: one warm-up (the memory run below), then the median of up to ``--reps`` timed runs; a cell stops
   early when the next run would take it past ``--max-seconds``. When the warm-up alone exceeds
   ``--max-seconds`` its own time is reported (``reps = 0``, marked ``*``).
 * Peak memory: on CUDA ``torch.cuda.max_memory_allocated`` above the allocation before the run. On CPU,
   every allocation and free that PyTorch's CPU allocator reports to ``torch.profiler``
-  (``profile_memory=True``) during one fwd+bwd, summed in time order; the peak of that running sum.
+  (``profile_memory=True``, read from its Chrome trace) during one fwd+bwd, summed in time order; the peak
+  of that running sum.
   Parameters and the input exist beforehand and are not counted; MaSA's bias cache is cleared first, so
   the bias it builds is.
 * A cell whose analytic estimate (:func:`estimate_bytes`) exceeds ``--max-memory-gb`` is not run and
@@ -21,31 +25,37 @@ renormalise), and ``sdpa``, plain unmasked fused attention: the floor of what an
 from __future__ import annotations
 
 import argparse
+import itertools
+import json
 import math
 import operator
 import statistics
 import sys
+import tempfile
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 import torch
 import torch.nn.functional as F
 from torch import nn
-from torch._C._profiler import _EventType
 from torch.profiler import ProfilerActivity, profile
 
 from medseg.attention import available_blocks, build_attention, functional
+from medseg.attention.common import dense_bias_bytes
 from medseg.attention.masa import MaSA
 from medseg.attention.position import axis_scales
 from medseg.benchmark import targets_markdown, write_report
+from medseg.engine.device import PRECISIONS, amp_dtype, autocast
+from medseg.engine.report import markdown_table
 
 DEFAULT_SIZES = ("8^3", "16^3", "24^3", "32^3", "32^2", "64^2", "128^2")
 QUICK_SIZES = ("4^3", "6^2")
 GIB = 2**30
 MIB = 2**20
+Result = TypeVar("Result")
 
 LINEAR_COPIES = 40
 """Estimate: float32 copies of a ``(batch, N, dim)`` activation alive at the peak of any block's fwd+bwd."""
@@ -84,6 +94,23 @@ def unmasked_sdpa(
     return F.scaled_dot_product_attention(q, k, v)
 
 
+def sdpa_bias_masa(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    spatial_shape: Sequence[int],
+    gamma: functional.Gamma,
+    *,
+    spacing: Sequence[float] | None = None,
+) -> torch.Tensor:
+    """MaSA as fused SDPA with the dense decay bias, on every device (``masa`` takes FlexAttention on CUDA)."""
+    shape = tuple(spatial_shape)
+    bias = functional.decay_bias(
+        shape, axis_scales(len(shape), spacing), functional.log_gammas(gamma, q.shape[1]), q.device, q.dtype
+    )
+    return F.scaled_dot_product_attention(q, k, v, attn_mask=bias)
+
+
 class NaiveMaSA(MaSA):
     """MaSA with the seed's materialised attention (:func:`naive_masa`)."""
 
@@ -96,12 +123,27 @@ class UnmaskedSDPA(MaSA):
     attention = staticmethod(unmasked_sdpa)
 
 
-REFERENCES: dict[str, type[MaSA]] = {"masa_naive": NaiveMaSA, "sdpa": UnmaskedSDPA}
+class SdpaBiasMaSA(MaSA):
+    """MaSA with the SDPA-bias path forced (:func:`sdpa_bias_masa`)."""
+
+    attention = staticmethod(sdpa_bias_masa)
+
+
+REFERENCES: dict[str, type[MaSA]] = {"masa_naive": NaiveMaSA, "sdpa": UnmaskedSDPA, "masa_sdpa_bias": SdpaBiasMaSA}
+OPT_IN_ROWS = ("masa_sdpa_bias",)
+"""Rows run only when ``--blocks`` names them: off CUDA ``masa`` itself takes the SDPA-bias path."""
+DIFF_REFERENCES = {"masa_naive": "max_abs_diff_masa_vs_naive", "masa_sdpa_bias": "max_abs_diff_masa_vs_sdpa_bias"}
+"""Rows whose outputs ``masa``'s is compared with, per grid, and the report's key of that maximum difference."""
 
 
 def all_rows() -> list[str]:
     """Registered blocks, then the reference rows."""
     return [*available_blocks(), *REFERENCES]
+
+
+def default_rows() -> list[str]:
+    """The rows measured when ``--blocks`` is not given: :func:`all_rows` but the opt-in ones."""
+    return [row for row in all_rows() if row not in OPT_IN_ROWS]
 
 
 def make_block(name: str, dim: int, spatial_dims: int, heads: int) -> nn.Module:
@@ -128,10 +170,12 @@ def size_label(shape: tuple[int, ...]) -> str:
     return "×".join(map(str, shape))
 
 
-def estimate_bytes(name: str, tokens: int, batch: int, dim: int, heads: int) -> int:
-    """Rough float32 peak of one fwd+bwd: linear activations plus the ``N x N`` tensors the form keeps."""
-    quadratic = {"masa": 1, "masa_naive": NAIVE_COPIES * batch * heads}.get(name, 0)
-    return 4 * (LINEAR_COPIES * batch * tokens * dim + quadratic * tokens**2)
+def estimate_bytes(name: str, shape: tuple[int, ...], batch: int, dim: int, heads: int, bias_heads: int) -> int:
+    """Rough float32 peak of one fwd+bwd: linear activations, the block's dense bias (``bias_heads`` planes,
+    :func:`~medseg.attention.common.dense_bias_bytes`, the U-Net's build check) and the naive form's matrices."""
+    tokens = math.prod(shape)
+    naive = NAIVE_COPIES * batch * heads * tokens**2 if name == "masa_naive" else 0
+    return 4 * (LINEAR_COPIES * batch * tokens * dim + naive) + dense_bias_bytes(shape, bias_heads)
 
 
 @dataclass
@@ -170,15 +214,33 @@ def _synchronize(device: torch.device) -> None:
         torch.cuda.synchronize(device)
 
 
-def _fwd_bwd(block: nn.Module, x: torch.Tensor) -> torch.Tensor:
+def _fwd_bwd(block: nn.Module, x: torch.Tensor, amp: torch.dtype | None) -> torch.Tensor:
     block.zero_grad(set_to_none=True)
-    out = block(x)
+    with autocast(x.device, amp):
+        out = block(x)
     out.sum().backward()
     return out.detach()
 
 
-def peak_bytes(fn: Callable[[], torch.Tensor], device: torch.device) -> tuple[int, torch.Tensor]:
-    """Peak bytes allocated while ``fn`` runs (see the module docstring), and ``fn``'s result."""
+def cpu_allocations(prof: profile) -> list[int]:
+    """The bytes of every allocation (> 0) and free (< 0) by PyTorch's CPU allocator in ``prof``, in time order.
+
+    ``prof`` must have run with ``profile_memory=True``. Read from its Chrome trace (``export_chrome_trace``,
+    public and documented), where each allocation and free is a ``[memory]`` event with its ``Bytes``. The
+    ``[memory]`` entries of ``prof.events()`` do not serve: most allocations there are folded into the ops
+    that made them, as net totals, and a net total hides the peak inside an op.
+    """
+    with tempfile.TemporaryDirectory() as folder:
+        path = Path(folder) / "trace.json"
+        prof.export_chrome_trace(str(path))
+        events = json.loads(path.read_text())["traceEvents"]
+    memory = sorted((event for event in events if event.get("name") == "[memory]"), key=lambda event: event["ts"])
+    return [event["args"]["Bytes"] for event in memory]
+
+
+def peak_bytes(fn: Callable[[], Result], device: torch.device) -> tuple[int, Result]:
+    """Peak bytes allocated while ``fn`` runs, above what was allocated before (see the module docstring),
+    and ``fn``'s result."""
     if device.type == "cuda":
         torch.cuda.synchronize(device)
         torch.cuda.reset_peak_memory_stats(device)
@@ -188,20 +250,10 @@ def peak_bytes(fn: Callable[[], torch.Tensor], device: torch.device) -> tuple[in
         return torch.cuda.max_memory_allocated(device) - base, out
     with profile(activities=[ProfilerActivity.CPU], profile_memory=True) as prof:
         out = fn()
-    allocations, stack = [], list(prof.profiler.kineto_results.experimental_event_tree())
-    while stack:
-        event = stack.pop()
-        if event.typed[0] == _EventType.Allocation:
-            allocations.append((event.start_time_ns, event.typed[1].alloc_size))
-        stack.extend(event.children)
-    live = peak = 0
-    for _, size in sorted(allocations):
-        live += size
-        peak = max(peak, live)
-    return peak, out
+    return max(itertools.accumulate(cpu_allocations(prof), initial=0)), out
 
 
-def time_ms(fn: Callable[[], torch.Tensor], device: torch.device, reps: int, max_seconds: float) -> tuple[float, int]:
+def time_ms(fn: Callable[[], object], device: torch.device, reps: int, max_seconds: float) -> tuple[float, int]:
     """Median wall time of up to ``reps`` runs, stopping when the next one would pass ``max_seconds``."""
     times: list[float] = []
     while len(times) < reps and sum(times) + (times[-1] if times else 0.0) <= max_seconds:
@@ -218,23 +270,25 @@ def measure(
 ) -> tuple[Cell, torch.Tensor | None]:
     """Time and peak memory of one block at one grid; also returns its forward output (None if not run)."""
     tokens = math.prod(shape)
-    estimate = estimate_bytes(name, tokens, args.batch, args.dim, args.heads)
+    torch.manual_seed(0)  # every MaSA-based row gets the same weights
+    block = make_block(name, args.dim, len(shape), args.heads)
+    estimate = estimate_bytes(name, shape, args.batch, args.dim, args.heads, block.bias_heads)
     cell = Cell(name, shape, tokens, estimate / GIB)
     if estimate > args.max_memory_gb * GIB:
         cell.status = "oom"
         return cell, None
-    torch.manual_seed(0)  # every MaSA-based row gets the same weights
-    block = make_block(name, args.dim, len(shape), args.heads).to(device)
+    block = block.to(device)
     x = torch.randn(args.batch, args.dim, *shape, device=device)
+    amp = amp_dtype(args.precision, device)
     functional.clear_cache()
     try:
         start = time.perf_counter()
-        peak, out = peak_bytes(lambda: _fwd_bwd(block, x), device)
+        peak, out = peak_bytes(lambda: _fwd_bwd(block, x, amp), device)
         warm_up = time.perf_counter() - start
         if warm_up > args.max_seconds:  # too slow to repeat: report the warm-up itself (reps = 0)
             cell.time_ms, cell.reps = 1000 * warm_up, 0
         else:
-            cell.time_ms, cell.reps = time_ms(lambda: _fwd_bwd(block, x), device, args.reps, args.max_seconds)
+            cell.time_ms, cell.reps = time_ms(lambda: _fwd_bwd(block, x, amp), device, args.reps, args.max_seconds)
     except RuntimeError as error:  # torch.OutOfMemoryError is one
         message = str(error).splitlines()[0]
         out_of_memory = "out of memory" in message.lower() or "can't allocate" in message.lower()
@@ -285,34 +339,35 @@ def _cell_text(cell: Cell, key: str) -> str:
     return text + "*" if key == "time_ms" and cell.reps == 0 else text
 
 
-def _table(cells: Sequence[Cell], rows: Sequence[str], shapes: Sequence[tuple[int, ...]], key: str) -> list[str]:
-    header = ["block", *(f"{size_label(s)} ({math.prod(s):,})" for s in shapes)]
-    lines = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
-    for row in rows:
-        by_shape = {c.shape: c for c in cells if c.block == row}
-        lines.append("| " + " | ".join([row, *(_cell_text(by_shape[s], key) for s in shapes)]) + " |")
-    return lines
+def _table(cells: Sequence[Cell], shapes: Sequence[tuple[int, ...]], key: str) -> str:
+    """The markdown table of one measurement (``time_ms`` or ``peak_mib``): a row per block, a column per grid."""
+    columns = [f"{size_label(s)} ({math.prod(s):,})" for s in shapes]
+    by_block: dict[str, dict[tuple[int, ...], Cell]] = {}
+    for cell in cells:
+        by_block.setdefault(cell.block, {})[cell.shape] = cell
+    rows = [[block, *(by_shape.get(s) for s in shapes)] for block, by_shape in by_block.items()]
+    return markdown_table(["block", *columns], rows, formats=dict.fromkeys(columns, lambda c: _cell_text(c, key)),
+                          align="<" + ">" * len(shapes))
 
 
 def to_markdown(report: dict[str, Any], cells: Sequence[Cell], shapes: Sequence[tuple[int, ...]]) -> str:
     meta = report["meta"]
-    rows = list(dict.fromkeys(c.block for c in cells))
     lines = [
         "# Attention blocks: fwd+bwd time and peak memory",
         "",
         f"{meta['device']} ({meta['threads']} threads), torch {meta['torch']}; batch {meta['batch']}, "
-        f"dim {meta['dim']}, {meta['heads']} heads, float32; columns are grids (tokens). Time: median of up to "
-        f"{meta['reps']} runs after a warm-up (* = the warm-up alone, when it exceeded the {meta['max_seconds']:g} s "
-        f"budget of a cell). Peak memory: allocator high-water mark during one fwd+bwd, above "
-        f"parameters and input. OOM: analytic estimate over the {meta['max_memory_gb']:g} GB budget, not run.",
+        f"dim {meta['dim']}, {meta['heads']} heads, {meta['precision']}; columns are grids (tokens). Time: "
+        f"median of up to {meta['reps']} runs after a warm-up (* = the warm-up alone, when it exceeded the "
+        f"{meta['max_seconds']:g} s budget of a cell). Peak memory: allocator high-water mark during one fwd+bwd, "
+        f"above parameters and input. OOM: analytic estimate over the {meta['max_memory_gb']:g} GB budget, not run.",
         "",
         "## fwd+bwd time (ms)",
         "",
-        *_table(cells, rows, shapes, "time_ms"),
+        _table(cells, shapes, "time_ms"),
         "",
         "## peak memory (MiB)",
         "",
-        *_table(cells, rows, shapes, "peak_mib"),
+        _table(cells, shapes, "peak_mib"),
         "",
         "## targets",
         "",
@@ -329,7 +384,7 @@ def run(args: argparse.Namespace) -> int:
     if args.quick:
         args.reps = 1
     cells: list[Cell] = []
-    max_diff: dict[tuple[int, ...], float] = {}
+    max_diff: dict[str, dict[tuple[int, ...], float]] = {reference: {} for reference in DIFF_REFERENCES}
     for shape in shapes:
         outputs: dict[str, torch.Tensor] = {}
         for name in args.blocks:
@@ -338,8 +393,9 @@ def run(args: argparse.Namespace) -> int:
             if out is not None:
                 outputs[name] = out
             print(f"{name:>16} {size_label(shape):>8}: {cell.status} {cell.time_ms or 0:.1f} ms", file=sys.stderr)
-        if "masa" in outputs and "masa_naive" in outputs:
-            max_diff[shape] = (outputs["masa"] - outputs["masa_naive"]).abs().max().item()
+        for reference in DIFF_REFERENCES:
+            if "masa" in outputs and reference in outputs:
+                max_diff[reference][shape] = (outputs["masa"].float() - outputs[reference].float()).abs().max().item()
     report = {
         "meta": {
             "device": str(device),
@@ -348,13 +404,15 @@ def run(args: argparse.Namespace) -> int:
             "batch": args.batch,
             "dim": args.dim,
             "heads": args.heads,
+            "precision": args.precision,
             "reps": args.reps,
             "max_seconds": args.max_seconds,
             "max_memory_gb": args.max_memory_gb,
         },
         "results": [asdict(c) for c in cells],
-        "max_abs_diff_masa_vs_naive": [{"shape": list(s), "value": d} for s, d in max_diff.items()],
-        "targets": [asdict(t) for t in targets(cells, max_diff)],
+        **{key: [{"shape": list(s), "value": d} for s, d in max_diff[reference].items()]
+           for reference, key in DIFF_REFERENCES.items()},
+        "targets": [asdict(t) for t in targets(cells, max_diff["masa_naive"])],
     }
     markdown = to_markdown(report, cells, shapes)
     print(markdown)
@@ -373,7 +431,7 @@ def add_subcommand(subparsers: argparse._SubParsersAction) -> None:
     parser.add_argument(
         "--sizes", nargs="+", default=list(DEFAULT_SIZES), help="grids, e.g. 16^3 64^2 5x7 (or comma-separated)"
     )
-    parser.add_argument("--blocks", nargs="+", default=all_rows(), choices=all_rows(), help="rows to measure")
+    parser.add_argument("--blocks", nargs="+", default=default_rows(), choices=all_rows(), help="rows to measure")
     parser.add_argument("--reps", type=int, default=3, help="timed runs per cell after the warm-up")
     parser.add_argument("--max-seconds", type=float, default=60.0, help="time budget of a cell's timed runs")
     parser.add_argument("--max-memory-gb", type=float, default=8.0, help="skip cells estimated above this")
@@ -381,6 +439,8 @@ def add_subcommand(subparsers: argparse._SubParsersAction) -> None:
     parser.add_argument("--dim", type=int, default=128)
     parser.add_argument("--heads", type=int, default=4)
     parser.add_argument("--batch", type=int, default=2)
+    parser.add_argument("--precision", choices=[p for p in PRECISIONS if p != "auto"], default="fp32",
+                        help="autocast of the forward pass (bf16, fp16) or none (fp32)")
     parser.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
     parser.add_argument("--out", type=Path, default=None, help="write attention.md and attention.json here")
     parser.set_defaults(func=run)

@@ -50,6 +50,7 @@ def _slotted_unet(cfg: ModelConfig, in_channels: int, out_channels: int, patch_s
         dropout=cfg.dropout, deep_supervision=cfg.deep_supervision, bottleneck=cfg.bottleneck,
         bottleneck_depth=cfg.bottleneck_depth, decoder=cfg.decoder, decoder_levels=cfg.decoder_levels,
         attention=asdict(cfg.attention), checkpointing=cfg.checkpointing, channels_last=cfg.channels_last,
+        patch_size=patch_size,
     )
 
 

@@ -22,11 +22,15 @@ import torch.nn.functional as F
 from monai.networks.blocks import UnetOutBlock, UnetResBlock, UnetUpBlock
 from torch import nn
 
-from medseg.attention import build_transformer_block
+from medseg.attention import SpatialAttention, build_transformer_block, functional
+from medseg.attention.common import dense_bias_bytes
 from medseg.errors import ConfigError
 
 StrideSpec = int | Sequence[int]
 NormSpec = str | tuple[str, dict[str, Any]]
+
+GB = 2**30
+"""Bytes per GB of ``model.attention.max_bias_gb``."""
 
 GROUP_NORM_GROUPS = 8
 """``model.norm=group``: groups per norm layer (fewer on a level narrower than that, down to one per channel)."""
@@ -65,6 +69,35 @@ def level_spacing(spacing: Sequence[float] | None, strides: list[tuple[int, ...]
     return [float(sp) * f for sp, f in zip(spacing, factors)]
 
 
+def level_grid(patch_size: Sequence[int], strides: list[tuple[int, ...]], level: int) -> tuple[int, ...]:
+    """Token grid of the feature map after ``level`` down-sampling steps for a ``patch_size`` input, which the
+    U-Net pads up to a multiple of its total stride."""
+    grid = []
+    for axis, size in enumerate(patch_size):
+        total = math.prod(s[axis] for s in strides)
+        grid.append(math.ceil(size / total) * total // math.prod(s[axis] for s in strides[:level]))
+    return tuple(grid)
+
+
+def check_bias_memory(attention: SpatialAttention, grid: Sequence[int], max_gb: float | None, slot: str) -> None:
+    """Refuse a slot whose dense ``N x N`` attention bias would need more than ``max_gb`` GB in float32.
+
+    Raises:
+        ConfigError: with the estimate, and the blocks that scale to large grids.
+    """
+    need = dense_bias_bytes(grid, attention.bias_heads)
+    if max_gb is None or need <= max_gb * GB:
+        return
+    tokens = math.prod(grid)
+    raise ConfigError(
+        f"{slot}: its dense attention bias on the {list(grid)} token grid ({tokens:,} tokens) needs about "
+        f"{need / GB:.1f} GB ({attention.bias_heads} planes of {tokens:,}^2 float32), more than "
+        f"model.attention.max_bias_gb={max_gb:g}. masa_decomposed and focused_linear scale to large grids "
+        f"(no N x N bias); or use a smaller data.patch_size or more down-sampling, or raise "
+        f"model.attention.max_bias_gb (null disables the check)"
+    )
+
+
 class SlottedUNet(nn.Module):
     """A residual U-Net whose bottleneck and low-resolution decoder stages hold attention blocks.
 
@@ -84,6 +117,9 @@ class SlottedUNet(nn.Module):
         checkpointing: activation checkpointing inside the transformer blocks.
         channels_last: for ``spatial_dims=3``, keep weights and activations in the channels-last 3D memory
             format (faster convolutions and their backward; ignored in 2D, where it measured slower on the CPU).
+        patch_size: the training patch, if known. It gives each slot's token grid (:func:`level_grid`), which
+            blocks that size parameters by it receive (``model.attention.positional_size=0``) and which
+            :func:`check_bias_memory` checks against ``attention["max_bias_gb"]``.
 
     Shapes: ``(B, in_channels, *spatial) -> (B, out_channels, *spatial)``; with deep supervision in
     training mode, a list of such tensors at full, 1/2, 1/4 ... resolution.
@@ -107,10 +143,14 @@ class SlottedUNet(nn.Module):
         attention: Mapping[str, Any] | None = None,
         checkpointing: bool = False,
         channels_last: bool = True,
+        patch_size: Sequence[int] | None = None,
     ) -> None:
         super().__init__()
         if len(strides) != len(channels) - 1:
             raise ConfigError(f"model.strides needs {len(channels) - 1} entries for {len(channels)} channel levels")
+        if patch_size is not None and len(patch_size) != spatial_dims:
+            raise ConfigError(f"the network patch {list(patch_size)} needs one size per axis of the {spatial_dims}D "
+                              "model")
         self.spatial_dims = spatial_dims
         self.strides = per_axis_strides(strides, spatial_dims)
         self.total_stride = tuple(math.prod(s[a] for s in self.strides) for a in range(spatial_dims))
@@ -131,16 +171,22 @@ class SlottedUNet(nn.Module):
         )
         num_levels = len(self.strides)
 
-        def slot(name: str, level: int, depth: int) -> nn.Module:
+        def slot(name: str, level: int, depth: int, key: str) -> nn.Module:
             if name == "none" or depth == 0:
                 return nn.Identity()
             cfg = {**attention, "spacing": level_spacing(attention.get("spacing"), self.strides, level)}
-            return nn.Sequential(*(
-                build_transformer_block(name, channels[level], spatial_dims, checkpointing=checkpointing, **cfg)
+            grid = None if patch_size is None else level_grid(patch_size, self.strides, level)
+            blocks = [
+                build_transformer_block(name, channels[level], spatial_dims, checkpointing=checkpointing, grid=grid,
+                                        **cfg)
                 for _ in range(depth)
-            ))
+            ]
+            if grid is not None:
+                check_bias_memory(blocks[0].attention, grid, attention.get("max_bias_gb"), f"{key}={name}")
+            return nn.Sequential(*blocks)
 
-        self.bottleneck = slot(bottleneck, num_levels, bottleneck_depth)
+        functional.clear_cache()  # a new model: drop the cached attention tensors of earlier ones
+        self.bottleneck = slot(bottleneck, num_levels, bottleneck_depth, "model.bottleneck")
         # up[i] takes level i+1 features to level i; decoder slot i follows it.
         self.up = nn.ModuleList(
             UnetUpBlock(in_channels=channels[i + 1], out_channels=channels[i], stride=self.strides[i],
@@ -148,13 +194,18 @@ class SlottedUNet(nn.Module):
             for i in range(num_levels)
         )
         self.decoder_slots = nn.ModuleList(
-            slot(decoder, i, 1 if i >= num_levels - decoder_levels else 0) for i in range(num_levels)
+            slot(decoder, i, 1 if i >= num_levels - decoder_levels else 0, f"model.decoder (level {i})")
+            for i in range(num_levels)
         )
         self.head = UnetOutBlock(spatial_dims, channels[0], out_channels)
         self.deep_heads = nn.ModuleList(
             UnetOutBlock(spatial_dims, channels[i], out_channels) for i in range(1, num_levels) if deep_supervision
         )
-        self.to(memory_format=self.memory_format)
+        # The conv stages only: an attention slot's weights are linear layers, (C, 1, k...) depthwise kernels (the
+        # same bytes in either format) and tables such as MHA's 4-D relative bias in 3D, which torch refuses to
+        # convert ("required rank 5 tensor to use channels_last_3d format").
+        for stages in (self.stem, self.down, self.up, self.head, self.deep_heads):
+            stages.to(memory_format=self.memory_format)
 
     def _pad(self, x: torch.Tensor) -> tuple[torch.Tensor, list[int]]:
         """Pad the spatial axes of ``x`` up to a multiple of the total stride; return the original size."""

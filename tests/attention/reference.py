@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import itertools
 import math
+from collections.abc import Callable
 
 import torch
 
@@ -165,4 +166,62 @@ def stripe_attention(
             for hi in range(h):
                 attn = softmax_rows((q[bi, hi, i] @ k[bi, hi, members].T / math.sqrt(d))[None])[0]
                 out[bi, hi, i] = attn @ v[bi, hi, members]
+    return out
+
+
+def depthwise_conv(
+    x: torch.Tensor,
+    weight: torch.Tensor,
+    bias: torch.Tensor,
+    shape: tuple[int, ...],
+    region: Callable[[tuple[int, ...]], object] = lambda position: None,
+) -> torch.Tensor:
+    """Depthwise 'same' convolution of tokens ``(B, N, C)``, summed offset by offset: token ``n`` gets
+    ``bias + sum_o w[o] * x[n + o]`` over the kernel offsets ``o`` whose ``n + o`` lies in the grid and in the same
+    ``region`` as ``n`` (zeros elsewhere: the map's border, or a CSWin stripe's)."""
+    pos = coordinates(shape)
+    index = {p: i for i, p in enumerate(pos)}
+    kernel = weight.shape[2:]
+    out = bias.expand_as(x).clone()
+    for i, pn in enumerate(pos):
+        for offset in itertools.product(*(range(-(k // 2), k // 2 + 1) for k in kernel)):
+            pm = tuple(a + o for a, o in zip(pn, offset))
+            if pm in index and region(pm) == region(pn):
+                w = weight[(slice(None), 0, *(o + k // 2 for o, k in zip(offset, kernel)))]
+                out[:, i] += w * x[:, index[pm]]
+    return out
+
+
+def stripe_of(axis: int, width: int) -> Callable[[tuple[int, ...]], tuple[int, ...]]:
+    """The CSWin stripe a position lies in: its index ``// width`` on every axis but ``axis``."""
+    return lambda position: tuple(p // width for a, p in enumerate(position) if a != axis)
+
+
+def rmt_ffn(
+    x: torch.Tensor, fc1: torch.nn.Linear, fc2: torch.nn.Linear, weight: torch.Tensor, bias: torch.Tensor,
+    shape: tuple[int, ...],
+) -> torch.Tensor:
+    """RMT's ``FeedForwardNetwork`` (subconv): ``h = gelu(fc1(x))``; ``fc2(h + DWConv3(h))``."""
+    hidden = torch.nn.functional.gelu(x @ fc1.weight.T + fc1.bias)
+    return (hidden + depthwise_conv(hidden, weight, bias, shape)) @ fc2.weight.T + fc2.bias
+
+
+def axial_rope(x: torch.Tensor, shape: tuple[int, ...], base: float = 10000.0) -> torch.Tensor:
+    """Axial rotary encoding of ``(..., N, d)``, token by token and pair by pair with explicit 2x2 rotations.
+
+    The ``d // 2`` channel pairs ``(2j, 2j + 1)`` go to the axes in order, ``ceil`` shares first (e.g. 4 pairs in
+    3D: 2, 1, 1); pair ``i`` of an axis with ``P`` pairs turns by ``n_axis * base ** (-i / (P - 1))`` (1 if P = 1).
+    """
+    ndim, pairs = len(shape), x.shape[-1] // 2
+    per_axis = [pairs // ndim + (a < pairs % ndim) for a in range(ndim)]
+    owner = [(a, i, p) for a, p in enumerate(per_axis) for i in range(p)]  # pair j -> (axis, i, P)
+    out = x.clone()
+    for n, position in enumerate(coordinates(shape)):
+        for j, (axis, i, count) in enumerate(owner):
+            frequency = base ** (-i / (count - 1)) if count > 1 else 1.0
+            angle = position[axis] * frequency
+            rotation = torch.tensor(
+                [[math.cos(angle), -math.sin(angle)], [math.sin(angle), math.cos(angle)]], dtype=x.dtype
+            )
+            out[..., n, 2 * j : 2 * j + 2] = x[..., n, 2 * j : 2 * j + 2] @ rotation.T
     return out

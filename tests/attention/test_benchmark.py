@@ -5,8 +5,11 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+import torch
+
 from medseg.attention import available_blocks
 from medseg.benchmark import main
+from medseg.benchmark.attention import peak_bytes
 
 
 def test_quick_attention_benchmark(tmp_path: Path) -> None:
@@ -18,3 +21,25 @@ def test_quick_attention_benchmark(tmp_path: Path) -> None:
     assert all(d["value"] < 1e-5 for d in report["max_abs_diff_masa_vs_naive"])
     markdown = (tmp_path / "attention.md").read_text()
     assert "masa_naive" in markdown and "## targets" in markdown
+
+
+def test_cpu_peak_counts_allocations_and_frees_in_time_order() -> None:
+    mib = 2**20
+
+    def allocate() -> list[torch.Tensor]:
+        first = torch.empty(mib, dtype=torch.uint8)
+        second = torch.empty(2 * mib, dtype=torch.uint8)  # 3 MiB alive: the peak
+        del first
+        return [second, torch.empty(mib // 2, dtype=torch.uint8)]  # 2.5 MiB alive
+
+    peak, out = peak_bytes(allocate, torch.device("cpu"))
+    assert peak == 3 * mib and [t.numel() for t in out] == [2 * mib, mib // 2]
+    peak, _ = peak_bytes(lambda: [torch.empty(mib, dtype=torch.uint8) for _ in range(4)], torch.device("cpu"))
+    assert peak == 4 * mib  # all four alive in the list
+
+    def churn() -> None:
+        for _ in range(4):
+            block = torch.empty(mib, dtype=torch.uint8)
+            del block  # freed before the next
+
+    assert peak_bytes(churn, torch.device("cpu"))[0] == mib

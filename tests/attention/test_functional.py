@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import math
-import time
 from collections.abc import Callable
 
 import pytest
@@ -196,12 +195,10 @@ def test_flex_score_mod_matches_sdpa_bias_cpu() -> None:
 @flex
 @pytest.mark.slow
 def test_flex_score_mod_compiled_cpu() -> None:
-    """torch.compile of FlexAttention on CPU takes ~40 s on 2 cores."""
+    """The compiled FlexAttention kernel (what CUDA runs) matches the SDPA bias; compiling takes ~40 s on 2 cores."""
     q, k, v, shape, gamma, expected = flex_case("cpu", torch.float32)
-    start = time.perf_counter()
     out = functional.masa_flex(q, k, v, shape, gamma, spacing=SPACINGS[shape])
     torch.testing.assert_close(out, expected, rtol=1e-5, atol=1e-5)
-    assert time.perf_counter() - start < 600
 
 
 @flex
