@@ -7,7 +7,6 @@ import socket
 import subprocess
 import sys
 import textwrap
-import time
 from collections.abc import Callable
 from pathlib import Path
 
@@ -170,13 +169,11 @@ FAILING_RANK = textwrap.dedent("""
 def test_a_failing_rank_does_not_hang_the_others(tmp_path: Path) -> None:
     script = tmp_path / "failing_rank.py"
     script.write_text(FAILING_RANK)
-    started = time.monotonic()
-    result = subprocess.run(
+    result = subprocess.run(  # a hang would be TimeoutExpired
         [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node=2", f"--master_port={free_port()}",
          str(script)], capture_output=True, text=True, timeout=240, env={**os.environ, "OMP_NUM_THREADS": "1"})
     assert result.returncode != 0
     assert "rank 1 fails" in result.stdout + result.stderr
-    assert time.monotonic() - started < 200
 
 
 def test_slurm_launcher_config_composes() -> None:
