@@ -10,6 +10,7 @@ from __future__ import annotations
 import functools
 import sys
 from collections.abc import Callable
+from pathlib import Path
 from typing import TypeVar
 
 from medseg.config import check_override_keys
@@ -36,9 +37,14 @@ def one_line_errors(task: Callable[..., T]) -> Callable[..., T]:
 
 
 def run(main: Callable[[], object], schema: type) -> None:
-    """Check the command line's override keys against ``schema``, then run ``main`` (a ``@hydra.main``)."""
+    """Check the command line's override keys against ``schema``, then run ``main`` (a ``@hydra.main``).
+
+    The config groups are the folders of ``configs/`` beside the script's folder (``scripts/../configs``).
+    """
+    configs = Path(sys.argv[0]).resolve().parent.parent / "configs"
+    groups = [path.name for path in configs.iterdir() if path.is_dir()] if configs.is_dir() else []
     try:
-        check_override_keys(sys.argv[1:], schema)
+        check_override_keys(sys.argv[1:], schema, groups)
     except MedsegError as err:
         print(f"error: {err}", file=sys.stderr)
         sys.exit(1)

@@ -16,7 +16,7 @@ from __future__ import annotations
 import ast
 import difflib
 import inspect
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Collection, Iterator, Mapping, Sequence
 from dataclasses import asdict, dataclass, field, fields, is_dataclass
 from functools import cache
 from typing import Any, TypeVar
@@ -144,6 +144,9 @@ class DataConfig:
     """auto (memory when the preprocessed data fit in a quarter of the RAM, else disk), memory, disk or none."""
     cache_dir: str | None = None
     """Fingerprint, splits and disk cache; null = <root>/.medseg_cache, or the user cache when root is read-only."""
+    plan_from: str = "data"
+    """data: plan the null keys among spacing, patch_size, normalization and model.strides from this dataset; init:
+    take all four from the checkpoint the run starts from (trainer.init_from, or the one it resumes)."""
     num_workers: int = 2
     """Data-loading worker processes."""
 
@@ -190,6 +193,10 @@ class TrainerConfig:
     """Stop after this many non-finite losses or gradients in a row."""
     resume: bool = False
     """Resume from last.pt in the run directory."""
+    init_from: str | None = None
+    """Fine-tune: start a new run from this checkpoint's weights only (fresh optimizer, schedule and epochs). The model
+    config must match the checkpoint's; layers whose shape differs (other classes or input channels) are
+    re-initialised. Not with trainer.resume or ckpt_path."""
     progress: bool = True
     """Progress bars."""
     log_images: bool = True
@@ -215,10 +222,11 @@ class TrainConfig:
 
 @dataclass
 class EvaluateConfig:
-    """``scripts/evaluate.py``: predict (and score) every case of ``input`` with one checkpoint."""
+    """``scripts/evaluate.py``: predict (and score) every case of ``input`` with a checkpoint or an ensemble."""
 
-    ckpt: str = MISSING
-    """A medseg checkpoint, e.g. outputs/train/<date>/<time>/checkpoints/best.pt."""
+    ckpt: Any = MISSING
+    """A medseg checkpoint (outputs/train/<date>/<time>/checkpoints/best.pt); a list [a.pt,b.pt] (an ensemble: their
+    softmax probabilities averaged); or a multirun folder (the ensemble of its finished folds' best.pt)."""
     input: str = MISSING
     """A folder of images, a folder with imagesTs/ (+ labelsTs/), or a dataset.json (or its folder)."""
     output: str = "predictions"
@@ -237,10 +245,48 @@ class EvaluateConfig:
     """Where windows are stitched (cpu saves GPU memory); null = device."""
     save_probabilities: bool = False
     """Also write <case>.npz with float16 probabilities (C, X, Y, Z)."""
+    postprocessing: str = "auto"
+    """auto (the postprocessing.json that scripts/crossval.py decided for exactly these checkpoints, found in their
+    multirun's crossval/; none when there is none, e.g. for a single fold), none, or a postprocessing.json file."""
     tolerance_mm: float = 1.0
     """Normalised surface Dice tolerance in mm."""
     progress: bool = True
-    """Progress bars (cases, and windows within a case)."""
+    """Progress bars (cases x models, and windows within a case for a single model)."""
+
+
+@dataclass
+class CrossvalConfig:
+    """``scripts/crossval.py DIR``: score a multirun of folds on its out-of-fold predictions, decide the postprocessing.
+
+    Sliding-window overlap, windows per pass and the surface-Dice tolerance are evaluate's defaults.
+    """
+
+    dir: str = MISSING
+    """The multirun folder of the folds (python scripts/train.py -m data.fold=0,1,2,3,4); also the first argument.
+    The results go to DIR/crossval (DIR/crossval/<setting> for each setting of a wider sweep)."""
+    tta: bool = False
+    """Mirroring test-time augmentation for the out-of-fold predictions."""
+    device: str = "auto"
+    """auto, cpu, cuda or cuda:N."""
+    postprocessing: bool = True
+    """Decide the postprocessing on the out-of-fold predictions (postprocessing.json)."""
+    progress: bool = True
+    """Progress bar over the cases."""
+
+
+@dataclass
+class ExportConfig:
+    """``scripts/export.py``: a checkpoint's network (ONNX or TorchScript) and its preprocessing.json in a folder."""
+
+    ckpt: str = MISSING
+    """A medseg checkpoint, e.g. outputs/train/<date>/<time>/checkpoints/best.pt."""
+    format: str = "onnx"
+    """onnx (model.onnx, for onnxruntime; needs pip install 'medseg[export]') or torchscript (model.pt, torch.jit.load
+    in Python or C++)."""
+    output: str = "export"
+    """The folder for the network and preprocessing.json: a new or empty one, or an earlier export (replaced)."""
+    postprocessing: str | None = None
+    """A postprocessing.json of scripts/crossval.py to copy into the export (preprocessing.json names it); or null."""
 
 
 @dataclass
@@ -262,8 +308,8 @@ class CheckDataConfig:
     """Progress bar over the cases."""
 
 
-SCHEMAS: dict[str, type] = {"train": TrainConfig, "evaluate": EvaluateConfig, "plan": PlanConfig,
-                            "check_data": CheckDataConfig}
+SCHEMAS: dict[str, type] = {"train": TrainConfig, "evaluate": EvaluateConfig, "crossval": CrossvalConfig,
+                            "export": ExportConfig, "plan": PlanConfig, "check_data": CheckDataConfig}
 """Each entry point's schema, registered in Hydra's ConfigStore as ``<name>_schema``."""
 
 
@@ -336,17 +382,17 @@ def unknown_key_message(schema: type, key: str) -> str:
     parent, _, leaf = key.rpartition(".")
     valid = _valid_keys(schema, parent)
     near = difflib.get_close_matches(leaf, valid, n=3, cutoff=0.6)
-    hint = f"; did you mean {' or '.join(f'{parent}.{n}' if parent else n for n in near)}?" if near else ""
+    hint = f"; did you mean {' or '.join(f'{parent}.{n}' if parent else n for n in near)}?" if near else "."
     where = f" under {parent!r}" if parent else ""
     return f"unknown config key {key!r}{hint} Valid keys{where}: {', '.join(valid)}"
 
 
-def check_override_keys(argv: Sequence[str], schema: type) -> None:
+def check_override_keys(argv: Sequence[str], schema: type, groups: Collection[str] = ()) -> None:
     """Refuse command-line overrides whose key is not in ``schema``, naming the nearest valid keys.
 
     Hydra would refuse them too, but only with a hint to add the key with ``+``. Arguments that are not
-    overrides (Hydra's flags and their values), config-group choices (``data=msd``), Hydra's own keys and
-    keys outside the schema's nodes are left to Hydra.
+    overrides (Hydra's flags and their values), config-group choices (``data=msd``; ``groups`` are the top-level
+    group names), Hydra's own keys and keys inside free-form nodes are left to Hydra.
 
     Raises:
         ConfigError: the first unknown key.
@@ -354,19 +400,22 @@ def check_override_keys(argv: Sequence[str], schema: type) -> None:
     from hydra.core.override_parser.overrides_parser import OverridesParser
     from hydra.errors import OverrideParseException
 
-    parser, top = OverridesParser.create(), {f.name for f in fields(schema)}
+    parser = OverridesParser.create()
     for argument in argv:
         try:
             (override,) = parser.parse_overrides([argument])
         except OverrideParseException:
             continue
         key = override.key_or_group
-        if "." not in key or "/" in key or override.package or key.split(".")[0] not in top:
+        if "/" in key or override.package or key.split(".")[0] in ("hydra", *groups):
             continue
-        parent, _, leaf = key.rpartition(".")
-        valid = _valid_keys(schema, parent)
-        if valid and leaf not in valid:
-            raise ConfigError(unknown_key_message(schema, key))
+        parts = key.split(".")
+        for depth in range(len(parts)):  # the first segment the schema lacks; free-form nodes end the walk
+            valid = _valid_keys(schema, ".".join(parts[:depth]))
+            if not valid:
+                break
+            if parts[depth] not in valid:
+                raise ConfigError(unknown_key_message(schema, ".".join(parts[:depth + 1])))
 
 
 def _unknown_keys(node: DictConfig, schema: type, prefix: str = "") -> Iterator[str]:
@@ -427,7 +476,7 @@ def _choices() -> dict[str, Sequence[str]]:
     from medseg.attention.mha import POSITION_ENCODINGS
     from medseg.attention.position import ROTARY_ENCODINGS
     from medseg.data.datalist import DATASET_FORMATS
-    from medseg.engine.data import CACHE_MODES
+    from medseg.engine.data import CACHE_MODES, PLAN_SOURCES
     from medseg.engine.device import PRECISIONS
     from medseg.engine.optim import OPTIMIZERS, SCHEDULES
     from medseg.models import MODELS, NORMS
@@ -437,7 +486,7 @@ def _choices() -> dict[str, Sequence[str]]:
         "model.decoder": block_choices(), "model.attention.pe": list(POSITION_ENCODINGS),
         "model.attention.rope": list(ROTARY_ENCODINGS), "model.attention.lepe": list(LEPE_MODES),
         "model.attention.ffn": list(FFN_KINDS),
-        "data.format": list(DATASET_FORMATS), "data.cache": list(CACHE_MODES),
+        "data.format": list(DATASET_FORMATS), "data.cache": list(CACHE_MODES), "data.plan_from": list(PLAN_SOURCES),
         "trainer.optimizer": list(OPTIMIZERS), "trainer.scheduler": list(SCHEDULES),
         "trainer.precision": list(PRECISIONS),
     }
@@ -468,6 +517,18 @@ def _check_block_names(cfg: DictConfig) -> None:
                 f"Valid names: {', '.join(block_choices())}")
 
 
+def _check_start(cfg: TrainConfig) -> None:
+    """How the run starts: ``trainer.init_from`` begins a new run from another run's weights, ``trainer.resume`` and
+    ``ckpt_path`` continue one, so they exclude each other; ``data.plan_from=init`` needs a checkpoint to start from."""
+    continues = [key for key, value in (("trainer.resume", cfg.trainer.resume), ("ckpt_path", cfg.ckpt_path)) if value]
+    if cfg.trainer.init_from and continues:
+        raise ConfigError(f"trainer.init_from (a new run from another run's weights) cannot be combined with "
+                          f"{' or '.join(continues)} (continuing a run): set only one of them")
+    if cfg.data.plan_from == "init" and not (cfg.trainer.init_from or continues):
+        raise ConfigError("data.plan_from=init takes the plan from the checkpoint the run starts from: set "
+                          "trainer.init_from=<checkpoint>, or data.plan_from=data")
+
+
 def _check_values(cfg: TrainConfig) -> None:
     from medseg.data.transforms import NORMALIZATIONS
 
@@ -493,6 +554,7 @@ def _check_values(cfg: TrainConfig) -> None:
         raise ConfigError(f"data.patch_size={data.patch_size}: expected 2 or 3 sizes")
     if not 0.0 <= data.pos_fraction <= 1.0:
         raise ConfigError(f"data.pos_fraction={data.pos_fraction}: expected a fraction in [0, 1]")
+    _check_start(cfg)
     if data.fold != "all" and not (isinstance(data.fold, int) and 0 <= data.fold < data.num_folds):
         raise ConfigError(f"data.fold={data.fold!r}: expected 0..{data.num_folds - 1} or all")
 

@@ -1,6 +1,7 @@
 """Crash-safe file writes: write to a temporary file beside the target, fsync, then rename atomically.
 
-One mechanism (:func:`atomic_save`) serves bytes (:func:`atomic_write`), text, JSON and NIfTI images.
+One mechanism (:func:`atomic_save`) serves bytes (:func:`atomic_write`), text, JSON and NIfTI images;
+:func:`replaced_folder` does the same for a whole folder of outputs.
 
 A process killed at any moment leaves either the old file or the new one, never a torn file.
 """
@@ -9,8 +10,10 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import tempfile
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from typing import IO, Any
 
@@ -99,3 +102,23 @@ def write_nifti(path: str | Path, array: np.ndarray, affine: np.ndarray,
         image = image_class(array, affine, header=header)
     ending = "".join(Path(path).suffixes[-2:])  # nibabel picks the format, and gzip, by the name's ending
     return atomic_save(path, lambda tmp: nib.save(image, tmp), ending)
+
+
+@contextmanager
+def replaced_folder(target: str | Path) -> Iterator[Path]:
+    """A temporary folder beside ``target`` that replaces it (two renames) when the block ends without an error;
+    removed otherwise, leaving ``target`` as it was. The folder gets normal permissions (the umask's)."""
+    target = Path(target)
+    target.parent.mkdir(parents=True, exist_ok=True)
+    temp = Path(tempfile.mkdtemp(prefix=f".{target.name}.", suffix=".tmp", dir=target.parent))
+    temp.chmod(0o777 & ~_umask())  # mkdtemp makes the folder owner-only
+    try:
+        yield temp
+        old = temp.with_suffix(".old")
+        if target.exists():
+            target.rename(old)
+        temp.rename(target)
+        shutil.rmtree(old, ignore_errors=True)
+    except BaseException:
+        shutil.rmtree(temp, ignore_errors=True)
+        raise

@@ -85,8 +85,13 @@ def test_unknown_key_names_the_nearest_valid_keys() -> None:
         validate_config({"trainer": {"epochs": 3}, "data": {"root": "x"}})
     with pytest.raises(ConfigError, match=r"'model.bottlenck'; did you mean model.bottleneck or"):
         check_override_keys(["model.bottlenck=masa", "--cfg", "job"], TrainConfig)
+    with pytest.raises(ConfigError, match=r"'modle'; did you mean model\?"):
+        check_override_keys(["modle.bottleneck=masa"], TrainConfig)
+    with pytest.raises(ConfigError, match=r"^unknown config key 'epochs'\. Valid keys: model, data, trainer"):
+        check_override_keys(["epochs=3"], TrainConfig, groups=["data", "experiment"])
+    groups = [path.name for path in (REPO / "configs").iterdir() if path.is_dir()]
     check_override_keys(["-m", "model.bottleneck=masa,mha", "data=msd", "hydra.run.dir=x", "+experiment=seed_masa",
-                         "data.normalization.scheme=ct", "--config-name", "train"], TrainConfig)
+                         "data.normalization.scheme=ct", "--config-name", "train"], TrainConfig, groups)
 
 
 def test_bottleneck_given_as_a_mapping_is_caught() -> None:

@@ -41,7 +41,10 @@ KERNEL_EPS = 1e-6
 
 def log_gammas(gamma: Gamma, num_heads: int) -> tuple[float, ...]:
     """``log(gamma)`` per head, as a hashable tuple of length 1 (shared decay) or ``num_heads``."""
-    values = torch.as_tensor(gamma, dtype=torch.float64).flatten().tolist()
+    if isinstance(gamma, torch.Tensor):
+        values = gamma.detach().double().flatten().tolist()
+    else:  # plain floats, as modules hold them: no tensor, so exporters trace no data-dependent op
+        values = [float(g) for g in (gamma if isinstance(gamma, Sequence) else [gamma])]
     if len(values) not in (1, num_heads):
         raise ValueError(f"gamma needs 1 or num_heads={num_heads} values, got {len(values)}")
     if not all(0.0 <= g <= 1.0 for g in values):

@@ -6,7 +6,8 @@ another orientation (DICOM's LPS, permuted axes) are permuted and flipped into i
 tools, and :func:`from_ras` takes voxels back to a file's own order.
 
 - :func:`read_file`: a file's voxels and affine as stored (NIfTI through nibabel, ``.nrrd``/``.mha``/``.mhd``
-  through MONAI's readers, which need the ``formats`` extra);
+  through MONAI's readers, which need the ``formats`` extra), or those of a nibabel image held in memory (the
+  Python API, :func:`medseg.predict`, passes arrays this way: no temporary file);
 - :func:`read_ras`: the same voxels in RAS order, with the RAS affine;
 - :func:`read_case`: a datalist entry (image file or one file per channel, optional label) in RAS order;
 - :class:`LoadCased`: :func:`read_case` as the first MONAI transform of every chain, so planning, training,
@@ -27,6 +28,7 @@ import torch
 from monai.data import MetaTensor
 from monai.transforms import LoadImage, MapTransform
 from nibabel.orientations import apply_orientation, axcodes2ornt, inv_ornt_aff, io_orientation, ornt_transform
+from nibabel.spatialimages import SpatialImage
 
 from medseg.errors import DatasetError
 
@@ -37,6 +39,8 @@ FORMAT_PACKAGES = {".nrrd": ("nrrd", "pynrrd"), ".mha": ("itk", "itk-io"), ".mhd
 """Non-NIfTI endings MONAI reads through an optional package: ending -> (module, pip name)."""
 IMAGE_ENDINGS = (*NIBABEL_ENDINGS, *FORMAT_PACKAGES)
 """Every image file ending medseg reads."""
+ImageSource = str | Path | SpatialImage
+"""What the readers take: a file path, or a nibabel image held in memory."""
 _RAS = axcodes2ornt("RAS")
 
 
@@ -64,16 +68,26 @@ def _read_with_monai(path: str) -> tuple[np.ndarray, np.ndarray]:
     return np.asarray(data), np.asarray(meta["affine"], dtype=np.float64)
 
 
-def read_file(path: str | Path) -> tuple[np.ndarray, np.ndarray]:
+def source_name(source: ImageSource) -> str:
+    """How messages name an image: its path (an image in memory: its file name, if it has one)."""
+    if isinstance(source, SpatialImage):
+        return source.get_filename() or "the image in memory"
+    return str(source)
+
+
+def read_file(path: ImageSource) -> tuple[np.ndarray, np.ndarray]:
     """A file's voxels in its own dtype and axis order, and its ``(4, 4)`` voxel-to-world (RAS mm) affine.
 
     NIfTI goes through nibabel's ``dataobj`` (integer labels stay integer, scaling applied as stored); other
     formats through MONAI's ``LoadImage``, whose affine is converted to RAS world coordinates as NIfTI's are.
+    A nibabel image in memory gives its array and affine as they are.
 
     Raises:
         ImageReadError: the file is missing or unreadable; the message names it (and the package to install
             when its format needs one that is missing), the reader's exception is the cause.
     """
+    if isinstance(path, SpatialImage):
+        return np.asarray(path.dataobj), np.asarray(path.affine, dtype=np.float64)
     if not Path(path).is_file():
         raise ImageReadError(path, "file not found")
     try:
@@ -110,7 +124,7 @@ class RasImage(NamedTuple):
     """(4, 4) the file's own affine, which :func:`from_ras` needs to go back to its voxel order."""
 
 
-def read_ras(path: str | Path) -> RasImage:
+def read_ras(path: ImageSource) -> RasImage:
     """Read ``path`` (:func:`read_file`) and reorder its first three axes to RAS, as MONAI's ``Orientationd`` does.
 
     Size-1 axes after the third are dropped (:func:`drop_trailing_singletons`).
@@ -122,7 +136,7 @@ def read_ras(path: str | Path) -> RasImage:
     data, affine = read_file(path)
     data = drop_trailing_singletons(data)
     if data.ndim not in (3, 4):
-        raise DatasetError(f"{path}: expected a 3D image (or 4D, channels last), got shape {data.shape}")
+        raise DatasetError(f"{source_name(path)}: expected a 3D image (or 4D, channels last), got shape {data.shape}")
     to_ras = ornt_transform(io_orientation(affine), _RAS)
     return RasImage(apply_orientation(data, to_ras), affine @ inv_ornt_aff(to_ras, data.shape[:3]), affine)
 
@@ -159,8 +173,13 @@ class CaseVolume:
 
 def image_paths(entry: Mapping[str, Any]) -> list[str]:
     """The image file(s) of a datalist entry: one path, or one per channel (nnU-Net layout)."""
+    return [str(p) for p in image_sources(entry)]
+
+
+def image_sources(entry: Mapping[str, Any]) -> list[ImageSource]:
+    """The image(s) of a datalist entry as given: paths, or nibabel images in memory (one per channel)."""
     image = entry[IMAGE]
-    return [str(p) for p in image] if isinstance(image, list | tuple) else [str(image)]
+    return list(image) if isinstance(image, list | tuple) else [image]
 
 
 def _read_label(path: str, shape: tuple[int, ...]) -> np.ndarray:
@@ -176,7 +195,8 @@ def _read_label(path: str, shape: tuple[int, ...]) -> np.ndarray:
 
 
 def read_case(entry: Mapping[str, Any]) -> CaseVolume:
-    """Read a datalist entry (``image`` path or per-channel paths, optional ``label``) in RAS order.
+    """Read a datalist entry (``image`` path or per-channel paths, or images in memory; optional ``label``) in RAS
+    order.
 
     An MSD multi-channel file is 4D with channels last; nnU-Net's are one 3D file per channel.
 
@@ -184,7 +204,7 @@ def read_case(entry: Mapping[str, Any]) -> CaseVolume:
         DatasetError: a missing or unreadable file, channel files that differ in shape, a label whose shape
             differs from the image's or that holds negative values; the message names the file or case.
     """
-    volumes = [read_ras(path) for path in image_paths(entry)]
+    volumes = [read_ras(source) for source in image_sources(entry)]
     first = volumes[0]
     if len(volumes) == 1:
         image = np.moveaxis(first.array, -1, 0) if first.array.ndim == 4 else first.array[None]
@@ -219,8 +239,9 @@ class LoadCased(MapTransform):
         volume = read_case(data if self.with_label else {k: v for k, v in data.items() if k != LABEL})
         affine = torch.as_tensor(volume.affine, dtype=torch.float64)
         out = dict(data)
+        meta = {"original_affine": volume.file_affine, "filename_or_obj": source_name(image_sources(data)[0])}
         out[IMAGE] = MetaTensor(torch.from_numpy(np.ascontiguousarray(volume.image, np.float32)), affine=affine,
-                                meta={"original_affine": volume.file_affine, "filename_or_obj": image_paths(data)[0]})
+                                meta=meta)
         if self.with_label:
             out[LABEL] = MetaTensor(torch.from_numpy(np.ascontiguousarray(volume.label[None], np.float32)),
                                     affine=affine.clone())

@@ -1,9 +1,9 @@
-"""Hydra callbacks: write the sweep summary when a multirun ends; report failed jobs to Optuna as failed trials.
+"""Hydra callbacks: cross-validate and summarise a sweep when a multirun ends; report failed jobs to Optuna.
 
 :class:`SummarizeSweep` is registered in ``configs/train.yaml`` under ``hydra.callbacks``;
 :class:`FailedJobsFailTrials` only in the Optuna presets (``configs/hparams_search/``). Hydra instantiates
-callbacks for every run, single or multirun, so this module imports nothing heavy; the summary code loads
-only at the end of a sweep.
+callbacks for every run, single or multirun, so this module imports nothing heavy; the cross-validation and summary
+code loads only at the end of a sweep.
 """
 
 from __future__ import annotations
@@ -16,26 +16,31 @@ from typing import Any
 
 from hydra.core.utils import JobReturn, JobStatus
 from hydra.experimental.callback import Callback
-from omegaconf import DictConfig
+from omegaconf import DictConfig, OmegaConf
 
 log = logging.getLogger("medseg")
 
 
 class SummarizeSweep(Callback):
-    """At the end of every multirun, write ``summary.md``, ``summary.csv`` and ``summary.png`` in the sweep dir.
+    """At the end of every multirun, write ``summary.md``, ``summary.csv`` and ``summary.png`` in the sweep dir; first,
+    when the sweep sweeps ``data.fold``, cross-validate it (``crossval/``, as ``scripts/crossval.py DIR`` does).
 
-    It never fails a sweep: any error is logged with the command that retries it (``scripts/summarize.py``).
+    It never fails a sweep: any error is logged with the command that retries it (``scripts/crossval.py``,
+    ``scripts/summarize.py``).
 
     Args:
         metric: the ``metrics.json`` key that ranks settings.
         higher_is_better: the direction of ``metric``.
-        enabled: set ``hydra.callbacks.summarize_sweep.enabled=false`` to skip the summary.
+        enabled: set ``hydra.callbacks.summarize_sweep.enabled=false`` to skip the summary (and the cross-validation).
+        crossval: set ``hydra.callbacks.summarize_sweep.crossval=false`` to skip the cross-validation.
     """
 
-    def __init__(self, metric: str = "best_val_dice", higher_is_better: bool = True, enabled: bool = True) -> None:
+    def __init__(self, metric: str = "best_val_dice", higher_is_better: bool = True, enabled: bool = True,
+                 crossval: bool = True) -> None:
         self.metric = metric
         self.higher_is_better = higher_is_better
         self.enabled = enabled
+        self.crossval = crossval
         self.sweep_dir: str | None = None
 
     def on_multirun_start(self, config: DictConfig, **kwargs: Any) -> None:
@@ -43,10 +48,12 @@ class SummarizeSweep(Callback):
         self.sweep_dir = self._sweep_dir(config)
 
     def on_multirun_end(self, config: DictConfig, **kwargs: Any) -> None:
-        """Summarise the sweep; log, never raise."""
+        """Cross-validate (when ``data.fold`` is swept) and summarise the sweep; log, never raise."""
         if not self.enabled:
             return
         sweep_dir = self.sweep_dir or self._sweep_dir(config)
+        if self.crossval and sweep_dir is not None:
+            self._cross_validate(sweep_dir, config)
         try:
             from medseg.engine.sweep import summarize_sweep
 
@@ -61,6 +68,23 @@ class SummarizeSweep(Callback):
             )
             return
         log.info("sweep summary written to %s/summary.{md,csv,png}\n%s", sweep_dir, summary.text())
+
+    @staticmethod
+    def _cross_validate(sweep_dir: str, config: DictConfig) -> None:
+        """``scripts/crossval.py sweep_dir`` when the sweep's jobs differ in ``data.fold``; log, never raise."""
+        try:
+            from medseg.engine.sweep import FOLD_KEY, collect_jobs, swept_keys
+
+            if FOLD_KEY not in swept_keys(collect_jobs(sweep_dir)):
+                return
+            from medseg.engine.crossval import cross_validate, score_table
+
+            progress = bool(OmegaConf.select(config, "trainer.progress", default=True))
+            for result in cross_validate({"dir": sweep_dir, "progress": progress}):
+                log.info("cross-validation written to %s\n%s", result.output, score_table(result.summary))
+        except Exception as err:  # a cross-validation must never turn a finished sweep into a failed one
+            log.error("could not cross-validate the sweep in %s (%s: %s); retry with: python scripts/crossval.py %s",
+                      sweep_dir, type(err).__name__, err, sweep_dir)
 
     @staticmethod
     def _sweep_dir(config: DictConfig) -> str | None:

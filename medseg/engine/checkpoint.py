@@ -11,6 +11,7 @@ model and its preprocessing. Writes go to a temp file, are fsynced, then renamed
 from __future__ import annotations
 
 import pickle
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
@@ -71,18 +72,37 @@ def load_checkpoint(path: str | Path, map_location: str | torch.device = "cpu") 
     return state
 
 
-def load_model_state(model: nn.Module, state_dict: dict[str, torch.Tensor], source: str | Path) -> None:
-    """Load weights strictly; a different architecture gives an error naming the mismatching keys."""
-    target = unwrap_model(model)
-    expected = target.state_dict()
+def state_mismatch(expected: Mapping[str, torch.Tensor], state_dict: Mapping[str, torch.Tensor]) -> str:
+    """What keeps ``state_dict`` from loading into a model whose state is ``expected``: missing keys, unexpected
+    keys and keys whose shape differs, eight of each at most; "" when it fits."""
     missing = sorted(set(expected) - set(state_dict))
     unexpected = sorted(set(state_dict) - set(expected))
     wrong_shape = sorted(k for k in set(expected) & set(state_dict) if expected[k].shape != state_dict[k].shape)
-    if missing or unexpected or wrong_shape:
-        def show(keys: list[str]) -> str:
-            return ", ".join(keys[:8]) + (f" (+{len(keys) - 8} more)" if len(keys) > 8 else "")
 
-        parts = [f"{label}: {show(keys)}" for label, keys in
-                 (("missing", missing), ("unexpected", unexpected), ("shape differs", wrong_shape)) if keys]
-        raise CheckpointError(f"checkpoint {source} does not fit this model's architecture; " + "; ".join(parts))
+    def show(keys: list[str]) -> str:
+        return ", ".join(keys[:8]) + (f" (+{len(keys) - 8} more)" if len(keys) > 8 else "")
+
+    return "; ".join(f"{label}: {show(keys)}" for label, keys in
+                     (("missing", missing), ("unexpected", unexpected), ("shape differs", wrong_shape)) if keys)
+
+
+def load_model_state(model: nn.Module, state_dict: dict[str, torch.Tensor], source: str | Path) -> None:
+    """Load weights strictly; a different architecture gives an error naming the mismatching keys."""
+    target = unwrap_model(model)
+    mismatch = state_mismatch(target.state_dict(), state_dict)
+    if mismatch:
+        raise CheckpointError(f"checkpoint {source} does not fit this model's architecture; {mismatch}")
     target.load_state_dict(state_dict)
+
+
+def load_fitting_state(model: nn.Module, state_dict: Mapping[str, torch.Tensor]) -> list[str]:
+    """Load the tensors of ``state_dict`` whose key and shape ``model`` has; the others keep their values.
+
+    Returns:
+        The model's keys left as they were (absent from ``state_dict`` or of another shape), sorted.
+    """
+    target = unwrap_model(model)
+    own = target.state_dict()
+    fitting = {k: v for k, v in state_dict.items() if k in own and own[k].shape == v.shape}
+    target.load_state_dict(fitting, strict=False)
+    return sorted(set(own) - set(fitting))

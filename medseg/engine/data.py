@@ -15,9 +15,11 @@ from monai.data import CacheDataset, DataLoader, Dataset, PersistentDataset, par
 
 from medseg.config import DataConfig, TrainConfig
 from medseg.data.datalist import DatasetInfo, dataset_cache_dir, split_cases, splits_path
-from medseg.data.planning import Plan, apply_plan, files_digest, plan_for, unset_keys
+from medseg.data.planning import Plan, apply_plan, files_digest, plan_for, plannable_values, unset_keys
 from medseg.data.transforms import Window, eval_transforms, train_transforms, window
+from medseg.engine.checkpoint import load_checkpoint
 from medseg.engine.launch import DistInfo
+from medseg.errors import CheckpointError, ConfigError
 from medseg.io import atomic_write_json
 
 log = logging.getLogger("medseg")
@@ -47,19 +49,56 @@ class PreparedData:
     val_dataset: Dataset
 
 
-def plan_config(cfg: TrainConfig, info: DatasetInfo, progress: bool) -> tuple[TrainConfig, Plan]:
+PLAN_SOURCES = ("data", "init")
+"""The values of ``data.plan_from``: plan the null plannable keys from the dataset, or take them all from the
+checkpoint the run starts from (:func:`plan_of_checkpoint`)."""
+
+
+def plan_config(cfg: TrainConfig, info: DatasetInfo, progress: bool,
+                start: Path | None = None) -> tuple[TrainConfig, Plan]:
     """``cfg`` with its null plannable keys filled from the dataset's (cached) fingerprint, and the plan.
 
-    Logs the resolved preprocessing and which keys were planned.
+    Under ``data.plan_from=init`` the plannable keys are first taken from ``start``, the checkpoint the run starts
+    from (``trainer.init_from`` or the one it resumes), so none is left to plan. Logs the resolved preprocessing and
+    where it came from.
     """
+    if cfg.data.plan_from == "init":
+        cfg = plan_of_checkpoint(cfg, start)
     planned = unset_keys(cfg.data, cfg.model)
     plan = plan_for(info, cfg.data, cfg.model, dataset_cache_dir(info.root, cfg.data.cache_dir), progress=progress)
     data, model = apply_plan(cfg.data, cfg.model, plan)
     normalization = data.normalization if isinstance(data.normalization, str) else data.normalization["scheme"]
-    log.info("preprocessing: spacing [%s] mm, patch %s, strides %s, normalization %s (planned: %s)",
-             ", ".join(f"{float(mm):.4g}" for mm in data.spacing), data.patch_size, model.strides, normalization,
-             ", ".join(planned) or "nothing, all set in the config")
+    origin = (f"taken from {start}" if cfg.data.plan_from == "init"
+              else f"planned: {', '.join(planned) or 'nothing, all set in the config'}")
+    spacing = ", ".join(f"{float(mm):.4g}" for mm in data.spacing)
+    log.info("preprocessing: spacing [%s] mm, patch %s, strides %s, normalization %s (%s)", spacing, data.patch_size,
+             model.strides, normalization, origin)
     return replace(cfg, data=data, model=model), plan
+
+
+def plan_of_checkpoint(cfg: TrainConfig, path: Path | None) -> TrainConfig:
+    """``cfg`` with the resolved ``data.spacing``, ``data.patch_size``, ``data.normalization`` and ``model.strides``
+    of the checkpoint at ``path`` (``data.plan_from=init``).
+
+    Raises:
+        ConfigError: no checkpoint (``path`` None: a resume without ``last.pt``).
+        CheckpointError: the checkpoint is missing or foreign, or holds no resolved values for these keys.
+    """
+    if path is None:
+        raise ConfigError("data.plan_from=init: there is no checkpoint to take the plan from (trainer.resume=true "
+                          "but the run has no last.pt); set trainer.init_from=<checkpoint> or data.plan_from=data")
+    source = load_checkpoint(path).get("config") or {}
+    try:
+        values = {key: source[key.split(".")[0]][key.split(".")[1]] for key in plannable_values(cfg.data, cfg.model)}
+    except (KeyError, TypeError):
+        values = {}
+    unset = [key for key in plannable_values(cfg.data, cfg.model) if values.get(key) is None]
+    if unset:
+        raise CheckpointError(f"checkpoint {path} holds no resolved {', '.join(unset)} for data.plan_from=init; "
+                              f"use data.plan_from=data")
+    data = replace(cfg.data, spacing=values["data.spacing"], patch_size=values["data.patch_size"],
+                   normalization=values["data.normalization"])
+    return replace(cfg, data=data, model=replace(cfg.model, strides=values["model.strides"]))
 
 
 def _physical_memory_bytes() -> int:

@@ -54,21 +54,31 @@ def train(cfg: TrainConfig | Mapping[str, Any] | DictConfig) -> dict[str, Any]:
         info = on_main_rank(lambda: dataset_from_config(cfg.data), dist)  # the demo is generated once
         if cfg.trainer.check_data:
             on_main_rank(lambda: check_dataset(info, progress=progress), dist)
-        cfg, plan = on_main_rank(lambda: plan_config(cfg, info, progress), dist)
+        resume = resume_path(cfg, output_dir)
+        start = Path(cfg.trainer.init_from) if cfg.trainer.init_from else resume  # data.plan_from=init reads it
+        cfg, plan = on_main_rank(lambda: plan_config(cfg, info, progress, start), dist)
         data = prepare_data(cfg, info, plan, output_dir, dist)
         seed_everything(cfg.trainer.seed)  # the initial weights depend on the seed alone
         model = build_model(cfg.model, info.in_channels, info.num_classes, data.window.net_patch)
         trainer = Trainer(cfg, data, wrap_model(model, device, dist, cfg.trainer.compile), device, output_dir, dist)
-        last = output_dir / "checkpoints" / "last.pt"
-        if cfg.ckpt_path:
-            trainer.resume(Path(cfg.ckpt_path))
-        elif cfg.trainer.resume and last.is_file():
-            trainer.resume(last)
-        elif cfg.trainer.resume:
-            log.warning("trainer.resume=true but %s does not exist: starting from scratch", last)
+        if cfg.trainer.init_from:
+            trainer.init_weights(Path(cfg.trainer.init_from))
+        elif resume is not None:
+            trainer.resume(resume)
         metrics = trainer.fit()
         trainer.finish(metrics, hparams_of(cfg))
         return metrics
+
+
+def resume_path(cfg: TrainConfig, output_dir: Path) -> Path | None:
+    """The checkpoint the run resumes: ``ckpt_path``, else under ``trainer.resume`` the run's ``last.pt`` when it
+    exists (a warning when not: the run starts from scratch); None for a new run."""
+    if cfg.ckpt_path:
+        return Path(cfg.ckpt_path)
+    last = output_dir / "checkpoints" / "last.pt"
+    if cfg.trainer.resume and not last.is_file():
+        log.warning("trainer.resume=true but %s does not exist: starting from scratch", last)
+    return last if cfg.trainer.resume and last.is_file() else None
 
 
 @contextmanager
@@ -118,7 +128,7 @@ def resume_command() -> str | None:
     if not HydraConfig.initialized():
         return None
     hydra_cfg = HydraConfig.get()
-    dropped = ("trainer.resume", "ckpt_path")  # resume from the run's own last.pt, not from the original ckpt_path
+    dropped = ("trainer.resume", "ckpt_path", "trainer.init_from")  # resume from the run's own last.pt
     parsed = OverridesParser.create().parse_overrides(list(hydra_cfg.overrides.task))
     overrides = [o.input_line for o in parsed if o.key_or_group not in dropped]
     return shlex.join(["python", sys.argv[0], *overrides, f"hydra.run.dir={hydra_cfg.runtime.output_dir}",

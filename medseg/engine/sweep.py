@@ -3,7 +3,9 @@
 A sweep directory (``multirun/<date>/<time>/``) holds one folder per job, each with the overrides Hydra
 applied (``.hydra/overrides.yaml``) and, once the job ends, medseg's ``metrics.json``. The parameters whose
 values differ between jobs are the *swept* parameters; they become the leading columns of the report.
-Jobs that differ only in ``trainer.seed`` are one *setting*, summarised as mean ± std over the seeds.
+Jobs that differ only in ``trainer.seed`` or ``data.fold`` are one *setting*, summarised as mean ± std over its
+seeds and folds (over folds, that mean is the setting's cross-validation mean); the best setting is ranked by
+that mean, never by a single seed or fold.
 
 :func:`summarize_sweep` writes ``summary.md``, ``summary.csv`` and ``summary.png`` into the sweep directory
 (atomically) and returns a :class:`SweepSummary`; ``scripts/summarize.py`` and the Hydra callback in
@@ -30,6 +32,11 @@ from medseg.engine.report import CellFormat, markdown_table, text_table
 from medseg.io import atomic_write, atomic_write_text
 
 SEED_KEY = "trainer.seed"
+FOLD_KEY = "data.fold"
+REPEAT_KEYS = {SEED_KEY: "seeds", FOLD_KEY: "folds"}
+"""Keys whose jobs repeat one setting (-> what the report calls them): never a setting or a plot axis of their own."""
+CROSSVAL_FOLDER = "crossval"
+"""The folder of a sweep that ``scripts/crossval.py`` writes its results into."""
 BLOCK_KEY = "model.bottleneck"
 RESULT_COLUMNS = ("best_val_dice", "best_epoch", "train_seconds", "params", "peak_memory_mb")
 """Columns copied from ``metrics.json`` into every row, after the per-class Dice."""
@@ -55,6 +62,18 @@ class Job:
     """The bottleneck block (``model.bottleneck``) the job trained, or "default" when unknown."""
     read_error: str | None = None
     """Why ``metrics.json`` could not be read, if it exists but is unreadable."""
+    path: Path = Path()
+    """The job folder."""
+
+    @property
+    def checkpoint(self) -> Path:
+        """The job's best checkpoint, ``checkpoints/best.pt``."""
+        return self.path / "checkpoints" / "best.pt"
+
+    @property
+    def finished(self) -> bool:
+        """The job has completed (its ``metrics.json`` says so) and left its best checkpoint."""
+        return self.status == "completed" and self.checkpoint.is_file()
 
     @property
     def status(self) -> str:
@@ -96,16 +115,16 @@ class SweepSummary:
     swept: list[str]
     headers: list[str]
     rows: list[list[Any]]
-    seed_headers: list[str] = field(default_factory=list)
-    seed_rows: list[list[Any]] = field(default_factory=list)
+    group_headers: list[str] = field(default_factory=list)
+    group_rows: list[list[Any]] = field(default_factory=list)
     best: str = ""
     counts: dict[str, int] = field(default_factory=dict)
 
     def text(self) -> str:
-        """The report for a terminal: the job table, the seed table if any, and the best setting."""
+        """The report for a terminal: the job table, the table over seeds and folds if any, and the best setting."""
         parts = [render_table(text_table, self.headers, self.rows, self.swept)]
-        if self.seed_rows:
-            parts.append(render_table(text_table, self.seed_headers, self.seed_rows, self.swept))
+        if self.group_rows:
+            parts.append(render_table(text_table, self.group_headers, self.group_rows, self.swept))
         parts.append(self.best)
         return "\n\n".join(parts)
 
@@ -164,7 +183,8 @@ def read_job(job_dir: Path, sweep_dir: Path) -> Job:
         except (OSError, ValueError) as err:
             error = f"metrics.json unreadable: {err}"
     name = job_dir.relative_to(sweep_dir).as_posix()
-    return Job(name=name, overrides=overrides, metrics=metrics, block=_job_block(overrides, job_dir), read_error=error)
+    return Job(name=name, overrides=overrides, metrics=metrics, block=_job_block(overrides, job_dir), read_error=error,
+               path=job_dir)
 
 
 def collect_jobs(sweep_dir: str | Path) -> list[Job]:
@@ -196,10 +216,13 @@ def as_number(text: str | None) -> float | None:
 
 
 def numeric_keys(jobs: Sequence[Job], keys: Sequence[str]) -> list[str]:
-    """The swept keys (but ``trainer.seed``) whose values are all numbers: the x axes of the plot."""
-    return [
-        key for key in keys if key != SEED_KEY and all(as_number(job.overrides.get(key)) is not None for job in jobs)
-    ]
+    """The swept keys (but seeds and folds) whose values are all numbers: the x axes of the plot."""
+    return [key for key in setting_keys(keys) if all(as_number(job.overrides.get(key)) is not None for job in jobs)]
+
+
+def setting_keys(swept: Sequence[str]) -> list[str]:
+    """The swept keys that make a setting: all but the seeds and folds (:data:`REPEAT_KEYS`)."""
+    return [key for key in swept if key not in REPEAT_KEYS]
 
 
 def class_columns(jobs: Sequence[Job]) -> list[str]:
@@ -248,6 +271,23 @@ def group_by_setting(jobs: Sequence[Job], keys: Sequence[str]) -> dict[tuple[str
     return group_jobs(jobs, lambda job: setting_of(job, keys))
 
 
+def cross_validations(jobs: Sequence[Job]) -> dict[str, list[Job]]:
+    """The jobs of each cross-validation in a sweep, those that differ only in ``data.fold``, by the label of their
+    setting (:func:`setting_label`; ``""`` when the sweep is one cross-validation)."""
+    keys = [key for key in swept_keys(jobs) if key != FOLD_KEY]
+    groups = group_by_setting(jobs, keys)
+    if len(groups) == 1:
+        return {"": list(jobs)}
+    return {setting_label(setting, keys): group for setting, group in groups.items()}
+
+
+def crossval_dir(sweep_dir: str | Path, label: str = "") -> Path:
+    """Where ``scripts/crossval.py`` writes a cross-validation: ``DIR/crossval``, or ``DIR/crossval/<setting>`` for
+    one setting (``label``) of a sweep of several."""
+    folder = Path(sweep_dir) / CROSSVAL_FOLDER
+    return folder / re.sub(r"[^\w.,=+-]+", "_", label) if label else folder
+
+
 def mean_std(values: Sequence[float]) -> tuple[float, float]:
     """Mean and sample standard deviation of the finite values (std 0 for one value, NaN for none)."""
     finite = [v for v in values if not math.isnan(v)]
@@ -262,19 +302,25 @@ def format_mean_std(values: Sequence[float], digits: int = 4) -> str:
     return "nan" if math.isnan(mean) else f"{mean:.{digits}f} ± {std:.{digits}f}"
 
 
-def seed_rows(jobs: Sequence[Job], swept: Sequence[str], metric: str) -> tuple[list[str], list[list[Any]]]:
-    """The per-setting table over seeds (empty when ``trainer.seed`` is not swept)."""
-    if SEED_KEY not in swept:
+def repeats(swept: Sequence[str]) -> list[str]:
+    """The swept seed and fold keys, in :data:`REPEAT_KEYS` order."""
+    return [key for key in REPEAT_KEYS if key in swept]
+
+
+def group_rows(jobs: Sequence[Job], swept: Sequence[str], metric: str) -> tuple[list[str], list[list[Any]]]:
+    """The per-setting table over seeds and folds (empty when neither ``trainer.seed`` nor ``data.fold`` is swept)."""
+    repeated = repeats(swept)
+    if not repeated:
         return [], []
-    keys = [key for key in swept if key != SEED_KEY]
+    keys = setting_keys(swept)
     columns = list(dict.fromkeys([*class_columns(jobs), RESULT_COLUMNS[0], metric, "train_seconds"]))
-    headers = [*keys, "seeds", "completed", *columns]
+    headers = [*keys, *(REPEAT_KEYS[key] for key in repeated), "completed", *columns]
     rows = []
     for setting, group in group_by_setting(jobs, keys).items():
         done = [job for job in group if job.status == "completed"]
-        seeds = ",".join(str(job.overrides.get(SEED_KEY)) for job in group)
+        values = [",".join(dict.fromkeys(str(job.overrides.get(key)) for job in group)) for key in repeated]
         stats = [format_mean_std([job.value(c) for job in done], DISPLAY_DIGITS.get(c, 4)) for c in columns]
-        rows.append([*setting, seeds, f"{len(done)}/{len(group)}", *stats])
+        rows.append([*setting, *values, f"{len(done)}/{len(group)}", *stats])
     return headers, rows
 
 
@@ -284,8 +330,9 @@ def setting_label(setting: Sequence[str | None], keys: Sequence[str]) -> str:
 
 
 def best_setting(jobs: Sequence[Job], swept: Sequence[str], metric: str, higher_is_better: bool = True) -> str:
-    """One line naming the best setting (mean over seeds when ``trainer.seed`` is swept)."""
-    keys = [key for key in swept if key != SEED_KEY]
+    """One line naming the best setting: by the mean over its seeds and folds when they are swept (over folds, its
+    cross-validation mean), never by one seed or fold."""
+    keys = setting_keys(swept)
     scored = []
     for setting, group in group_by_setting(jobs, keys).items():
         mean, std = mean_std([job.value(metric) for job in group])
@@ -295,7 +342,8 @@ def best_setting(jobs: Sequence[Job], swept: Sequence[str], metric: str, higher_
         return f"best setting: none (no completed job reports {metric})"
     mean, std, setting, group = (max if higher_is_better else min)(scored, key=lambda item: item[0])
     done = [job.name for job in group if job.status == "completed"]
-    spread = f" ± {std:.4f} over {len(done)} seeds" if SEED_KEY in swept else ""
+    repeated = " × ".join(REPEAT_KEYS[key] for key in repeats(swept))
+    spread = f" ± {std:.4f} over {len(done)} {repeated}" if repeated else ""
     return (
         f"best setting: {setting_label(setting, keys)} -> {metric} {mean:.4f}{spread} "
         f"(job{'s' if len(done) > 1 else ''} {', '.join(done)})"
@@ -307,7 +355,7 @@ def build_summary(sweep_dir: str | Path, metric: str = "best_val_dice", higher_i
     jobs = collect_jobs(sweep_dir)
     swept = swept_keys(jobs)
     headers, rows = job_rows(jobs, swept, metric)
-    s_headers, s_rows = seed_rows(jobs, swept, metric)
+    g_headers, g_rows = group_rows(jobs, swept, metric)
     counts = {status: sum(job.status == status for job in jobs) for status in ("completed", "failed", "missing")}
     return SweepSummary(
         sweep_dir=Path(sweep_dir),
@@ -317,8 +365,8 @@ def build_summary(sweep_dir: str | Path, metric: str = "best_val_dice", higher_i
         swept=swept,
         headers=headers,
         rows=rows,
-        seed_headers=s_headers,
-        seed_rows=s_rows,
+        group_headers=g_headers,
+        group_rows=g_rows,
         best=best_setting(jobs, swept, metric, higher_is_better),
         counts=counts,
     )
@@ -362,12 +410,18 @@ def render_markdown(summary: SweepSummary) -> str:
         "## Jobs",
         render_table(markdown_table, summary.headers, summary.rows, summary.swept),
     ]
-    if summary.seed_rows:
+    repeated = repeats(summary.swept)
+    if summary.group_rows:
+        over = " and ".join(f"{REPEAT_KEYS[key]} (`{key}`)" for key in repeated)
+        note = " (over folds: the cross-validation mean)" if FOLD_KEY in repeated else ""
         parts += [
-            f"## Over seeds (`{SEED_KEY}`): mean ± std",
-            render_table(markdown_table, summary.seed_headers, summary.seed_rows, summary.swept),
+            f"## Over {over}: mean ± std{note}",
+            render_table(markdown_table, summary.group_headers, summary.group_rows, summary.swept),
         ]
     parts += [f"**{summary.best}**", "![summary](summary.png)"]
+    if (summary.sweep_dir / CROSSVAL_FOLDER).is_dir():
+        parts.append(f"Scores of the out-of-fold predictions in the original geometry: `{CROSSVAL_FOLDER}/`"
+                     f" (`scripts/crossval.py`).")
     return "\n\n".join(parts) + "\n"
 
 
@@ -414,8 +468,8 @@ def _plot_lines(ax: Any, jobs: Sequence[Job], key: str, metric: str) -> None:
 
 
 def _plot_bars(ax: Any, jobs: Sequence[Job], swept: Sequence[str], metric: str) -> None:
-    """One bar per setting (mean ± std over seeds); settings without a result are marked "failed"."""
-    keys = [key for key in swept if key != SEED_KEY]
+    """One bar per setting (mean ± std over seeds and folds); settings without a result are marked "failed"."""
+    keys = setting_keys(swept)
     groups = group_by_setting(jobs, keys)
     if len(keys) == 1:  # the values alone, the key as the axis label
         labels = [display_value(setting[0]) for setting in groups]

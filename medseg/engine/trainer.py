@@ -12,7 +12,7 @@ from __future__ import annotations
 import logging
 import math
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator, Mapping
 from contextlib import nullcontext
 from dataclasses import asdict
 from pathlib import Path
@@ -27,7 +27,14 @@ from torch import nn
 from tqdm import tqdm
 
 from medseg.config import ModelConfig, TrainConfig
-from medseg.engine.checkpoint import load_checkpoint, load_model_state, save_checkpoint, unwrap_model
+from medseg.engine.checkpoint import (
+    load_checkpoint,
+    load_fitting_state,
+    load_model_state,
+    save_checkpoint,
+    state_mismatch,
+    unwrap_model,
+)
 from medseg.engine.data import PreparedData
 from medseg.engine.device import amp_dtype, autocast, peak_memory_mb, reset_peak_memory
 from medseg.engine.distributed import any_rank, gather_objects
@@ -37,8 +44,9 @@ from medseg.engine.optim import build_optimizer, build_scheduler
 from medseg.engine.report import text_table
 from medseg.engine.tensorboard import TensorBoardLogger
 from medseg.engine.validation import validate
-from medseg.errors import TrainingError, TrainingInterrupted
+from medseg.errors import CheckpointError, TrainingError, TrainingInterrupted
 from medseg.io import atomic_write_json
+from medseg.models import build_model
 
 log = logging.getLogger("medseg")
 
@@ -62,6 +70,17 @@ def training_loss(model: ModelConfig) -> nn.Module:
     """
     loss = DiceCELoss(to_onehot_y=True, softmax=True)
     return DeepSupervisionLoss(loss) if model.deep_supervision else loss
+
+
+def differing_values(mine: Mapping[str, Any], theirs: Mapping[str, Any],
+                     prefix: str = "") -> Iterator[tuple[str, Any, Any]]:
+    """``(dotted key, mine, theirs)`` for every leaf where two nested config dicts differ (None where one lacks it)."""
+    for key in [*mine, *(k for k in theirs if k not in mine)]:
+        a, b = mine.get(key), theirs.get(key)
+        if isinstance(a, Mapping) and isinstance(b, Mapping):
+            yield from differing_values(a, b, f"{prefix}{key}.")
+        elif a != b:
+            yield f"{prefix}{key}", a, b
 
 
 class TrainStep:
@@ -281,6 +300,43 @@ class Trainer:
                 tmp.unlink(missing_ok=True)
             where = f"epoch {self.epoch}" + (f", step {self.start_step}" if self.start_step else "")
             log.info("resumed from %s at %s (best val Dice %.4f)", path, where, self.best_dice)
+
+    def init_weights(self, path: Path) -> None:
+        """``trainer.init_from``: another run's weights, and nothing else of it (the optimizer, the schedule and the
+        epochs start afresh).
+
+        The model config must match the checkpoint's. Only the layers whose shape follows the number of classes or
+        input channels may differ: those keep their fresh initialisation and are named in one log line.
+
+        Raises:
+            CheckpointError: the checkpoint is missing or foreign, or its architecture differs otherwise (the message
+                names the differing tensors and model config keys).
+        """
+        state = load_checkpoint(path, map_location=self.device)
+        try:
+            source_classes, source_channels = len(state["dataset"]["labels"]), len(state["dataset"]["channel_names"])
+            source_model = state["config"]["model"]
+        except (KeyError, TypeError) as err:
+            raise CheckpointError(f"trainer.init_from={path} lacks the config or dataset description of its run "
+                                  f"({type(err).__name__}: {err})") from None
+        with torch.random.fork_rng(devices=[]):  # the same network with the checkpoint's classes and channels
+            like_source = build_model(self.cfg.model, source_channels, source_classes, self.data.window.net_patch)
+        mismatch = state_mismatch(like_source.state_dict(), state["model"])
+        if mismatch:
+            differing = [f"model.{key}={mine} (checkpoint: {theirs})"
+                         for key, mine, theirs in differing_values(asdict(self.cfg.model), source_model)]
+            raise CheckpointError(
+                f"trainer.init_from={path} does not fit this model ({mismatch}); only the number of classes and input "
+                f"channels may differ, set the model config as the checkpoint's"
+                + (f": {', '.join(differing[:4])}" if differing else ""))
+        kept = load_fitting_state(self.model, state["model"])
+        if self.dist.is_main:
+            info, layers = self.data.info, sorted({key.rsplit(".", 1)[0] for key in kept})
+            changes = [f"{what} {before} -> {now}" for what, before, now in (
+                ("classes", source_classes, info.num_classes), ("input channels", source_channels, info.in_channels))
+                if before != now]
+            log.info("initialised from %s (its weights only); re-initialised %d layer(s) of another shape%s: %s", path,
+                     len(layers), f" ({', '.join(changes)})" if changes else "", ", ".join(layers) or "none")
 
     def restore_rng(self) -> None:
         """Put back the torch (and CUDA) RNG of a mid-epoch checkpoint."""

@@ -51,16 +51,18 @@ TINY_MODEL = {"name": "unet", "channels": [8, 16], "strides": [2], "kernel_size"
 
 def save_test_checkpoint(path: Path, spatial_dims: int = 3, spacing=TARGET_SPACING, patch=(32, 32, 16),
                          normalization: Any = "zscore", state: dict | None = None,
-                         channel_names: tuple[str, ...] = ("MRI",)) -> Path:
-    """A checkpoint as the trainer writes it: a real resolved config, a tiny SlottedUNet, the dataset description."""
+                         channel_names: tuple[str, ...] = ("MRI",), labels: dict[str, str] = LABELS,
+                         data: dict[str, Any] | None = None, seed: int = 0) -> Path:
+    """A checkpoint as the trainer writes it: a real resolved config, a tiny SlottedUNet (weights drawn with
+    ``seed``), the dataset description. ``data``: more ``data`` keys (``root``, ``fold``, ...)."""
     cfg = asdict(validate_config(compose_config(["output_dir=unused"])))
     cfg["model"].update(TINY_MODEL, spatial_dims=spatial_dims)
-    cfg["data"].update(spacing=list(spacing), patch_size=list(patch), normalization=normalization)
+    cfg["data"].update(spacing=list(spacing), patch_size=list(patch), normalization=normalization, **(data or {}))
     if state is None:
-        torch.manual_seed(0)
+        torch.manual_seed(seed)
         net_patch = window(DataConfig(**cfg["data"]), spatial_dims).net_patch
-        state = build_model(cfg["model"], len(channel_names), len(LABELS), net_patch).state_dict()
-    dataset = {"labels": LABELS, "channel_names": list(channel_names)}
+        state = build_model(cfg["model"], len(channel_names), len(labels), net_patch).state_dict()
+    dataset = {"labels": labels, "channel_names": list(channel_names)}
     return save_checkpoint(path, {"model": state, "config": cfg, "dataset": dataset})
 
 

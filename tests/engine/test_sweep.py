@@ -1,4 +1,5 @@
-"""Sweep reports on fake sweep directories: job discovery, swept columns, failures, seed groups, plots, callbacks."""
+"""Sweep reports on fake sweep directories: job discovery, swept columns, failures, seed and fold groups, plots,
+callbacks."""
 
 from __future__ import annotations
 
@@ -204,8 +205,8 @@ def test_summary_files_rows_and_failures(grid_sweep: Path) -> None:
 def test_seed_groups_mean_and_std(seed_sweep: Path) -> None:
     summary = build_summary(seed_sweep)
     assert summary.swept == ["model.bottleneck", "trainer.seed"]
-    assert summary.seed_headers[:3] == ["model.bottleneck", "seeds", "completed"]
-    by_block = {row[0]: dict(zip(summary.seed_headers, row)) for row in summary.seed_rows}
+    assert summary.group_headers[:3] == ["model.bottleneck", "seeds", "completed"]
+    by_block = {row[0]: dict(zip(summary.group_headers, row)) for row in summary.group_rows}
     assert by_block["none"]["seeds"] == "0,1,2" and by_block["none"]["completed"] == "3/3"
     none, masa = [0.60, 0.62, 0.64], [0.70, 0.80]  # masa's failed seed left out
     assert numbers(by_block["none"]["best_val_dice"]) == pytest.approx([fmean(none), stdev(none)], abs=1e-4)
@@ -218,6 +219,28 @@ def test_seed_groups_mean_and_std(seed_sweep: Path) -> None:
     _, seeds = markdown_tables((seed_sweep / "summary.md").read_text())
     assert [row["model.bottleneck"] for row in seeds] == ["none", "masa"]
     assert [row["best_val_dice"] for row in seeds] == [by_block[b]["best_val_dice"] for b in ("none", "masa")]
+
+
+def test_folds_are_one_setting_ranked_by_the_cross_validation_mean(tmp_path: Path) -> None:
+    """gamma x data.fold: a row per gamma with the mean ± std over its folds; the best setting is the best mean,
+    although the single best fold belongs to the other gamma; folds are never a plot axis."""
+    sweep = tmp_path / "folds"
+    dice = {"0.8": [0.95, 0.60, 0.62], "0.9": [0.80, 0.78, 0.79]}
+    for number, (gamma, fold) in enumerate(itertools.product(dice, range(3))):
+        make_job(sweep, str(number), [f"model.attention.gamma={gamma}", f"data.fold={fold}"],
+                 completed(dice[gamma][fold]))
+    summary = summarize_sweep(sweep)
+    assert summary.group_headers[:3] == ["model.attention.gamma", "folds", "completed"]
+    rows = {row[0]: dict(zip(summary.group_headers, row)) for row in summary.group_rows}
+    for gamma, values in dice.items():
+        assert rows[gamma]["folds"] == "0,1,2" and rows[gamma]["completed"] == "3/3"
+        assert numbers(rows[gamma]["best_val_dice"]) == pytest.approx([fmean(values), stdev(values)], abs=1e-4)
+    assert summary.best.startswith("best setting: model.attention.gamma=0.9 -> best_val_dice")
+    assert numbers(summary.best)[:3] == pytest.approx([0.9, fmean(dice["0.9"]), stdev(dice["0.9"])], abs=1e-4)
+    assert "over 3 folds" in summary.best and "data.fold" not in summary.best
+    assert numeric_keys(summary.jobs, summary.swept) == ["model.attention.gamma"]
+    markdown = (sweep / "summary.md").read_text()
+    assert "## Over folds (`data.fold`): mean ± std (over folds: the cross-validation mean)" in markdown
 
 
 def test_mean_std_edge_cases() -> None:
@@ -257,15 +280,26 @@ def test_callback_writes_summary_and_never_raises(
 ) -> None:
     callback = SummarizeSweep()
     config = OmegaConf.create({"hydra": {"sweep": {"dir": str(grid_sweep)}}})
-    callback.on_multirun_start(config)
-    callback.on_multirun_end(config)
+    with caplog.at_level(logging.ERROR, logger="medseg"):
+        callback.on_multirun_start(config)
+        callback.on_multirun_end(config)
     assert (grid_sweep / "summary.csv").is_file() and (grid_sweep / "summary.png").is_file()
+    assert not caplog.text and not (grid_sweep / "crossval").exists(), "data.fold is not swept: no cross-validation"
 
     broken = OmegaConf.create({"hydra": {"sweep": {"dir": str(tmp_path / "absent")}}})
     with caplog.at_level(logging.ERROR, logger="medseg"):
         SummarizeSweep().on_multirun_end(broken)
         SummarizeSweep().on_multirun_end(OmegaConf.create({}))  # no hydra node at all
     assert "could not summarise the sweep" in caplog.text and "scripts/summarize.py" in caplog.text
+
+    caplog.clear()  # a fold sweep whose jobs left no checkpoint: the cross-validation fails, the summary is written
+    folds = tmp_path / "folds"
+    for fold in range(2):
+        make_job(folds, str(fold), [f"data.fold={fold}"], completed(0.5))
+    with caplog.at_level(logging.ERROR, logger="medseg"):
+        SummarizeSweep().on_multirun_end(OmegaConf.create({"hydra": {"sweep": {"dir": str(folds)}}}))
+    assert f"retry with: python scripts/crossval.py {folds}" in caplog.text and "no finished fold" in caplog.text
+    assert (folds / "summary.md").is_file() and not (folds / "crossval").exists()
 
 
 def _job_return(output_dir: Path, value: Any) -> JobReturn:

@@ -1,8 +1,9 @@
-"""Evaluate a checkpoint on new volumes: predict, write label maps in the original geometry, score them.
+"""Evaluate a checkpoint or an ensemble on new volumes: predict, write label maps in the original geometry, score.
 
 Behind ``scripts/evaluate.py ckpt=RUN/checkpoints/best.pt input=PATH output=DIR``. The checkpoint alone
 rebuilds the model, its preprocessing (target spacing, normalisation), the sliding window and the
-class names. ``input`` is one of:
+class names. ``ckpt`` may also name several models (a list, or a multirun folder: :mod:`.ensemble`), whose
+probabilities are averaged on each case's own grid. ``input`` is one of:
 
 - a folder of images (``.nii.gz``, ``.nii``, ``.nrrd``, ``.mha``): predict only;
 - a folder holding ``imagesTs/`` (or ``imagesTr/``) and, optionally, ``labelsTs/`` (``labelsTr/``),
@@ -16,10 +17,11 @@ class names. ``input`` is one of:
 Each case is preprocessed by :func:`medseg.data.transforms.eval_transforms`, predicted by
 :func:`medseg.engine.inference.predict_volume` (gaussian sliding windows, optional mirroring TTA),
 and its class probabilities are taken back to the original voxel grid with MONAI's ``Invertd``
-(linear interpolation of the probabilities) and to the file's own axis order, then argmax.
-``OUTPUT/<case>.nii.gz`` is written with the original image's affine and header, so its shape and
-affine equal the input's exactly (``save_probabilities``: ``<case>.npz`` with float16
-``probabilities`` ``(C, X, Y, Z)`` too).
+(linear interpolation of the probabilities) and to the file's own axis order, averaged over the models, then
+argmax, then postprocessed (``postprocessing``: :mod:`medseg.engine.postprocess`; ``auto`` finds the decision
+``scripts/crossval.py`` made for exactly these checkpoints). ``OUTPUT/<case>.nii.gz`` is written with the
+original image's affine and header, so its shape and affine equal the input's exactly (``save_probabilities``:
+``<case>.npz`` with float16 ``probabilities`` ``(C, X, Y, Z)`` too, before postprocessing).
 
 With labels, every foreground class of every case is scored in the original geometry with the
 label's own voxel spacing (:mod:`medseg.engine.metrics`): Dice, HD95 (mm), normalised surface Dice
@@ -36,8 +38,8 @@ without images, stops at once with a one-line error.
 
 Modules: :mod:`.settings` (the checked settings), :mod:`.cases` (finding the cases of ``input``),
 :mod:`.model` (the network of a checkpoint), :mod:`.predict` (prediction in the original geometry),
-:mod:`.output` (label maps and probabilities), :mod:`.scoring` (metrics, ``metrics.csv``, means, the table);
-this one runs them over every case.
+:mod:`.ensemble` (the models of ``ckpt``, averaged), :mod:`.output` (label maps and probabilities), :mod:`.scoring`
+(metrics, ``metrics.csv``, means, the table); this one runs them over every case.
 """
 
 from __future__ import annotations
@@ -45,7 +47,7 @@ from __future__ import annotations
 import logging
 import sys
 import time
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
@@ -55,9 +57,10 @@ from tqdm import tqdm
 
 from medseg.config import EvaluateConfig
 from medseg.engine.evaluate.cases import Case, find_cases, group_channels
+from medseg.engine.evaluate.ensemble import Ensemble, checkpoint_files
 from medseg.engine.evaluate.model import EvalModel, load_model
 from medseg.engine.evaluate.output import check_output, write_label_map, write_probabilities
-from medseg.engine.evaluate.predict import Predictor, mirror_axes
+from medseg.engine.evaluate.predict import Prediction, Predictor, mirror_axes
 from medseg.engine.evaluate.scoring import (
     json_safe,
     read_reference,
@@ -67,11 +70,14 @@ from medseg.engine.evaluate.scoring import (
     write_metrics_csv,
 )
 from medseg.engine.evaluate.settings import EvaluationError, parse_config
+from medseg.engine.metrics import voxel_spacing
+from medseg.engine.postprocess import Postprocessing, from_setting
 from medseg.errors import DatasetError
 from medseg.io import atomic_write_json
 
-__all__ = ["Case", "EvalModel", "EvaluationError", "EvaluationResult", "Predictor", "evaluate", "evaluate_case",
-           "evaluate_cli", "find_cases", "group_channels", "load_model", "mirror_axes"]
+__all__ = ["Case", "Ensemble", "EvalModel", "EvaluationError", "EvaluationResult", "Prediction", "Predictor",
+           "checkpoint_files", "evaluate", "evaluate_case", "evaluate_cli", "find_cases", "group_channels",
+           "load_model", "mirror_axes"]
 
 log = logging.getLogger("medseg")
 
@@ -98,9 +104,9 @@ def _root_message(err: BaseException) -> str:
     return f"{type(err).__name__}: {text[0] if text else ''}"
 
 
-def evaluate_case(predictor: Predictor, case: Case, output: Path, tolerance_mm: float,
-                  progress: bool = False) -> list[dict[str, Any]]:
-    """Predict one case, write ``<case>.nii.gz`` (and ``.npz``), and score it when it has a label.
+def evaluate_case(ensemble: Ensemble, case: Case, output: Path, postprocessing: Postprocessing | None = None,
+                  on_model: Callable[[], object] = lambda: None) -> list[dict[str, Any]]:
+    """Predict one case, postprocess it, write ``<case>.nii.gz`` (and ``.npz``), and score it when it has a label.
 
     Returns:
         One row per foreground class (empty without a label).
@@ -109,14 +115,18 @@ def evaluate_case(predictor: Predictor, case: Case, output: Path, tolerance_mm: 
         DatasetError: unreadable files, a wrong channel count, or a label that does not fit its image; the
             message names the file.
     """
-    prediction = predictor.predict(case, progress=progress)
-    labels = write_label_map(output, case, prediction)
-    if predictor.settings.save_probabilities:
+    settings = ensemble.settings
+    prediction = ensemble.predict(case, on_model)
+    labels = prediction.label_map()
+    if postprocessing is not None:
+        labels = postprocessing.apply(labels, voxel_spacing(prediction.affine))
+    write_label_map(output, case, labels, prediction.affine)
+    if settings.save_probabilities:
         write_probabilities(output, case, prediction)
     if case.label is None:
         return []
     reference, spacing = read_reference(case.label, labels.shape, prediction.affine, case.image_files[0])
-    return score_case(case.case, labels, reference, spacing, predictor.net.labels, tolerance_mm)
+    return score_case(case.case, labels, reference, spacing, ensemble.labels, settings.tolerance_mm)
 
 
 def evaluate(cfg: EvaluateConfig | Mapping[str, Any] | DictConfig) -> EvaluationResult:
@@ -131,33 +141,41 @@ def evaluate(cfg: EvaluateConfig | Mapping[str, Any] | DictConfig) -> Evaluation
     """
     settings = parse_config(cfg)
     started = time.perf_counter()
-    net = load_model(settings.ckpt)
-    predictor = Predictor(net, settings)
-    cases = find_cases(settings.input, settings.split, net.in_channels, net.data)
+    ensemble = Ensemble.load(settings.ckpt, settings)
+    postprocessing = from_setting(settings.postprocessing, ensemble.checkpoints, ensemble.labels)
+    cases = find_cases(settings.input, settings.split, ensemble.in_channels, ensemble.trained_on)
     output = Path(settings.output).expanduser()
     check_output(cases, output)
-    log.info("evaluating %d case(s) from %s with %s (%dD, spacing %s mm) on %s", len(cases), settings.input,
-             settings.ckpt, net.spatial_dims, net.data.spacing, predictor.device)
+    for net, predictor in zip(ensemble.nets, ensemble.predictors):
+        log.info("model %s: %dD, spacing %s mm, on %s", net.checkpoint, net.spatial_dims, net.data.spacing,
+                 predictor.device)
+    log.info("evaluating %d case(s) from %s with %d model(s); postprocessing: %s", len(cases), settings.input,
+             len(ensemble), postprocessing.describe() + f" ({postprocessing.source})" if postprocessing else "none")
     result = EvaluationResult(output)
     scored: list[str] = []
-    for case in tqdm(cases, desc="evaluate", unit="case", disable=not settings.progress):
-        try:
-            rows = evaluate_case(predictor, case, output, settings.tolerance_mm, progress=settings.progress)
-        except DatasetError as err:
-            result.failed.append({"case": case.case, "reason": str(err)})
-            log.error("case %s failed: %s", case.case, err)
-            continue
-        except Exception as err:  # one broken case must not stop the others
-            result.failed.append({"case": case.case, "reason": _root_message(err)})
-            log.exception("case %s failed", case.case)
-            continue
-        result.rows.extend(rows)
-        if case.label is not None:
-            scored.append(case.case)
+    with tqdm(total=len(cases) * len(ensemble), desc="evaluate", unit="model", disable=not settings.progress) as bar:
+        for case in cases:
+            done = bar.n + len(ensemble)
+            try:
+                rows = evaluate_case(ensemble, case, output, postprocessing, on_model=lambda: bar.update())
+            except DatasetError as err:
+                result.failed.append({"case": case.case, "reason": str(err)})
+                log.error("case %s failed: %s", case.case, err)
+                continue
+            except Exception as err:  # one broken case must not stop the others
+                result.failed.append({"case": case.case, "reason": _root_message(err)})
+                log.exception("case %s failed", case.case)
+                continue
+            finally:
+                bar.update(done - bar.n)  # a failed case counts its models as done
+            result.rows.extend(rows)
+            if case.label is not None:
+                scored.append(case.case)
     if scored:
         write_metrics_csv(output / "metrics.csv", result.rows)
     result.summary = {
-        "checkpoint": str(settings.ckpt),
+        "checkpoints": [str(path) for path in ensemble.checkpoints],
+        "postprocessing": postprocessing.describe() if postprocessing else "none",
         "input": str(settings.input),
         "num_cases": len(cases),
         "num_predicted": len(cases) - len(result.failed),

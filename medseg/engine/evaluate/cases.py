@@ -12,21 +12,21 @@ from pathlib import Path
 
 from medseg.config import DataConfig
 from medseg.data.datalist import case_id, dataset_cache_dir, load_dataset, parse_channel_file, split_cases, splits_path
-from medseg.data.reading import IMAGE_ENDINGS
+from medseg.data.reading import IMAGE_ENDINGS, ImageSource
 from medseg.engine.evaluate.settings import EvaluationError
 from medseg.errors import DatasetError
 
 
 @dataclass
 class Case:
-    """One case to evaluate: its id, image file(s) (one per channel) and optional label file."""
+    """One case to evaluate: its id, image file(s) (one per channel; or images in memory) and optional label file."""
 
     case: str
-    image: str | list[str]
+    image: ImageSource | list[ImageSource]
     label: str | None = None
 
     @property
-    def image_files(self) -> list[str]:
+    def image_files(self) -> list[ImageSource]:
         return list(self.image) if isinstance(self.image, list) else [self.image]
 
 
@@ -82,6 +82,10 @@ def _dataset_cases(json_path: Path, split: str, trained_on: DataConfig | None) -
         raise EvaluationError(f"{json_path}: not valid JSON ({err})") from None
     except DatasetError as err:
         raise EvaluationError(str(err)) from None
+    if not entries and split == "validation" and trained_on is None:
+        raise EvaluationError(f"{json_path}: no validation list, and no single checkpoint whose fold to take (an "
+                              f"ensemble): score each fold on its own cases with scripts/crossval.py, or choose "
+                              f"split=test|training")
     if not entries:
         raise EvaluationError(f"{json_path}: the {split!r} list is empty (choose split=test|training|validation)")
     cases = [Case(e["case"], e["image"], e.get("label")) for e in entries]

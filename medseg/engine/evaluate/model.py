@@ -2,15 +2,17 @@
 
 from __future__ import annotations
 
+import json
 from dataclasses import dataclass
 from pathlib import Path
 
 import torch
+from monai.transforms import Compose
 from torch import nn
 
 from medseg.config import DataConfig, TrainConfig, to_typed
 from medseg.data.planning import unset_keys
-from medseg.data.transforms import Window, window
+from medseg.data.transforms import Window, eval_transforms, window
 from medseg.engine.checkpoint import load_checkpoint, load_model_state
 from medseg.errors import CheckpointError
 from medseg.models import build_model
@@ -28,6 +30,19 @@ class EvalModel:
     labels: dict[int, str]
     """Class index -> name, background (0) included."""
     channel_names: list[str]
+    checkpoint: Path | None = None
+    """The file it was loaded from."""
+
+    @property
+    def preprocessing(self) -> Compose:
+        """Its MONAI preprocessing: ``{"image": path(s)}`` -> ``image`` ``(C, X', Y', Z')`` in RAS order, resampled to
+        the training spacing and normalised as in training."""
+        return eval_transforms(self.data, with_label=False)
+
+    @property
+    def preprocessing_key(self) -> str:
+        """Equal for models whose :attr:`preprocessing` is the same (it reads the spacing and the normalisation)."""
+        return json.dumps([self.data.spacing, self.data.normalization], sort_keys=True)
 
     @property
     def num_classes(self) -> int:
@@ -62,4 +77,5 @@ def load_model(path: str | Path, device: torch.device | str = "cpu") -> EvalMode
     except (KeyError, TypeError, ValueError) as err:
         raise CheckpointError(f"checkpoint {path}: cannot rebuild its model ({type(err).__name__}: {err})") from None
     load_model_state(model, state["model"], path)
-    return EvalModel(model.to(device).eval(), cfg.data, cfg.model.spatial_dims, view, labels, channel_names)
+    return EvalModel(model.to(device).eval(), cfg.data, cfg.model.spatial_dims, view, labels, channel_names,
+                     Path(path))

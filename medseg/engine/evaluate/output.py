@@ -19,18 +19,12 @@ def label_map_path(output: Path, case: str) -> Path:
     return output / f"{case}.nii.gz"
 
 
-def label_dtype(num_classes: int) -> type[np.integer]:
-    return np.uint8 if num_classes <= 256 else np.uint16
-
-
-def write_label_map(output: Path, case: Case, prediction: Prediction) -> np.ndarray:
-    """Write the argmax of ``prediction`` with the case image's affine (and NIfTI header); returns it (X, Y, Z).
+def write_label_map(output: Path, case: Case, labels: np.ndarray, affine: np.ndarray) -> Path:
+    """Write ``labels`` (X, Y, Z) with the case image's ``affine`` (and NIfTI header) as ``output/<case>.nii.gz``.
 
     The file has exactly the input's shape, affine and header, so it opens on top of the scan.
     """
-    labels = prediction.probabilities.argmax(0).astype(label_dtype(len(prediction.probabilities)))
-    write_nifti(label_map_path(output, case.case), labels, prediction.affine, nifti_header(case.image_files[0]))
-    return labels
+    return write_nifti(label_map_path(output, case.case), labels, affine, nifti_header(case.image_files[0]))
 
 
 def write_probabilities(output: Path, case: Case, prediction: Prediction) -> Path:

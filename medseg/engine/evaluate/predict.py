@@ -17,8 +17,8 @@ from monai.data import MetaTensor
 from monai.transforms import Compose, Invertd
 
 from medseg.config import EvaluateConfig
-from medseg.data.reading import from_ras
-from medseg.data.transforms import IMAGE, eval_transforms
+from medseg.data.reading import from_ras, source_name
+from medseg.data.transforms import IMAGE
 from medseg.engine.device import amp_dtype, resolve_device
 from medseg.engine.evaluate.cases import Case
 from medseg.engine.evaluate.model import EvalModel
@@ -42,17 +42,29 @@ class Prediction:
     affine: np.ndarray
     """(4, 4) the image file's voxel-to-world (RAS mm) affine."""
 
+    def label_map(self) -> np.ndarray:
+        """(X, Y, Z) the most probable class of each voxel, uint8 (uint16 beyond 256 classes)."""
+        return self.probabilities.argmax(0).astype(label_dtype(len(self.probabilities)))
+
+
+def label_dtype(num_classes: int) -> type[np.integer]:
+    return np.uint8 if num_classes <= 256 else np.uint16
+
 
 class Predictor:
-    """Whole-case prediction in the original geometry for one rebuilt model and one set of settings."""
+    """Whole-case prediction in the original geometry for one rebuilt model and one set of settings.
 
-    def __init__(self, net: EvalModel, settings: EvaluateConfig) -> None:
+    ``transform``: the chain of another predictor with the same preprocessing (:attr:`EvalModel.preprocessing_key`),
+    so that a case it preprocessed can be predicted here too (MONAI inverts only with the chain that applied it).
+    """
+
+    def __init__(self, net: EvalModel, settings: EvaluateConfig, transform: Compose | None = None) -> None:
         self.net, self.settings = net, settings
         self.device = resolve_device(settings.device, "device")
         net.model.to(self.device)
         self.sw_device = resolve_device(settings.sw_device, "sw_device") if settings.sw_device else self.device
         self.amp_dtype = amp_dtype("auto", self.device)
-        self.transform: Compose = eval_transforms(net.data, with_label=False)
+        self.transform: Compose = transform or net.preprocessing
         self.inverter = Invertd(keys=PRED, transform=self.transform, orig_keys=IMAGE, nearest_interp=False)
         self.mirror_axes = mirror_axes(net.spatial_dims, net.window.slice_axis) if settings.tta else ()
 
@@ -71,13 +83,16 @@ class Predictor:
         channels = int(data[IMAGE].shape[0])
         if channels != self.net.in_channels:
             raise DatasetError(
-                f"{', '.join(case.image_files)}: the image has {channels} channel(s) but the checkpoint was "
-                f"trained on {self.net.in_channels} ({', '.join(self.net.channel_names)})")
+                f"{', '.join(map(source_name, case.image_files))}: the image has {channels} channel(s) but the "
+                f"checkpoint was trained on {self.net.in_channels} ({', '.join(self.net.channel_names)})")
         return data
 
     def predict(self, case: Case, progress: bool = False) -> Prediction:
         """The case's class probabilities on its image file's voxel grid (see :class:`Prediction`)."""
-        data = self.preprocess(case)
+        return self.predict_preprocessed(self.preprocess(case), progress)
+
+    def predict_preprocessed(self, data: dict[str, Any], progress: bool = False) -> Prediction:
+        """:meth:`predict` for a case :meth:`preprocess` has read (``data`` is not changed)."""
         image = data[IMAGE].unsqueeze(0).to(self.device)
         probs = predict_volume(
             self.net.model, image, self.net.window.roi_size, self.net.spatial_dims, self.net.window.slice_axis,
@@ -85,8 +100,7 @@ class Predictor:
             sw_device=self.sw_device, amp_dtype=self.amp_dtype, mirror_axes=self.mirror_axes, progress=progress,
         )
         # a MetaTensor, so that Invertd takes the image's applied operations (it skips plain tensors)
-        data[PRED] = MetaTensor(probs[0].detach().cpu())
-        inverted = self.inverter(data)[PRED]  # (C, X, Y, Z) on the original grid, RAS voxel order
+        inverted = self.inverter({**data, PRED: MetaTensor(probs[0].detach().cpu())})[PRED]  # (C, X, Y, Z), RAS order
         ras = (inverted.as_tensor() if isinstance(inverted, MetaTensor) else torch.as_tensor(inverted)).float()
         file_affine = np.asarray(data[IMAGE].meta["original_affine"], dtype=np.float64)
         probabilities = np.moveaxis(from_ras(np.moveaxis(ras.numpy(), 0, -1), file_affine), -1, 0)

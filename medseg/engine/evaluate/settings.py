@@ -28,4 +28,10 @@ def parse_config(cfg: EvaluateConfig | Mapping[str, Any] | DictConfig) -> Evalua
         raise EvaluationError(f"sw_batch_size={settings.sw_batch_size}: expected at least 1")
     if not settings.tolerance_mm >= 0.0:
         raise EvaluationError(f"tolerance_mm={settings.tolerance_mm}: expected a distance >= 0")
+    ckpts = settings.ckpt if isinstance(settings.ckpt, list) else [settings.ckpt]
+    if not ckpts or not all(isinstance(c, str) and c for c in ckpts):
+        raise EvaluationError(f"ckpt={settings.ckpt!r}: expected a checkpoint file, a run or multirun folder, or a "
+                              f"list of them (ckpt=[a.pt,b.pt])")
+    if not settings.postprocessing:
+        raise EvaluationError("postprocessing is empty: expected auto, none, or a postprocessing.json file")
     return settings

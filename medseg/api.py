@@ -1,0 +1,93 @@
+"""The Python API: predict a volume with a medseg checkpoint (or an ensemble) from a script or a notebook.
+
+``from medseg import predict, load_model``. ``predict`` is ``scripts/evaluate.py`` for one volume in memory: the
+same preprocessing, sliding windows, inversion to the input's grid, ensemble averaging and postprocessing, so both
+give the same labels for the same file. ``image`` is a file path (``.nii.gz``, ``.nii``, ``.nrrd``, ``.mha``), a
+nibabel image, or a numpy array ``(X, Y, Z)`` (``(X, Y, Z, C)`` for several channels, as a NIfTI file holds them)
+with its ``(4, 4)`` voxel-to-world affine in RAS mm (nibabel's convention: an LPS affine from DICOM or ITK has its
+first two rows negated). Arrays are read in memory, never written to a file. The labels come back in the input's
+geometry and voxel order: the array's own axes, or a file's as nibabel's ``dataobj`` holds them.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from pathlib import Path
+
+import nibabel as nib
+import numpy as np
+from nibabel.spatialimages import SpatialImage
+
+from medseg.config import EvaluateConfig
+from medseg.data.reading import ImageSource
+from medseg.engine.evaluate import Case, Ensemble, EvalModel, load_model
+from medseg.engine.evaluate.settings import parse_config
+from medseg.engine.metrics import voxel_spacing
+from medseg.engine.postprocess import from_setting
+from medseg.errors import ConfigError
+
+__all__ = ["load_model", "predict"]
+
+Checkpoints = str | Path | EvalModel | Sequence[str | Path | EvalModel]
+"""A checkpoint file, a training run or multirun folder, a model from :func:`load_model`, or a list of them."""
+
+
+def _source(image: str | Path | SpatialImage | np.ndarray, affine: np.ndarray | None) -> ImageSource:
+    """What the reader takes: a path, or a nibabel image (an array becomes one in memory, with ``affine``)."""
+    if isinstance(image, np.ndarray):
+        if affine is None:
+            raise ConfigError("predict(array): give the array's affine= ((4, 4) voxel-to-world in RAS mm)")
+        matrix = np.asarray(affine, dtype=np.float64)
+        if matrix.shape != (4, 4) or image.ndim not in (3, 4):
+            raise ConfigError(f"predict(array): expected an (X, Y, Z) or (X, Y, Z, C) array and a (4, 4) affine, "
+                              f"got shapes {image.shape} and {matrix.shape}")
+        return nib.Nifti1Image(image, matrix)
+    if affine is not None:
+        raise ConfigError("predict(): affine= is for arrays only; files and nibabel images carry their own")
+    if isinstance(image, SpatialImage):
+        return image
+    if isinstance(image, str | Path):
+        return str(Path(image).expanduser())
+    raise ConfigError(f"predict(): image must be a path, a nibabel image or a numpy array, not {type(image).__name__}")
+
+
+def predict(image: str | Path | SpatialImage | np.ndarray, ckpt: Checkpoints, affine: np.ndarray | None = None,
+            device: str = "auto", *, return_probabilities: bool = False, tta: bool = False,
+            postprocessing: str = "auto", overlap: float = 0.5,
+            sw_batch_size: int = 4) -> np.ndarray | tuple[np.ndarray, np.ndarray]:
+    """The label map of one volume, in the input's geometry.
+
+    Args:
+        image: a file path, a nibabel image, or a numpy array ``(X, Y, Z)`` / ``(X, Y, Z, C)`` with ``affine``.
+        ckpt: a checkpoint, a training run or multirun folder, a model from :func:`load_model` (load once, predict
+            many), or a list of them: an ensemble, whose probabilities are averaged.
+        affine: the array's ``(4, 4)`` voxel-to-world matrix in RAS mm; only for arrays.
+        device: ``auto`` (CUDA when present), ``cpu``, ``cuda`` or ``cuda:N``.
+        return_probabilities: also return the class probabilities.
+        tta: mirroring test-time augmentation.
+        postprocessing: ``auto``, ``none`` or a ``postprocessing.json``, as ``scripts/evaluate.py``'s.
+        overlap, sw_batch_size: the sliding window's, as ``scripts/evaluate.py``'s.
+
+    Returns:
+        ``(X, Y, Z)`` uint8 class indices on the input's voxels; with ``return_probabilities``, also float32
+        ``(C, X, Y, Z)`` probabilities (before postprocessing).
+
+    Raises:
+        ConfigError: a bad argument. DatasetError: an unreadable image, or another channel count than the
+            model's. CheckpointError: a missing or foreign checkpoint, or models that cannot be ensembled.
+    """
+    items = list(ckpt) if isinstance(ckpt, Sequence) and not isinstance(ckpt, str) else [ckpt]
+    loaded = [item for item in items if isinstance(item, EvalModel)]
+    names = [str(item.checkpoint if isinstance(item, EvalModel) else item) for item in items]
+    settings = parse_config(EvaluateConfig(ckpt=names, input="(in memory)", device=device, tta=tta, overlap=overlap,
+                                           sw_batch_size=sw_batch_size, postprocessing=postprocessing, progress=False))
+    source = _source(image, affine)
+    if loaded and len(loaded) != len(items):
+        raise ConfigError("predict(): ckpt= mixes loaded models and paths; give one kind")
+    ensemble = Ensemble(loaded, settings) if loaded else Ensemble.load(names, settings)
+    steps = from_setting(settings.postprocessing, ensemble.checkpoints, ensemble.labels)
+    prediction = ensemble.predict(Case("image", source))
+    labels = prediction.label_map()
+    if steps is not None:
+        labels = steps.apply(labels, voxel_spacing(prediction.affine))
+    return (labels, prediction.probabilities) if return_probabilities else labels
