@@ -62,7 +62,7 @@ def train(cfg: TrainConfig | Mapping[str, Any] | DictConfig) -> dict[str, Any]:
         model = build_model(cfg.model, info.in_channels, info.num_classes, data.window.net_patch)
         trainer = Trainer(cfg, data, wrap_model(model, device, dist, cfg.trainer.compile), device, output_dir, dist)
         if cfg.trainer.init_from:
-            trainer.init_weights(Path(cfg.trainer.init_from))
+            trainer.init_weights(start)
         elif resume is not None:
             trainer.resume(resume)
         metrics = trainer.fit()

@@ -61,22 +61,23 @@ def per_axis_strides(strides: Sequence[StrideSpec], spatial_dims: int) -> list[t
     return out
 
 
+def stride_to_level(strides: list[tuple[int, ...]], level: int) -> tuple[int, ...]:
+    """Per axis, the product of the first ``level`` strides: how much the map at ``level`` is down-sampled."""
+    return tuple(math.prod(s[axis] for s in strides[:level]) for axis in range(len(strides[0]) if strides else 0))
+
+
 def level_spacing(spacing: Sequence[float] | None, strides: list[tuple[int, ...]], level: int) -> list[float] | None:
     """Physical spacing of the feature grid after ``level`` down-sampling steps (None stays None)."""
     if spacing is None:
         return None
-    factors = [math.prod(s[axis] for s in strides[:level]) for axis in range(len(spacing))]
-    return [float(sp) * f for sp, f in zip(spacing, factors)]
+    return [float(sp) * f for sp, f in zip(spacing, stride_to_level(strides, level))]
 
 
 def level_grid(patch_size: Sequence[int], strides: list[tuple[int, ...]], level: int) -> tuple[int, ...]:
     """Token grid of the feature map after ``level`` down-sampling steps for a ``patch_size`` input, which the
     U-Net pads up to a multiple of its total stride."""
-    grid = []
-    for axis, size in enumerate(patch_size):
-        total = math.prod(s[axis] for s in strides)
-        grid.append(math.ceil(size / total) * total // math.prod(s[axis] for s in strides[:level]))
-    return tuple(grid)
+    total, down = stride_to_level(strides, len(strides)), stride_to_level(strides, level)
+    return tuple(math.ceil(size / t) * t // d for size, t, d in zip(patch_size, total, down))
 
 
 def check_bias_memory(attention: SpatialAttention, grid: Sequence[int], max_gb: float | None, slot: str) -> None:
@@ -153,7 +154,7 @@ class SlottedUNet(nn.Module):
                               "model")
         self.spatial_dims = spatial_dims
         self.strides = per_axis_strides(strides, spatial_dims)
-        self.total_stride = tuple(math.prod(s[a] for s in self.strides) for a in range(spatial_dims))
+        self.total_stride = stride_to_level(self.strides, len(self.strides))
         self.deep_supervision = deep_supervision
         self.memory_format = torch.channels_last_3d if channels_last and spatial_dims == 3 else torch.contiguous_format
         attention = dict(attention or {})
