@@ -20,9 +20,8 @@ from nibabel.spatialimages import SpatialImage
 
 from medseg.config import EvaluateConfig
 from medseg.data.reading import ImageSource
-from medseg.engine.evaluate import Case, Ensemble, EvalModel, load_model
+from medseg.engine.evaluate import Case, Ensemble, EvalModel, load_model, segment
 from medseg.engine.evaluate.settings import parse_config
-from medseg.engine.metrics import voxel_spacing
 from medseg.engine.postprocess import from_setting
 from medseg.errors import ConfigError
 
@@ -69,8 +68,10 @@ def predict(image: str | Path | SpatialImage | np.ndarray, ckpt: Checkpoints, af
         overlap, sw_batch_size: the sliding window's, as ``scripts/evaluate.py``'s.
 
     Returns:
-        ``(X, Y, Z)`` uint8 class indices on the input's voxels; with ``return_probabilities``, also float32
-        ``(C, X, Y, Z)`` probabilities (before postprocessing).
+        ``(X, Y, Z)`` labels on the input's voxels in the dataset's label values (uint8; uint16 above 255): class
+        values, or for a region-based model each region's ``regions_class_order`` value, later regions overwriting
+        earlier ones; with ``return_probabilities``, also float32 ``(C, X, Y, Z)`` probabilities (before
+        postprocessing): softmax over the classes, or a sigmoid per region.
 
     Raises:
         ConfigError: a bad argument. DatasetError: an unreadable image, or another channel count than the
@@ -85,9 +86,7 @@ def predict(image: str | Path | SpatialImage | np.ndarray, ckpt: Checkpoints, af
     if loaded and len(loaded) != len(items):
         raise ConfigError("predict(): ckpt= mixes loaded models and paths; give one kind")
     ensemble = Ensemble(loaded, settings) if loaded else Ensemble.load(names, settings)
-    steps = from_setting(settings.postprocessing, ensemble.checkpoints, ensemble.labels)
+    steps = from_setting(settings.postprocessing, ensemble.checkpoints, ensemble.label_spec.outputs)
     prediction = ensemble.predict(Case("image", source))
-    labels = prediction.label_map()
-    if steps is not None:
-        labels = steps.apply(labels, voxel_spacing(prediction.affine))
+    labels = ensemble.label_spec.label_map(segment(prediction, steps))
     return (labels, prediction.probabilities) if return_probabilities else labels

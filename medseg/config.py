@@ -84,8 +84,10 @@ class ModelConfig:
     """unet (medseg's slotted U-Net), or MONAI's monai_unet, monai_swinunetr, monai_unetr for comparisons."""
     spatial_dims: int = 3
     """3, or 2 for slices across the thickest axis of the same volumes."""
-    channels: list[int] = field(default_factory=lambda: [16, 32, 64, 128])
-    """Feature width per level; len(channels) - 1 down-samplings."""
+    channels: list[int] | None = field(default_factory=lambda: [16, 32, 64, 128])
+    """Feature width per level; len(channels) - 1 down-samplings. null = planned with the patch (nnU-Net's rule: a
+    level per pooling step until every axis is down to about 4 voxels; widths 32, 64, ... up to 320 in 3D, 512 in
+    2D)."""
     strides: list[Any] | None = None
     """One per down-sampling: an int, or one int per axis (anisotropic pooling); null = planned from the data."""
     kernel_size: int = 3
@@ -134,6 +136,13 @@ class DataConfig:
     """Training patch in voxels; in 2D the two in-plane sizes (or three, the slice axis dropped); null = planned."""
     normalization: Any = None
     """zscore (per image and channel), ct (planned clip and statistics), none; null = planned from the modality."""
+    regions: Any = None
+    """Region-based training (nnU-Net v2's), a mapping region name -> the dataset's label values it unites, e.g.
+    {whole_tumor:[1,2,4],tumor_core:[2,4],enhancing:[4]}; one sigmoid output per region. null: softmax classes, or
+    the regions of an nnU-Net dataset.json."""
+    regions_class_order: list[int] | None = None
+    """With data.regions: the label value each region writes into predicted label maps, later regions overwriting
+    earlier ones (needed when regions overlap); null: each region's lowest value."""
     pos_fraction: float = 0.33
     """Share of patches centred on foreground."""
     samples_per_volume: int | None = None
@@ -141,12 +150,13 @@ class DataConfig:
     augment: bool = True
     """Random flips, 90-degree rotations and intensity jitter in training."""
     cache: str = "auto"
-    """auto (memory when the preprocessed data fit in a quarter of the RAM, else disk), memory, disk or none."""
+    """auto (memory when training's estimated peak RAM with the cases in memory is below 80% of the available RAM,
+    else disk), memory, disk or none."""
     cache_dir: str | None = None
     """Fingerprint, splits and disk cache; null = <root>/.medseg_cache, or the user cache when root is read-only."""
     plan_from: str = "data"
-    """data: plan the null keys among spacing, patch_size, normalization and model.strides from this dataset; init:
-    take all four from the checkpoint the run starts from (trainer.init_from, or the one it resumes)."""
+    """data: plan the null keys among spacing, patch_size, normalization, model.strides and model.channels from this
+    dataset; init: take all five from the checkpoint the run starts from (trainer.init_from, or the one it resumes)."""
     num_workers: int = 2
     """Data-loading worker processes."""
 
@@ -157,12 +167,23 @@ class TrainerConfig:
 
     max_epochs: int = 6
     """Epochs; sized for the demo on a laptop CPU, real data needs hundreds."""
+    max_minutes: float | None = None
+    """Wall-clock budget of training, validation included: the first epoch is timed (and validated), the schedule is
+    set to span the epochs that fit, and training ends when another epoch would not fit (max_epochs still caps it)."""
     batch_size: int = 2
     """Volumes per step, each giving data.samples_per_volume patches; per process under DDP."""
     lr: float = 3e-3
     """Peak learning rate."""
     weight_decay: float = 3e-5
     """Weight decay."""
+    loss: str = "dice_ce"
+    """dice_ce, dice_focal, dice or ce: Dice plus cross-entropy, Dice plus focal (gamma 2), Dice alone, cross-entropy
+    alone (MONAI's). Softmax over the classes, or sigmoid per region (binary cross-entropy) on region-based data;
+    ignore-label voxels take no part."""
+    class_weights: Any = None
+    """null (unweighted); auto (from the fingerprint's voxels per output n_c: min(sqrt(n_max / n_c), 10), normalised
+    to average 1); or [w0, w1, ...], one positive weight per network output (background first, or one per region).
+    They scale the Dice and the cross-entropy or focal term of each output."""
     optimizer: str = "adamw"
     """adamw, or sgd (nesterov, trainer.momentum)."""
     momentum: float = 0.99
@@ -201,8 +222,28 @@ class TrainerConfig:
     """Progress bars."""
     log_images: bool = True
     """TensorBoard overlays of image, label and prediction at each validation."""
+    attention_maps: bool = False
+    """At each validation, log the attention maps of one foreground voxel of the first validation case to TensorBoard
+    (montages, and each head's mean attention distance in mm) and record each slot's mean distance in metrics.json."""
     check_data: bool = True
     """Verify every case of the dataset before training."""
+
+
+@dataclass
+class PlanningConfig:
+    """What planning sizes the patch for (the ``plan`` node)."""
+
+    memory_gb: float | None = None
+    """Training memory (GB, 2^30 bytes) a planned patch may need, estimated for the network, trainer.batch_size x
+    data.samples_per_volume patches, trainer.precision and trainer.optimizer. null = on CUDA the GPU's memory, at most
+    nnU-Net's 8 GB; on a CPU the voxel budget instead (48^3 voxels in 3D, 256^2 in 2D, for 32 first-level channels)."""
+
+
+def check_planning(planning: PlanningConfig) -> None:
+    """Raise :class:`ConfigError` for a ``plan`` node that cannot be planned with (a memory budget of 0 or less)."""
+    if planning.memory_gb is not None and not planning.memory_gb > 0:
+        raise ConfigError(f"plan.memory_gb={planning.memory_gb:g}: expected a positive number of GB, or null for the "
+                          "default (the GPU's memory up to 8 GB; the voxel budget on a CPU)")
 
 
 @dataclass
@@ -212,6 +253,8 @@ class TrainConfig:
     model: ModelConfig = field(default_factory=ModelConfig)
     data: DataConfig = field(default_factory=DataConfig)
     trainer: TrainerConfig = field(default_factory=TrainerConfig)
+    plan: PlanningConfig = field(default_factory=PlanningConfig)
+    """What the planned patch and network are sized for."""
     task_name: str = "train"
     """Names the output folder outputs/<task_name>/<date>/<time>."""
     output_dir: str = "outputs/train"
@@ -226,7 +269,8 @@ class EvaluateConfig:
 
     ckpt: Any = MISSING
     """A medseg checkpoint (outputs/train/<date>/<time>/checkpoints/best.pt); a list [a.pt,b.pt] (an ensemble: their
-    softmax probabilities averaged); or a multirun folder (the ensemble of its finished folds' best.pt)."""
+    probabilities averaged: softmax, or sigmoid per region); or a multirun folder (the ensemble of its finished folds'
+    best.pt)."""
     input: str = MISSING
     """A folder of images, a folder with imagesTs/ (+ labelsTs/), or a dataset.json (or its folder)."""
     output: str = "predictions"
@@ -244,7 +288,7 @@ class EvaluateConfig:
     sw_device: str | None = None
     """Where windows are stitched (cpu saves GPU memory); null = device."""
     save_probabilities: bool = False
-    """Also write <case>.npz with float16 probabilities (C, X, Y, Z)."""
+    """Also write <case>.npz with float16 probabilities (C, X, Y, Z): softmax per class, or sigmoid per region."""
     postprocessing: str = "auto"
     """auto (the postprocessing.json that scripts/crossval.py decided for exactly these checkpoints, found in their
     multirun's crossval/; none when there is none, e.g. for a single fold), none, or a postprocessing.json file."""
@@ -290,11 +334,40 @@ class ExportConfig:
 
 
 @dataclass
+class VisualizeConfig:
+    """``scripts/visualize.py``: the attention maps of one voxel of a volume in every attention slot of a checkpoint."""
+
+    ckpt: str = MISSING
+    """A medseg checkpoint whose network has attention slots, e.g. outputs/train/<date>/<time>/checkpoints/best.pt."""
+    input: str = MISSING
+    """One volume file (.nii.gz, .nii, .nrrd, .mha), read and preprocessed as scripts/evaluate.py reads it."""
+    voxel: list[int] | None = None
+    """The query voxel as indices [i,j,k] of the input file; null (and no world) = the predicted foreground voxel
+    nearest the foreground's centre of mass."""
+    world: list[float] | None = None
+    """The query point [x,y,z] in mm in the input file's world coordinates (RAS, as its affine maps voxels); instead
+    of voxel."""
+    output: str = "attention"
+    """Folder for attention.json, the PNG montages and the NIfTI maps (one 4D file per slot and block)."""
+    slot: str | None = None
+    """Only this attention slot (e.g. bottleneck); null = every slot."""
+    block: int | None = None
+    """Only this block of the slot(s), 0 the first; null = every block."""
+    device: str = "auto"
+    """auto, cpu, cuda or cuda:N."""
+
+
+@dataclass
 class PlanConfig:
-    """``scripts/plan.py``: the fingerprint and plan of ``data`` for ``model``."""
+    """``scripts/plan.py``: the fingerprint and plan of ``data`` for ``model``, as ``scripts/train.py`` plans them."""
 
     model: ModelConfig = field(default_factory=ModelConfig)
     data: DataConfig = field(default_factory=DataConfig)
+    trainer: TrainerConfig = field(default_factory=TrainerConfig)
+    """The training the plan is for: its batch size, precision, optimizer and device size the patch (the other keys
+    are not read here)."""
+    plan: PlanningConfig = field(default_factory=PlanningConfig)
+    """What the planned patch and network are sized for."""
     progress: bool = True
     """Progress bar while fingerprinting."""
 
@@ -309,7 +382,8 @@ class CheckDataConfig:
 
 
 SCHEMAS: dict[str, type] = {"train": TrainConfig, "evaluate": EvaluateConfig, "crossval": CrossvalConfig,
-                            "export": ExportConfig, "plan": PlanConfig, "check_data": CheckDataConfig}
+                            "export": ExportConfig, "visualize": VisualizeConfig, "plan": PlanConfig,
+                            "check_data": CheckDataConfig}
 """Each entry point's schema, registered in Hydra's ConfigStore as ``<name>_schema``."""
 
 
@@ -478,6 +552,7 @@ def _choices() -> dict[str, Sequence[str]]:
     from medseg.data.datalist import DATASET_FORMATS
     from medseg.engine.data import CACHE_MODES, PLAN_SOURCES
     from medseg.engine.device import PRECISIONS
+    from medseg.engine.losses import LOSSES
     from medseg.engine.optim import OPTIMIZERS, SCHEDULES
     from medseg.models import MODELS, NORMS
 
@@ -487,7 +562,7 @@ def _choices() -> dict[str, Sequence[str]]:
         "model.attention.rope": list(ROTARY_ENCODINGS), "model.attention.lepe": list(LEPE_MODES),
         "model.attention.ffn": list(FFN_KINDS),
         "data.format": list(DATASET_FORMATS), "data.cache": list(CACHE_MODES), "data.plan_from": list(PLAN_SOURCES),
-        "trainer.optimizer": list(OPTIMIZERS), "trainer.scheduler": list(SCHEDULES),
+        "trainer.loss": list(LOSSES), "trainer.optimizer": list(OPTIMIZERS), "trainer.scheduler": list(SCHEDULES),
         "trainer.precision": list(PRECISIONS),
     }
 
@@ -534,16 +609,19 @@ def _check_values(cfg: TrainConfig) -> None:
 
     check_choices(cfg, _choices())
     model, data = cfg.model, cfg.data
-    levels = len(model.channels)
     if model.spatial_dims not in (2, 3):
         raise ConfigError(f"model.spatial_dims={model.spatial_dims}: expected 2 or 3")
-    if levels < 2:
+    if model.channels is not None and len(model.channels) < 2:
         raise ConfigError(f"model.channels={model.channels}: need at least two levels")
-    if model.strides is not None and len(model.strides) != levels - 1:
-        raise ConfigError(f"model.strides has {len(model.strides)} entries; model.channels has {levels} levels, "
-                          f"so expected {levels - 1} strides")
-    if not 0 <= model.decoder_levels <= levels - 1:
-        raise ConfigError(f"model.decoder_levels={model.decoder_levels}: expected 0..{levels - 1}")
+    if model.channels is not None and model.strides is not None and len(model.strides) != len(model.channels) - 1:
+        raise ConfigError(f"model.strides has {len(model.strides)} entries; model.channels has {len(model.channels)} "
+                          f"levels, so expected {len(model.channels) - 1} strides")
+    levels = (len(model.channels) if model.channels is not None
+              else len(model.strides) + 1 if model.strides is not None else None)  # None: the depth is planned
+    if model.decoder_levels < 0 or (levels is not None and model.decoder_levels > levels - 1):
+        raise ConfigError(f"model.decoder_levels={model.decoder_levels}: expected "
+                          f"{'0 or more' if levels is None else f'0..{levels - 1}'}")
+    check_planning(cfg.plan)
     if not 0.0 < model.attention.gamma <= 1.0:
         raise ConfigError(f"model.attention.gamma={model.attention.gamma}: expected a decay in (0, 1]")
     if isinstance(data.normalization, str) and data.normalization not in NORMALIZATIONS:
@@ -554,6 +632,12 @@ def _check_values(cfg: TrainConfig) -> None:
         raise ConfigError(f"data.patch_size={data.patch_size}: expected 2 or 3 sizes")
     if not 0.0 <= data.pos_fraction <= 1.0:
         raise ConfigError(f"data.pos_fraction={data.pos_fraction}: expected a fraction in [0, 1]")
+    if data.regions is not None and not (isinstance(data.regions, Mapping) and all(
+            isinstance(v, list) and all(isinstance(i, int) for i in v) for v in data.regions.values())):
+        raise ConfigError(f"data.regions={data.regions!r}: expected a mapping region name -> list of label values, "
+                          f"e.g. {{whole_tumor:[1,2,4],tumor_core:[2,4],enhancing:[4]}}")
+    if cfg.trainer.max_minutes is not None and not cfg.trainer.max_minutes > 0:
+        raise ConfigError(f"trainer.max_minutes={cfg.trainer.max_minutes}: expected a positive budget, or null")
     _check_start(cfg)
     if data.fold != "all" and not (isinstance(data.fold, int) and 0 <= data.fold < data.num_folds):
         raise ConfigError(f"data.fold={data.fold!r}: expected 0..{data.num_folds - 1} or all")

@@ -1,4 +1,4 @@
-"""Print the automatic plan of a dataset: `python scripts/plan.py data=msd data.root=DIR [model.channels=...]`.
+"""Print the automatic plan of a dataset: `python scripts/plan.py data=msd data.root=DIR [model.channels=null ...]`.
 
 ``data=demo3d`` (the default) generates the demo dataset at ``data.root`` first if it is missing. Dataset and
 config errors print one line and exit with status 1.
@@ -17,7 +17,7 @@ def main(cfg: DictConfig) -> None:
     from medseg.data.planning import plan_report  # numpy and nibabel load only when a job runs
 
     settings = to_typed(PlanConfig, cfg, context=" (e.g. data=msd data.root=/path/to/Task09_Spleen)")
-    print(plan_report(settings.data, settings.model, progress=settings.progress))
+    print(plan_report(settings.data, settings.model, settings.progress, settings.trainer, settings.plan))
 
 
 if __name__ == "__main__":

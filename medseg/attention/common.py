@@ -12,6 +12,7 @@ from __future__ import annotations
 import math
 from abc import ABC, abstractmethod
 from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
 from functools import lru_cache
 from typing import Any, TypeVar
 
@@ -168,6 +169,27 @@ class TokenDepthwiseConv(nn.Module):
         return to_tokens(self.conv(to_spatial(tokens, spatial_shape)))
 
 
+@dataclass
+class AttentionRow:
+    """One query token's attention over the grid, what :meth:`SpatialAttention.attention_row` returns.
+
+    Every tensor is ``(B, heads, N)`` (``(B, 1, N)`` where one map serves all heads), at least float32.
+    """
+
+    weights: torch.Tensor
+    """The row of the matrix the block applies to the values (before any conv term), each head summing to 1."""
+    decay: torch.Tensor | None = None
+    """MaSA: the spatial decay ``gamma_h ** dist(query, .)``."""
+    content: torch.Tensor | None = None
+    """MaSA: the content part ``softmax(q_i k^T / sqrt(d))`` alone (``weights`` is proportional to
+    ``content * decay``)."""
+    extras: dict[str, torch.Tensor] = field(default_factory=dict)
+    """Block-specific maps, e.g. a conv term's footprint around the query."""
+    gain: torch.Tensor | None = None
+    """``(B, heads)`` where the block scales the attended values (its output for the query is
+    ``gain * (weights @ v)``; focused linear attention's normaliser epsilon); None where it is 1."""
+
+
 class SpatialAttention(nn.Module, ABC):
     """Base class of every registered attention block: ``(B, C, *spatial) -> (B, C, *spatial)``.
 
@@ -208,6 +230,16 @@ class SpatialAttention(nn.Module, ABC):
     @abstractmethod
     def mix(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, spatial_shape: tuple[int, ...]) -> torch.Tensor:
         """Attend: q, k, v ``(B, N, C)`` on a ``spatial_shape`` grid -> ``(B, N, C)`` (before ``proj``)."""
+
+    def attention_row(
+        self, q: torch.Tensor, k: torch.Tensor, spatial_shape: tuple[int, ...], index: int
+    ) -> AttentionRow:
+        """Row ``index`` (a query token) of the attention :meth:`mix` applies to the values, in ``O(N)`` memory.
+
+        ``q, k`` are :meth:`mix`'s inputs ``(B, N, C)``. Optional: a block without it runs and trains as usual,
+        only :mod:`medseg.attention.inspect` cannot show its attention.
+        """
+        raise NotImplementedError(f"{type(self).__name__} does not implement attention_row")
 
     def attend(self, x: torch.Tensor, spatial_shape: tuple[int, ...]) -> torch.Tensor:
         """Token-level attention: ``(B, N, C)`` -> ``(B, N, C)``, tokens row-major over ``spatial_shape``."""

@@ -10,6 +10,7 @@ from torch import nn
 
 from medseg.attention import functional
 from medseg.attention.common import (
+    AttentionRow,
     DepthwiseConv,
     SpatialAttention,
     TokenDepthwiseConv,
@@ -108,16 +109,30 @@ class CSWinAttention(SpatialAttention):
             dim=-1,
         )
 
+    def _groups(self, *tokens: torch.Tensor) -> list[tuple[torch.Tensor, ...]]:
+        """Per stripe axis, its head group of each ``(B, N, C)`` tensor as ``(B, group heads, N, head_dim)``."""
+        return list(zip(*(split_heads(t, self.num_heads).split(self.group_heads, dim=1) for t in tokens)))
+
     def mix(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, spatial_shape: tuple[int, ...]) -> torch.Tensor:
-        groups = zip(*(split_heads(t, self.num_heads).split(self.group_heads, dim=1) for t in (q, k, v)))
         out = torch.cat(
             [
                 functional.stripe_attention(qg, kg, vg, spatial_shape, axis, self.split_size)
-                for axis, (qg, kg, vg) in enumerate(groups)
+                for axis, (qg, kg, vg) in enumerate(self._groups(q, k, v))
             ],
             dim=1,
         )
         return merge_heads(out) + self._lepe(v, spatial_shape)
+
+    def attention_row(
+        self, q: torch.Tensor, k: torch.Tensor, spatial_shape: tuple[int, ...], index: int
+    ) -> AttentionRow:
+        """Each head group's :func:`~medseg.attention.functional.stripe_row`: non-zero only on the stripe of that
+        group's axis that holds the query (LePE not included)."""
+        rows = [
+            functional.stripe_row(qg, kg, spatial_shape, axis, self.split_size, index)
+            for axis, (qg, kg) in enumerate(self._groups(q, k))
+        ]
+        return AttentionRow(torch.cat(rows, dim=1))
 
     def extra_repr(self) -> str:
         return (f"dim={self.dim}, group_heads={self.group_heads}, split_size={self.split_size}, "

@@ -10,7 +10,7 @@ from einops import rearrange
 from torch import nn
 
 from medseg.attention import functional
-from medseg.attention.common import SpatialAttention, TokenDepthwiseConv, to_tokens
+from medseg.attention.common import AttentionRow, SpatialAttention, TokenDepthwiseConv, to_tokens
 from medseg.attention.position import resize_grid
 from medseg.errors import ConfigError
 
@@ -59,12 +59,27 @@ class FocusedLinearAttention(SpatialAttention):
         self.positional = nn.Parameter(torch.zeros(1, dim, *stored))
         self.rank_restoration = TokenDepthwiseConv(self.head_dim, spatial_dims, kernel_size)
 
+    def keys(self, k: torch.Tensor, spatial_shape: tuple[int, ...]) -> torch.Tensor:
+        """k tokens ``(B, N, C)`` plus the positional term on the actual grid: what the attention op gets."""
+        return k + to_tokens(resize_grid(self.positional, spatial_shape))
+
     def mix(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, spatial_shape: tuple[int, ...]) -> torch.Tensor:
-        k = k + to_tokens(resize_grid(self.positional, spatial_shape))
+        k = self.keys(k, spatial_shape)
         out = functional.focused_linear(q, k, v, self.num_heads, self.focusing_factor, scale=F.softplus(self.scale))
         per_head = rearrange(v, "b n (h d) -> (b h) n d", h=self.num_heads)
         restored = rearrange(self.rank_restoration(per_head, spatial_shape), "(b h) n d -> b n (h d)", h=self.num_heads)
         return out + restored
+
+    def attention_row(
+        self, q: torch.Tensor, k: torch.Tensor, spatial_shape: tuple[int, ...], index: int
+    ) -> AttentionRow:
+        """:func:`~medseg.attention.functional.focused_linear_row` (with its ``gain``), and in
+        ``extras["dwc_footprint"]`` (``(B, 1, N)``, one map for all heads, which share the conv) the
+        rank-restoration conv's footprint around the query (:func:`~medseg.attention.functional.conv_footprint`)."""
+        weights, gain = functional.focused_linear_row(q, self.keys(k, spatial_shape), self.num_heads,
+                                                      self.focusing_factor, index, scale=F.softplus(self.scale))
+        footprint = functional.conv_footprint(self.rank_restoration.conv.weight, spatial_shape, index)
+        return AttentionRow(weights, extras={"dwc_footprint": footprint.expand(len(weights), 1, -1)}, gain=gain)
 
     def extra_repr(self) -> str:
         return (f"dim={self.dim}, num_heads={self.num_heads}, focusing_factor={self.focusing_factor}, "

@@ -19,8 +19,8 @@ import torch.nn.functional as F
 from einops import rearrange
 
 from medseg.attention import position
-from medseg.attention.common import merge_heads, split_heads, tensor_cache
-from medseg.attention.position import axis_scales, manhattan_distance
+from medseg.attention.common import _depthwise, merge_heads, split_heads, tensor_cache
+from medseg.attention.position import axis_scales, grid_coordinates, manhattan_distance, manhattan_row
 
 try:
     from torch.nn.attention.flex_attention import flex_attention
@@ -37,6 +37,10 @@ LINEAR_EPS = 1e-6
 
 KERNEL_EPS = 1e-6
 """Focused linear attention: added after the ReLU kernel so every feature is strictly positive."""
+
+ROW_CHUNK = 4096
+"""Keys per chunk where an attention row maps every key through a feature map (focused linear attention), so
+its temporaries stay ``ROW_CHUNK x C`` however large the grid."""
 
 
 def log_gammas(gamma: Gamma, num_heads: int) -> tuple[float, ...]:
@@ -359,6 +363,170 @@ def focused_linear(
         normaliser = q @ k.mean(dim=-2, keepdim=True).transpose(-1, -2) + LINEAR_EPS  # (B, h, N, 1)
         out = q @ context / normaliser
     return merge_heads(out).to(out_dtype)
+
+
+def _work_dtype(x: torch.Tensor) -> torch.dtype:
+    return torch.promote_types(x.dtype, torch.float32)
+
+
+def row_logits(q: torch.Tensor, k: torch.Tensor, index: int) -> torch.Tensor:
+    """Scaled scores of query token ``index`` against every key, ``q_index . k_j / sqrt(d)``: ``(B, heads, N)``.
+
+    In at least float32, as every ``*_row`` function returns.
+    """
+    work = _work_dtype(q)
+    return torch.einsum("...nd,...d->...n", k.to(work), q[..., index, :].to(work)) * q.shape[-1] ** -0.5
+
+
+def softmax_row(q: torch.Tensor, k: torch.Tensor, index: int, bias: torch.Tensor | None = None) -> torch.Tensor:
+    """Row ``index`` of ``softmax(q k^T / sqrt(d) + bias)``: ``(B, heads, N)``; ``bias`` broadcasts to it
+    (e.g. ``(heads, N)`` or ``(N,)``; ``-inf`` masks a key out). Row ``index`` of what SDPA applies to ``v``."""
+    logits = row_logits(q, k, index)
+    return torch.softmax(logits if bias is None else logits + bias.to(logits.dtype), dim=-1)
+
+
+def log_decay_row(
+    spatial_shape: Sequence[int],
+    gamma: Gamma,
+    num_heads: int,
+    index: int,
+    *,
+    spacing: Sequence[float] | None = None,
+    device: torch.device | None = None,
+) -> torch.Tensor:
+    """Row ``index`` of MaSA's bias ``log(gamma_h) * dist`` (:func:`decay_bias`): ``(G, N)``, ``G`` 1 or heads.
+
+    ``exp`` of it is the decay map ``gamma_h ** dist(index, .)``.
+    """
+    shape = tuple(int(s) for s in spatial_shape)
+    log_gamma = torch.tensor(log_gammas(gamma, num_heads), device=device, dtype=torch.float32)
+    return log_gamma[:, None] * manhattan_row(shape, axis_scales(len(shape), spacing), index, device)
+
+
+def masa_row(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    spatial_shape: Sequence[int],
+    gamma: Gamma,
+    index: int,
+    *,
+    spacing: Sequence[float] | None = None,
+) -> torch.Tensor:
+    """Row ``index`` of the attention :func:`masa` applies: ``softmax(q_i k^T / sqrt(d) + log(gamma) * dist_i)``.
+
+    Returns:
+        ``(B, heads, N)``, each row summing to 1; no ``N x N`` tensor.
+    """
+    _check_tokens(q, spatial_shape)
+    return softmax_row(q, k, index, log_decay_row(spatial_shape, gamma, q.shape[1], index, spacing=spacing,
+                                                  device=q.device))
+
+
+def masa_decomposed_row(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    spatial_shape: Sequence[int],
+    gamma: Gamma,
+    index: int,
+    *,
+    spacing: Sequence[float] | None = None,
+) -> torch.Tensor:
+    """Row ``index`` of the linear map ``v -> masa_decomposed(q, k, v)``: ``(B, heads, N)``, summing to 1.
+
+    Each pass along axis ``a`` multiplies the values by ``A_a``, the per-line attention along ``a`` (zero
+    between lines); the last axis acts first, so ``out = A_0 A_1 ... A_last v``. The row of the product is the
+    one-hot row of ``index`` pushed through ``A_0``, then ``A_1`` ...: ``r <- r A_a``, computed on the lines
+    where ``r`` is not zero (one line, then a plane, then the whole grid), one head at a time. Memory
+    ``O(B * N * L)`` at most, ``L`` the longest line; no ``N x N`` tensor.
+    """
+    shape = _check_tokens(q, spatial_shape)
+    scales = axis_scales(len(shape), spacing)
+    log_gamma = log_gammas(gamma, q.shape[1])
+    work = _work_dtype(q)
+    q, k = (t.to(work).unflatten(-2, shape) for t in (q, k))  # (B, h, *shape, d)
+    row = torch.zeros(q.shape[:-1], device=q.device, dtype=work)
+    row.view(*row.shape[:2], -1)[..., index] = 1.0
+    for axis in range(len(shape)):
+        dim = 1 + axis  # of one head's (B, *shape, ...)
+        bias = _decay_bias((shape[axis],), (scales[axis],), log_gamma, q.device, work)[0]  # (G, L, L)
+        pushed = torch.zeros_like(row)
+        for head in range(q.shape[1]):
+            lines = row[:, head].movedim(dim, -1)  # (B, *others, L)
+            active = lines.ne(0).any(0).any(-1)  # (*others): the lines holding part of the row
+            ql, kl = (t[:, head].movedim(dim, -2)[:, active] for t in (q, k))  # (B, M, L, d)
+            logits = ql @ kl.transpose(-1, -2) * q.shape[-1] ** -0.5 + bias[head if len(bias) > 1 else 0]
+            out = pushed[:, head].movedim(dim, -1)  # a view: writing it fills `pushed`
+            out[:, active] = (lines[:, active].unsqueeze(-2) @ torch.softmax(logits, dim=-1)).squeeze(-2)
+        row = pushed
+    return row.flatten(2)
+
+
+def stripe_row(
+    q: torch.Tensor, k: torch.Tensor, spatial_shape: Sequence[int], axis: int, width: int, index: int
+) -> torch.Tensor:
+    """Row ``index`` of the attention :func:`stripe_attention` applies: the softmax over the keys of the query's
+    stripe, zero elsewhere.
+
+    Returns:
+        ``(B, heads, N)``, each row summing to 1 over the stripe.
+    """
+    shape = _check_tokens(q, spatial_shape)
+    widths = torch.tensor(_stripe_widths(shape, axis, width))
+    stripe = grid_coordinates(shape) // widths  # along `axis` every token is in stripe 0
+    outside = (stripe != stripe[index]).any(-1)
+    return softmax_row(q, k, index, torch.zeros(outside.shape).masked_fill(outside, -math.inf).to(q.device))
+
+
+def focused_linear_row(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    num_heads: int,
+    focusing_factor: float,
+    index: int,
+    scale: torch.Tensor | None = None,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Row ``index`` of :func:`focused_linear`'s attention: ``phi(q_i) . phi(k_j) / sum_j phi(q_i) . phi(k_j)``.
+
+    The op's normaliser adds ``N * LINEAR_EPS`` to the sum ``S``, so its output for token ``index`` is
+    ``gain * (row @ v)`` with ``gain = S / (S + N * 1e-6)``: 1 to float precision unless the query's features are
+    near zero (a query the ReLU kernel all but silences, whose output is then near zero too).
+
+    Args:
+        q, k: ``(B, N, C)``, as :func:`focused_linear` takes them.
+
+    Returns:
+        The row ``(B, heads, N)``, summing to 1, and ``gain`` ``(B, heads)``.
+    """
+    work = _work_dtype(q)
+    with torch.autocast(device_type=q.device.type, enabled=False):
+        query = split_heads(_focus(q[:, index : index + 1].to(work), focusing_factor, scale), num_heads)
+        scores = torch.cat(
+            [
+                (split_heads(_focus(keys.to(work), focusing_factor, scale), num_heads) @ query.transpose(-1, -2))
+                for keys in k.split(ROW_CHUNK, dim=1)
+            ],
+            dim=-2,
+        ).squeeze(-1)  # (B, h, N)
+    total = scores.sum(dim=-1)
+    return scores / total[..., None], total / (total + scores.shape[-1] * LINEAR_EPS)
+
+
+def conv_footprint(weight: torch.Tensor, spatial_shape: Sequence[int], index: int) -> torch.Tensor:
+    """Where a depthwise 'same' convolution of the values reads from for output token ``index``: ``(1, N)``.
+
+    Token ``j`` enters output ``index`` through the kernel tap at offset ``j - index``; the footprint is that
+    tap's magnitude summed over channels, ``sum_c |weight[c, j - index]|`` (zero outside the kernel and the
+    grid), normalised to sum to 1.
+
+    Args:
+        weight: ``(C, 1, *kernel)``, odd kernel sides.
+    """
+    shape = tuple(int(s) for s in spatial_shape)
+    magnitude = weight.detach().float().abs().sum(0, keepdim=True)  # (1, 1, *kernel)
+    one_hot = torch.zeros(1, 1, math.prod(shape), device=weight.device)
+    one_hot[..., index] = 1.0
+    reach = _depthwise(one_hot.unflatten(-1, shape), magnitude.flip(tuple(range(2, weight.ndim))), None).flatten(1)
+    return reach / reach.sum().clamp_min(torch.finfo(reach.dtype).tiny)
 
 
 def clear_cache() -> None:

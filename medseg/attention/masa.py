@@ -7,7 +7,7 @@ from collections.abc import Sequence
 import torch
 
 from medseg.attention import functional
-from medseg.attention.common import SpatialAttention, TokenDepthwiseConv, merge_heads, split_heads
+from medseg.attention.common import AttentionRow, SpatialAttention, TokenDepthwiseConv, merge_heads, split_heads
 from medseg.attention.position import axial_rope, axis_scales, check_rope
 from medseg.errors import ConfigError
 
@@ -70,12 +70,35 @@ class MaSA(SpatialAttention):
         log_gamma = functional.log_gammas(self.gamma, self.num_heads)
         return len(log_gamma) if any(log_gamma) else 0
 
-    def mix(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, spatial_shape: tuple[int, ...]) -> torch.Tensor:
-        q, k, vh = (split_heads(t, self.num_heads) for t in (q, k, v))
+    def queries_keys(
+        self, q: torch.Tensor, k: torch.Tensor, spatial_shape: tuple[int, ...]
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """q, k tokens ``(B, N, C)`` -> ``(B, heads, N, head_dim)`` as the attention op gets them (rotated when
+        ``rope=axial``)."""
+        q, k = (split_heads(t, self.num_heads) for t in (q, k))
         if self.rope == "axial":
             q, k = axial_rope(q, spatial_shape), axial_rope(k, spatial_shape)
-        out = self.attention(q, k, vh, spatial_shape, self.gamma, spacing=self.spacing)
+        return q, k
+
+    def mix(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, spatial_shape: tuple[int, ...]) -> torch.Tensor:
+        q, k = self.queries_keys(q, k, spatial_shape)
+        out = self.attention(q, k, split_heads(v, self.num_heads), spatial_shape, self.gamma, spacing=self.spacing)
         return merge_heads(out) + self.lce(v, spatial_shape)
+
+    def decay_row(self, spatial_shape: tuple[int, ...], index: int, device: torch.device) -> torch.Tensor:
+        """The decay map ``gamma_h ** dist(index, .)`` with this block's distance: ``(heads, N)``."""
+        log_decay = functional.log_decay_row(spatial_shape, self.gamma, self.num_heads, index, spacing=self.spacing,
+                                             device=device)
+        return log_decay.exp().expand(self.num_heads, -1)
+
+    def attention_row(
+        self, q: torch.Tensor, k: torch.Tensor, spatial_shape: tuple[int, ...], index: int
+    ) -> AttentionRow:
+        """:func:`~medseg.attention.functional.masa_row`, its decay and its content part (LCE not included)."""
+        q, k = self.queries_keys(q, k, spatial_shape)
+        weights = functional.masa_row(q, k, spatial_shape, self.gamma, index, spacing=self.spacing)
+        decay = self.decay_row(spatial_shape, index, q.device).expand_as(weights)
+        return AttentionRow(weights, decay=decay, content=functional.softmax_row(q, k, index))
 
     def extra_repr(self) -> str:
         return (f"dim={self.dim}, num_heads={self.num_heads}, gamma={self.gamma}, spacing={self.spacing}, "
@@ -91,3 +114,12 @@ class MaSADecomposed(MaSA):
 
     attention = staticmethod(functional.masa_decomposed)
     bias_heads = 0
+
+    def attention_row(
+        self, q: torch.Tensor, k: torch.Tensor, spatial_shape: tuple[int, ...], index: int
+    ) -> AttentionRow:
+        """:func:`~medseg.attention.functional.masa_decomposed_row` (the axial chain's effective row) and the
+        decay map (LCE not included)."""
+        q, k = self.queries_keys(q, k, spatial_shape)
+        weights = functional.masa_decomposed_row(q, k, spatial_shape, self.gamma, index, spacing=self.spacing)
+        return AttentionRow(weights, decay=self.decay_row(spatial_shape, index, q.device).expand_as(weights))

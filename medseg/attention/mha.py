@@ -6,8 +6,9 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from medseg.attention.common import SpatialAttention, merge_heads, split_heads
-from medseg.attention.position import axial_rope, check_rope, relative_bias, sincos_embedding
+from medseg.attention import functional
+from medseg.attention.common import AttentionRow, SpatialAttention, merge_heads, split_heads
+from medseg.attention.position import axial_rope, check_rope, relative_bias, relative_bias_row, sincos_embedding
 from medseg.errors import ConfigError
 
 POSITION_ENCODINGS = ("sincos", "relative", "none")
@@ -69,12 +70,29 @@ class MultiHeadAttention(SpatialAttention):
             x = x + sincos_embedding(spatial_shape, self.dim, x.device, x.dtype)
         return super().attend(x, spatial_shape)
 
-    def mix(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, spatial_shape: tuple[int, ...]) -> torch.Tensor:
-        q, k, v = (split_heads(t, self.num_heads) for t in (q, k, v))
+    def queries_keys(
+        self, q: torch.Tensor, k: torch.Tensor, spatial_shape: tuple[int, ...]
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """q, k tokens ``(B, N, C)`` -> ``(B, heads, N, head_dim)`` as SDPA gets them (rotated when
+        ``rope=axial``; with ``pe=sincos`` the embedding is already in them, added to the tokens before ``qkv``)."""
+        q, k = (split_heads(t, self.num_heads) for t in (q, k))
         if self.rope == "axial":
             q, k = axial_rope(q, spatial_shape), axial_rope(k, spatial_shape)
+        return q, k
+
+    def mix(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, spatial_shape: tuple[int, ...]) -> torch.Tensor:
+        q, k = self.queries_keys(q, k, spatial_shape)
         bias = relative_bias(self.relative_table, spatial_shape).to(q.dtype) if self.pe == "relative" else None
-        return merge_heads(F.scaled_dot_product_attention(q, k, v, attn_mask=bias))
+        return merge_heads(F.scaled_dot_product_attention(q, k, split_heads(v, self.num_heads), attn_mask=bias))
+
+    def attention_row(
+        self, q: torch.Tensor, k: torch.Tensor, spatial_shape: tuple[int, ...], index: int
+    ) -> AttentionRow:
+        """:func:`~medseg.attention.functional.softmax_row`, with the relative position bias's row when
+        ``pe=relative``."""
+        q, k = self.queries_keys(q, k, spatial_shape)
+        bias = relative_bias_row(self.relative_table, spatial_shape, index) if self.pe == "relative" else None
+        return AttentionRow(functional.softmax_row(q, k, index, bias))
 
     def extra_repr(self) -> str:
         return f"dim={self.dim}, num_heads={self.num_heads}, pe={self.pe!r}, rope={self.rope!r}"

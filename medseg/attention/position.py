@@ -72,6 +72,20 @@ def grid_coordinates(spatial_shape: Sequence[int]) -> torch.Tensor:
     return torch.stack(torch.meshgrid(*axes, indexing="ij"), dim=-1).reshape(-1, len(spatial_shape))
 
 
+def manhattan_row(
+    spatial_shape: Sequence[int],
+    scales: Sequence[float],
+    index: int,
+    device: torch.device | None = None,
+    dtype: torch.dtype = torch.float32,
+) -> torch.Tensor:
+    """Row ``index`` of :func:`manhattan_distance`: ``(N,)``, the scaled distance from token ``index`` to every
+    token, without the ``N x N`` table."""
+    coords = grid_coordinates(spatial_shape).to(device=device, dtype=dtype)
+    scale = torch.tensor(scales, device=device, dtype=dtype)
+    return ((coords - coords[index]).abs() * scale).sum(-1)
+
+
 @tensor_cache()
 def _sincos_table(spatial_shape: tuple[int, ...], dim: int) -> torch.Tensor:
     ndim = len(spatial_shape)
@@ -96,14 +110,18 @@ def sincos_embedding(spatial_shape: Sequence[int], dim: int, device: torch.devic
 @tensor_cache()
 def relative_position_index(spatial_shape: tuple[int, ...], device: torch.device | None = None) -> torch.Tensor:
     """Index of offset ``(n - m)`` in a flattened ``(2*S_a - 1, ...)`` table, for all pairs: ``(N, N)``."""
+    coords = grid_coordinates(spatial_shape)
+    return _offset_index(coords[:, None, :] - coords[None, :, :], spatial_shape).to(device)
+
+
+def _offset_index(offsets: torch.Tensor, spatial_shape: Sequence[int]) -> torch.Tensor:
+    """Flat index of offsets ``(..., ndim)`` (``-(S_a - 1) .. S_a - 1`` per axis) in a ``(2*S_a - 1, ...)`` table."""
     sizes = torch.tensor(spatial_shape)
     extents = 2 * sizes - 1
     strides = torch.ones_like(extents)
     for axis in range(len(spatial_shape) - 2, -1, -1):
         strides[axis] = strides[axis + 1] * extents[axis + 1]
-    coords = grid_coordinates(spatial_shape)
-    offsets = coords[:, None, :] - coords[None, :, :] + (sizes - 1)
-    return (offsets * strides).sum(-1).to(device)
+    return ((offsets + (sizes - 1)) * strides).sum(-1)
 
 
 def resize_grid(x: torch.Tensor, size: Sequence[int]) -> torch.Tensor:
@@ -126,13 +144,25 @@ def relative_bias(table: torch.Tensor, spatial_shape: Sequence[int]) -> torch.Te
         table is larger than ``2 * S_a - 1`` are cropped around offset 0 (exact per-offset parameters); if the
         grid still needs a larger table it is interpolated.
     """
+    index = relative_position_index(tuple(spatial_shape), table.device)
+    return _fit_relative_table(table, spatial_shape).flatten(1)[:, index].unsqueeze(0)
+
+
+def relative_bias_row(table: torch.Tensor, spatial_shape: Sequence[int], index: int) -> torch.Tensor:
+    """Row ``index`` of :func:`relative_bias` (query token ``index``, every key): ``(heads, N)``, without the
+    ``N x N`` index."""
+    coords = grid_coordinates(spatial_shape)
+    flat = _offset_index(coords[index] - coords, spatial_shape).to(table.device)
+    return _fit_relative_table(table, spatial_shape).flatten(1)[:, flat]
+
+
+def _fit_relative_table(table: torch.Tensor, spatial_shape: Sequence[int]) -> torch.Tensor:
+    """``(heads, *extent) -> (heads, *(2 * S_a - 1))``: cropped around offset 0 where larger, then interpolated."""
     target = tuple(2 * s - 1 for s in spatial_shape)
     crop = tuple(
         slice((e - t) // 2, (e - t) // 2 + t) if e > t else slice(None) for e, t in zip(table.shape[1:], target)
     )
-    table = resize_grid(table[(slice(None), *crop)].unsqueeze(0), target).squeeze(0)
-    index = relative_position_index(tuple(spatial_shape), table.device)
-    return table.flatten(1)[:, index].unsqueeze(0)
+    return resize_grid(table[(slice(None), *crop)].unsqueeze(0), target).squeeze(0)
 
 
 def check_rope(rope: str, head_dim: int, spatial_dims: int) -> str:

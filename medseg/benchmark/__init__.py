@@ -16,7 +16,7 @@ from typing import Any
 from medseg.engine.report import markdown_table
 from medseg.io import atomic_write_json, atomic_write_text
 
-SUBCOMMANDS: tuple[str, ...] = ("attention", "models", "quality", "gpu")
+SUBCOMMANDS: tuple[str, ...] = ("attention", "models", "quality", "peers", "gpu")
 
 
 def targets_markdown(targets: Sequence[Mapping[str, Any]], value_format: str = ".3g") -> str:

@@ -20,6 +20,11 @@ the reference its FlexAttention output is compared with (``max_abs_diff_masa_vs_
   the bias it builds is.
 * A cell whose analytic estimate (:func:`estimate_bytes`) exceeds ``--max-memory-gb`` is not run and
   reads ``OOM (est. X GB)``; a real out-of-memory ``RuntimeError`` is reported the same way.
+
+``--maps`` measures instead what :mod:`medseg.attention.inspect` adds to a forward pass: per registered block
+and grid (batch 1), the peak memory (as above) and the time of one query's
+:meth:`~medseg.attention.common.SpatialAttention.attention_row` (the centre token) from ``(1, N, dim)`` q and k,
+the tensors the forward pass hands to the hook anyway; it writes ``attention_maps.md`` / ``.json``.
 """
 
 from __future__ import annotations
@@ -377,6 +382,72 @@ def to_markdown(report: dict[str, Any], cells: Sequence[Cell], shapes: Sequence[
     return "\n".join(lines) + "\n"
 
 
+MAPS_TARGET_MIB = 100.0
+"""``--maps``: the most one query's attention rows may add to a forward pass at a 32³ grid."""
+
+
+def measure_rows(name: str, shape: tuple[int, ...], args: argparse.Namespace, device: torch.device) -> Cell:
+    """Peak memory and time of block ``name``'s attention row for the centre token of ``shape``."""
+    tokens = math.prod(shape)
+    torch.manual_seed(0)
+    block = build_attention(name, args.dim, len(shape), num_heads=args.heads).to(device)
+    q, k = (torch.randn(1, tokens, args.dim, device=device) for _ in range(2))
+    index = tokens // 2
+
+    def row() -> object:
+        with torch.no_grad():
+            return block.attention_row(q, k, shape, index)
+
+    cell = Cell(name, shape, tokens, estimate_gib=0.0)
+    try:
+        peak, _ = peak_bytes(row, device)
+        cell.time_ms, cell.reps = time_ms(row, device, args.reps, args.max_seconds)
+    except NotImplementedError as error:  # a block without attention rows
+        cell.status, cell.detail = "error", str(error)
+        return cell
+    cell.peak_mib = peak / MIB
+    return cell
+
+
+def run_maps(args: argparse.Namespace, shapes: Sequence[tuple[int, ...]], device: torch.device) -> int:
+    """``--maps``: :func:`measure_rows` for every registered block and grid; print and write the report."""
+    cells = [measure_rows(name, shape, args, device) for shape in shapes for name in args.blocks
+             if name in available_blocks()]
+    large = [c.peak_mib for c in cells if c.shape == (32, 32, 32)]
+    target = Target("largest attention-row peak of a block, 32³ (MiB)", max(large) if large and None not in large
+                    else None, "<", MAPS_TARGET_MIB)
+    report = {
+        "meta": {"device": str(device), "threads": torch.get_num_threads(), "torch": torch.__version__,
+                 "dim": args.dim, "heads": args.heads, "reps": args.reps},
+        "results": [asdict(c) for c in cells],
+        "targets": [asdict(target)],
+    }
+    lines = [
+        "# Attention maps: memory and time of one query's attention rows",
+        "",
+        f"{device} ({torch.get_num_threads()} threads), torch {torch.__version__}; dim {args.dim}, {args.heads} "
+        f"heads, batch 1; columns are grids (tokens). Peak: allocator high-water mark while the row of the centre "
+        f"token is computed from the forward pass's q and k, i.e. what the maps add to a forward pass (a dense "
+        f"N×N float32 matrix would need N²·4 bytes per head: 4 GiB at 32³). Time: median of up to {args.reps} runs.",
+        "",
+        "## peak memory (MiB)",
+        "",
+        _table(cells, shapes, "peak_mib"),
+        "",
+        "## time (ms)",
+        "",
+        _table(cells, shapes, "time_ms"),
+        "",
+        "## targets",
+        "",
+        targets_markdown(report["targets"]),
+    ]
+    markdown = "\n".join(lines) + "\n"
+    print(markdown)
+    write_report(args.out, "attention_maps", markdown, report)
+    return 0
+
+
 def run(args: argparse.Namespace) -> int:
     """Measure every (block, size), print the markdown report, and write it (+ JSON) under ``--out``."""
     device = torch.device(args.device)
@@ -384,6 +455,8 @@ def run(args: argparse.Namespace) -> int:
     shapes = [parse_size(s) for s in sizes]
     if args.quick:
         args.reps = 1
+    if args.maps:
+        return run_maps(args, shapes, device)
     cells: list[Cell] = []
     max_diff: dict[str, dict[tuple[int, ...], float]] = {reference: {} for reference in DIFF_REFERENCES}
     for shape in shapes:
@@ -437,6 +510,8 @@ def add_subcommand(subparsers: argparse._SubParsersAction) -> None:
     parser.add_argument("--max-seconds", type=float, default=60.0, help="time budget of a cell's timed runs")
     parser.add_argument("--max-memory-gb", type=float, default=8.0, help="skip cells estimated above this")
     parser.add_argument("--quick", action="store_true", help=f"tiny grids {QUICK_SIZES}, one rep (for tests)")
+    parser.add_argument("--maps", action="store_true",
+                        help="measure one query's attention rows (medseg.attention.inspect) instead of fwd+bwd")
     parser.add_argument("--dim", type=int, default=128)
     parser.add_argument("--heads", type=int, default=4)
     parser.add_argument("--batch", type=int, default=2)

@@ -43,12 +43,15 @@ from torch import nn
 from medseg.benchmark import targets_markdown, write_report
 from medseg.benchmark.attention import Target, peak_bytes, ratio, time_ms
 from medseg.config import ModelConfig, TrainConfig, block_choices, validate_config
+from medseg.data.datalist import DatasetInfo
+from medseg.data.demo import DEMO_LABELS
 from medseg.engine.device import PRECISIONS, amp_dtype, autocast
 from medseg.engine.launch import SINGLE_PROCESS
+from medseg.engine.losses import build_loss
 from medseg.engine.optim import build_optimizer
 from medseg.engine.report import CellFormat, markdown_table, text_table
 from medseg.engine.run import wrap_model
-from medseg.engine.trainer import TrainStep, training_loss
+from medseg.engine.trainer import TrainStep
 from medseg.models import MODELS, build_model
 
 CONFIG_DIR = Path(__file__).resolve().parents[2] / "configs"
@@ -57,7 +60,10 @@ UNET_ROW = f"{ModelConfig.name}+"
 NO_RUN_DIR = "output_dir=unused"
 """The benchmark writes no run directory, and outside a Hydra run the default cannot resolve."""
 REFERENCE = "monai_swinunetr"
-IN_CHANNELS, NUM_CLASSES = 1, 3
+DATASET = DatasetInfo(root=Path(), format="demo", name="benchmark", labels={int(k): v for k, v in DEMO_LABELS.items()},
+                      channel_names=["image"], training=[])
+"""What every network is built and trained for: the demo task's classes and its one input channel."""
+IN_CHANNELS, NUM_CLASSES = DATASET.in_channels, DATASET.num_classes
 MIB = 2**20
 
 
@@ -184,7 +190,7 @@ def prepare(name: str, cfg: TrainConfig, sizes: Sizes, device: torch.device) -> 
         model = wrap_model(model, device, SINGLE_PROCESS, cfg.trainer.compile)
         infer = make_inference(model, image, amp)
         runnable.row.infer_peak_mib = absolute_peak_mib(infer, device, resident_bytes(model, None, [image]))
-        step = TrainStep(model, training_loss(cfg.model), build_optimizer(model.parameters(), cfg.trainer),
+        step = TrainStep(model, build_loss(cfg, DATASET, None), build_optimizer(model.parameters(), cfg.trainer),
                          cfg.trainer.grad_clip, amp, device)
 
         def train() -> float | None:

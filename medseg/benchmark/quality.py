@@ -8,17 +8,15 @@ from configs composed like ``scripts/train.py``'s (``configs/train.yaml`` + ``mo
 Budget:
 
 * ``--epochs N``: every model trains N epochs.
-* ``--seconds S``: every model trains as many whole epochs as fit in S seconds of training (validation
-  included), measured per model: a 1-epoch probe run times an epoch (plus one validation), then a fresh run
-  trains ``floor(S / probe time)`` epochs (the cosine schedule must know its length from the start). The
-  table shows the seconds each model actually used.
+* ``--seconds S``: every model trains for S seconds of wall clock, validation included (``trainer.max_minutes``:
+  the first epoch is timed and the schedule spans the epochs that fit). The table shows the seconds each model
+  actually used.
 """
 
 from __future__ import annotations
 
 import argparse
 import logging
-import math
 from collections.abc import Sequence
 from dataclasses import asdict, dataclass
 from pathlib import Path
@@ -46,6 +44,8 @@ COMMON = (
 QUICK = ("data.num_cases=8", "data.patch_size=[32,32,64]", "data.samples_per_volume=1",
          "trainer.batch_size=2")
 """``--quick``: a tiny run for tests (SwinUNETR's deepest stage needs more than one voxel: 32x32x64 is the least)."""
+BUDGET_MAX_EPOCHS = 100_000
+"""Under ``--seconds`` the budget alone sets the epochs (validation after the first epoch and the last only)."""
 
 
 @dataclass
@@ -61,45 +61,24 @@ class Result:
     run_dir: str
 
 
-def run_config(model: str, run_dir: Path, epochs: int, seed: int, overrides: Sequence[str]) -> dict[str, Any]:
-    """The composed training config of ``model`` for ``epochs`` epochs in ``run_dir`` (validated at the end)."""
+def run_config(model: str, run_dir: Path, epochs: int | None, seconds: float | None, seed: int,
+               overrides: Sequence[str]) -> dict[str, Any]:
+    """The composed training config of ``model`` for ``epochs`` epochs, or for ``seconds``, in ``run_dir``."""
+    budget = [f"trainer.max_epochs={epochs}", f"trainer.val_every={epochs}"] if epochs else [
+        f"trainer.max_minutes={seconds / 60.0}", f"trainer.max_epochs={BUDGET_MAX_EPOCHS}",
+        f"trainer.val_every={BUDGET_MAX_EPOCHS}"]
     return compose_train_config(
-        [
-            *COMMON,
-            *MODELS[model],
-            *overrides,
-            f"output_dir={run_dir}",
-            f"trainer.seed={seed}",
-            f"trainer.max_epochs={epochs}",
-            f"trainer.val_every={epochs}",
-        ]
-    )
-
-
-def epochs_for_budget(seconds: float, epoch_seconds: float) -> int:
-    """Whole epochs of ``epoch_seconds`` that fit in ``seconds`` (at least one)."""
-    return max(1, math.floor(seconds / max(epoch_seconds, 1e-9)))
+        [*COMMON, *MODELS[model], *overrides, f"output_dir={run_dir}", f"trainer.seed={seed}", *budget])
 
 
 def train_model(
     model: str, out: Path, seed: int, overrides: Sequence[str], epochs: int | None, seconds: float | None
 ) -> Result:
-    """Train ``model`` for ``epochs``, or for the epochs that fit in ``seconds`` (see the module docstring)."""
+    """Train ``model`` for ``epochs``, or for ``seconds`` (see the module docstring)."""
     from medseg.engine.run import train  # heavy: MONAI, the data pipeline
 
     run_dir = out / "runs" / model
-    metrics = None
-    if epochs is None:
-        assert seconds is not None
-        metrics = train(run_config(model, out / "probes" / model, 1, seed, overrides))
-        epochs = epochs_for_budget(seconds, metrics["train_seconds"])
-        logging.getLogger("medseg").info(
-            "%s: %.1f s per epoch -> %d epochs in %.0f s", model, metrics["train_seconds"], epochs, seconds
-        )
-        if epochs == 1:
-            run_dir = out / "probes" / model
-    if epochs > 1 or metrics is None:
-        metrics = train(run_config(model, run_dir, epochs, seed, overrides))
+    metrics = train(run_config(model, run_dir, epochs, seconds, seed, overrides))
     last = metrics["history"][-1]
     return Result(
         model,

@@ -2,7 +2,8 @@
 
 Both formats become one :class:`DatasetInfo`: a list of cases, each a dict with ``case`` (id),
 ``image`` (a path, or a list of paths for one file per channel) and ``label`` (training cases only),
-plus the class names and channel names. ``num_classes`` and ``in_channels`` come from here, never
+plus the classes (label values with gaps, an ``ignore`` label and nnU-Net's regions:
+:mod:`medseg.data.labels`) and channel names. ``num_outputs`` and ``in_channels`` come from here, never
 typed twice in a config.
 """
 
@@ -14,7 +15,7 @@ import logging
 import os
 import random
 import re
-from dataclasses import dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from functools import cache
 from pathlib import Path
 from typing import Any
@@ -23,6 +24,7 @@ from monai.data import load_decathlon_datalist
 
 from medseg.config import DataConfig
 from medseg.data.demo import ensure_demo_dataset
+from medseg.data.labels import LabelSpec, config_regions, msd_labels, nnunet_labels
 from medseg.data.reading import IMAGE_ENDINGS
 from medseg.errors import DatasetError
 from medseg.io import atomic_write_json
@@ -44,23 +46,54 @@ class DatasetInfo:
     format: str
     name: str
     labels: dict[int, str]
-    """Class index -> name, including 0 (background)."""
+    """Class index -> name, including 0 (background); contiguous indices, the ignore label excluded."""
     channel_names: list[str]
     """One entry per input channel, e.g. ``["CT"]`` or ``["T2", "ADC"]``."""
     training: list[dict[str, Any]]
     test: list[dict[str, Any]] = field(default_factory=list)
     validation: list[dict[str, Any]] | None = None
     """An explicit validation list from the dataset file; it wins over folds."""
+    label_values: list[int] = field(default_factory=list)
+    """The dataset's label value of each class index (background first); empty means the indices themselves."""
+    regions: dict[str, list[int]] | None = None
+    """Region name -> member class indices (contiguous): region-based training; None: softmax classes."""
+    regions_class_order: list[int] | None = None
+    """The label value written for each region."""
+    ignore_value: int | None = None
+    """The value of the ``ignore`` label, if the dataset has one."""
+
+    def __post_init__(self) -> None:
+        if not self.label_values:
+            self.label_values = sorted(self.labels)
+
+    @property
+    def label_spec(self) -> LabelSpec:
+        """Classes, ignore label and regions in one object (:mod:`medseg.data.labels`)."""
+        return LabelSpec(self.labels, self.label_values, self.regions, self.regions_class_order, self.ignore_value)
 
     @property
     def num_classes(self) -> int:
-        """Number of output classes, background included."""
+        """Number of classes, background included (the ignore label is none)."""
         return len(self.labels)
 
     @property
     def class_names(self) -> list[str]:
         """The foreground classes' names, in class-index order."""
-        return [self.labels[index] for index in sorted(self.labels) if index > 0]
+        return self.label_spec.class_names
+
+    @property
+    def region_based(self) -> bool:
+        return self.regions is not None
+
+    @property
+    def num_outputs(self) -> int:
+        """The network's output channels: the classes (background included), or one per region."""
+        return self.label_spec.num_outputs
+
+    @property
+    def output_names(self) -> list[str]:
+        """The foreground classes' names, or the regions' names: what validation scores."""
+        return self.label_spec.output_names
 
     @property
     def in_channels(self) -> int:
@@ -117,16 +150,10 @@ def _int_keyed(mapping: dict[str, Any], key: str, path: Path) -> dict[int, Any]:
         raise DatasetError(f"{path}: {key!r} keys must be integers, got {list(mapping)}") from err
 
 
-def _ordered_labels(labels: dict[int, str], path: Path) -> dict[int, str]:
-    if sorted(labels) != list(range(len(labels))):
-        raise DatasetError(f"{path}: label values must be 0..{len(labels) - 1}, got {sorted(labels)}")
-    return dict(sorted(labels.items()))
-
-
 def _load_msd(root: Path) -> DatasetInfo:
     path = root / "dataset.json"
     meta = _read_json(path)
-    labels = _ordered_labels(_int_keyed(_require(meta, "labels", path), "labels", path), path)
+    labels = msd_labels(_int_keyed(_require(meta, "labels", path), "labels", path), path)
     modality = _int_keyed(_require(meta, "modality", path), "modality", path)
     channel_names = [modality[i] for i in sorted(modality)]
 
@@ -143,11 +170,11 @@ def _load_msd(root: Path) -> DatasetInfo:
         root=root,
         format="msd",
         name=str(meta.get("name", root.name)),
-        labels=labels,
         channel_names=channel_names,
         training=cases("training"),
         test=cases("test"),
         validation=cases("validation") or None,
+        **asdict(labels),
     )
 
 
@@ -172,14 +199,7 @@ def _load_nnunet(root: Path) -> DatasetInfo:
     path = root / "dataset.json"
     meta = _read_json(path)
     channels = _int_keyed(_require(meta, "channel_names", path), "channel_names", path)
-    raw_labels = _require(meta, "labels", path)
-    try:
-        labels = {int(v): str(k) for k, v in raw_labels.items()}
-    except (TypeError, ValueError) as err:
-        raise DatasetError(
-            f"{path}: 'labels' must map names to integer values (region-based labels are not supported)"
-        ) from err
-    labels = _ordered_labels(labels, path)
+    labels = nnunet_labels(_require(meta, "labels", path), meta.get("regions_class_order"), path)
     file_ending = str(meta.get("file_ending", ".nii.gz"))
     channel_names = [channels[i] for i in sorted(channels)]
     training = _nnunet_cases(root / "imagesTr", len(channel_names), file_ending, with_labels=True)
@@ -189,10 +209,10 @@ def _load_nnunet(root: Path) -> DatasetInfo:
         root=root,
         format="nnunet",
         name=str(meta.get("name", root.name)),
-        labels=labels,
         channel_names=channel_names,
         training=training,
         test=_nnunet_cases(root / "imagesTs", len(channel_names), file_ending, with_labels=False),
+        **asdict(labels),
     )
 
 
@@ -257,13 +277,18 @@ def split_cases(
 def dataset_from_config(data: DataConfig) -> DatasetInfo:
     """The :class:`DatasetInfo` of a ``data`` config (``format``: demo | msd | nnunet, ``root``).
 
-    ``demo`` is an MSD folder at ``root``, generated (``num_cases`` cases) when missing.
+    ``demo`` is an MSD folder at ``root``, generated (``num_cases`` cases) when missing. ``data.regions`` (and
+    ``data.regions_class_order``) make the training region-based (:func:`medseg.data.labels.config_regions`).
+
+    Raises:
+        DatasetError: see :func:`load_dataset`. ConfigError: regions that do not fit the dataset's labels.
     """
     root = Path(data.root).expanduser()
     if data.format == "demo":
         ensure_demo_dataset(root, num_cases=data.num_cases)
-        return load_dataset(root, "msd")
-    return load_dataset(root, data.format)
+    info = load_dataset(root, "msd" if data.format == "demo" else data.format)
+    labels = config_regions(info.label_spec, data.regions, data.regions_class_order, info.root / "dataset.json")
+    return replace(info, **asdict(labels))
 
 
 def user_cache_root() -> Path:

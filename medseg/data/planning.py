@@ -10,9 +10,11 @@ another orientation (DICOM's LPS, or permuted axes) are reoriented on reading (:
    foreground voxels per case is pooled into dataset-level statistics. The result is JSON, cached
    and reused while the case files are unchanged.
 2. :func:`make_plan` turns the fingerprint into a :class:`Plan` (target spacing, patch size,
-   per-level strides, normalisation) with nnU-Net's rules, except that a 3D patch covers at most
-   ``MAX_PATCH_COVERAGE`` of the median volume; :func:`apply_plan` fills the ``null``
-   keys of the data and model configs from it.
+   per-level strides and, for a planned network, its depth and widths, normalisation) with nnU-Net's
+   rules, except that a 3D patch covers at most ``MAX_PATCH_COVERAGE`` of the median volume;
+   :func:`plan_from_config` fits the patch to a training-memory budget by the network's estimated
+   memory (:mod:`medseg.engine.memory`), or on a CPU to a voxel budget; :func:`apply_plan` fills the
+   ``null`` keys of the data and model configs from it.
 """
 
 from __future__ import annotations
@@ -22,22 +24,26 @@ import hashlib
 import json
 import os
 import warnings
-from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, replace
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
 import numpy as np
+import torch
 from tqdm import tqdm
 
-from medseg.config import DataConfig, ModelConfig
+from medseg.config import DataConfig, ModelConfig, PlanningConfig, TrainerConfig, check_planning
 from medseg.data.datalist import DatasetInfo, dataset_cache_dir, dataset_from_config
+from medseg.data.labels import LabelSpec
 from medseg.data.reading import image_paths, read_case
+from medseg.engine.device import amp_dtype, resolve_device
+from medseg.engine.memory import MemoryEstimate, estimate_training_memory
 from medseg.engine.report import CellFormat, text_table
 from medseg.errors import ConfigError, DatasetError
 from medseg.io import atomic_write_json
 
-FINGERPRINT_VERSION = 1
+FINGERPRINT_VERSION = 2
 """Bumped when the fingerprint's content changes, which invalidates every cache."""
 FINGERPRINT_FILE = "fingerprint.json"
 SAMPLES_PER_CASE = 10_000
@@ -49,6 +55,13 @@ PERCENTILES = (0.5, 99.5)
 BASE_VOXEL_BUDGET = {3: 48**3, 2: 256**2}
 """Patch voxels for a network whose first level has ``BASE_CHANNELS`` feature maps."""
 BASE_CHANNELS = 32
+"""First-level width of a planned network (``model.channels=null``; nnU-Net's ``UNet_base_num_features``)."""
+MAX_CHANNELS = {3: 320, 2: 512}
+"""Widest level of a planned network (nnU-Net's ``UNet_max_features_3d`` / ``_2d``)."""
+REFERENCE_MEMORY_GB = 8.0
+"""nnU-Net's reference GPU memory: the budget on a GPU with more, when ``plan.memory_gb`` is null."""
+GB = 2**30
+"""Bytes per GB of ``plan.memory_gb``."""
 MAX_PATCH_COVERAGE = 0.5
 """Most of the median (resampled) volume one 3D patch may cover. nnU-Net takes the whole median volume
 when it fits; medseg keeps random crops room to move, so that foreground oversampling still changes
@@ -73,20 +86,22 @@ def _intensity_stats(values: np.ndarray) -> dict[str, float] | None:
 
 
 def _case_fingerprint(
-    entry: Mapping[str, Any], num_channels: int, num_classes: int, samples_per_case: int
+    entry: Mapping[str, Any], num_channels: int, labels: LabelSpec, samples_per_case: int
 ) -> tuple[dict[str, Any], list[np.ndarray]]:
-    """One case's fingerprint entry, and up to ``samples_per_case`` foreground intensities per channel."""
+    """One case's fingerprint entry, and up to ``samples_per_case`` foreground intensities per channel.
+
+    ``class_voxels`` counts the voxels of each class index (label values mapped to ``labels``' classes); ignore
+    voxels count as no class and are not foreground.
+    """
     volume = read_case(entry)
     if volume.label is None:
         raise DatasetError(f"case {entry['case']}: a training case without label")
     if volume.image.shape[0] != num_channels:
         raise DatasetError(f"case {entry['case']}: {volume.image.shape[0]} channels, "
                            f"dataset.json names {num_channels}")
-    counts = np.bincount(volume.label.ravel(), minlength=num_classes)
-    if counts.size > num_classes:
-        raise DatasetError(f"{entry['label']}: label value {counts.size - 1} is not in dataset.json's "
-                           f"{num_classes} classes")
-    mask = volume.label > 0
+    classes = labels.class_indices(volume.label, entry["label"])
+    counts = np.bincount(classes[classes >= 0], minlength=labels.num_classes)
+    mask = classes > 0
     foreground = [channel[mask].astype(np.float64) for channel in volume.image]
     size = foreground[0].size
     pick = (np.random.default_rng(SAMPLING_SEED).choice(size, samples_per_case, replace=False)
@@ -122,7 +137,7 @@ def files_digest(entries: Sequence[Mapping[str, Any]]) -> str:
 def _cache_key(info: DatasetInfo, samples_per_case: int) -> str:
     """Hash of the fingerprint settings, classes, channels and each training case's files (path, size, mtime)."""
     return hashlib.sha256(json.dumps(
-        [FINGERPRINT_VERSION, samples_per_case, info.channel_names, sorted(info.labels.items()),
+        [FINGERPRINT_VERSION, samples_per_case, info.channel_names, sorted(info.label_spec.declared.items()),
          files_digest(info.training)]
     ).encode()).hexdigest()
 
@@ -183,7 +198,7 @@ def compute_fingerprint(
         return cached
     cases, pooled = [], [[] for _ in info.channel_names]
     for entry in tqdm(info.training, desc="fingerprint", disable=not progress):
-        summary, samples = _case_fingerprint(entry, info.in_channels, info.num_classes, samples_per_case)
+        summary, samples = _case_fingerprint(entry, info.in_channels, info.label_spec, samples_per_case)
         cases.append(summary)
         for channel, values in zip(pooled, samples):
             channel.append(values)
@@ -236,10 +251,28 @@ class Plan:
     """The RAS axis with the largest target spacing (0, 1 or 2); 2D slices are cut across it."""
     dataset_bytes: int
     """Estimated bytes of the resampled dataset (images and labels as float32)."""
+    class_voxels: list[int]
+    """Voxels of each class over the training cases (the fingerprint's), for ``trainer.class_weights=auto``."""
+    channels: list[int] = field(default_factory=list)
+    """Feature width per level (``len(strides) + 1`` entries): the model's, else :func:`planned_channels`."""
+    memory: MemoryEstimate | None = None
+    """Estimated training memory of the network at the patch (:func:`plan_from_config`; None from :func:`make_plan`)."""
+    budget: str = ""
+    """What the patch was fit to, in words ("" for a given patch)."""
 
     @property
     def spatial_dims(self) -> int:
         return len(self.patch_size)
+
+
+@dataclass(frozen=True)
+class MemoryBudget:
+    """A limit on the estimated training memory of the network a patch is planned for."""
+
+    limit: int
+    """Bytes."""
+    estimate: Callable[[Sequence[int], list[list[int]]], MemoryEstimate]
+    """``estimate(patch, strides)``: the training memory of the network with those strides at that patch."""
 
 
 
@@ -292,33 +325,51 @@ def plan_strides(
     return strides
 
 
+def planned_channels(num_levels: int, spatial_dims: int) -> list[int]:
+    """nnU-Net's widths for ``num_levels`` levels: ``BASE_CHANNELS`` doubling per level up to ``MAX_CHANNELS``."""
+    return [min(BASE_CHANNELS * 2**level, MAX_CHANNELS[spatial_dims]) for level in range(num_levels)]
+
+
+def _level_strides(spacing: Sequence[float], patch: Sequence[int], num_levels: int | None,
+                   min_feature_size: int) -> list[list[int]]:
+    """:func:`plan_strides` for ``num_levels`` levels; None plans the depth too, as nnU-Net does: every level that
+    pools an axis (at least one level)."""
+    if num_levels is not None:
+        return plan_strides(spacing, patch, num_levels, min_feature_size)
+    levels = plan_strides(spacing, patch, max(int(np.log2(max(patch))), 1), min_feature_size)
+    pooling = [level for level in levels if max(level) > 1]  # once a level pools nothing, no later one does
+    return pooling or levels[:1]
+
+
 def total_stride(strides: Sequence[Sequence[int]], dims: int) -> np.ndarray:
     """(dims,) product of the per-level strides per axis: what the patch must be divisible by."""
     return np.prod(np.asarray(strides, dtype=np.int64).reshape(-1, dims), axis=0)
 
 
 def _fit_patch(
-    spacing: np.ndarray, median_shape: np.ndarray, voxel_budget: int, num_levels: int,
-    min_feature_size: int, strides: list[list[int]] | None,
+    spacing: np.ndarray, median_shape: np.ndarray, voxel_budget: int, num_levels: int | None,
+    min_feature_size: int, strides: list[list[int]] | None, memory: MemoryBudget | None = None,
 ) -> tuple[list[int], list[list[int]]]:
-    """Patch (voxels) and strides: the median shape, shrunk until it fits ``voxel_budget``.
+    """Patch (voxels) and strides: the median shape, shrunk until it fits ``voxel_budget`` (and ``memory``).
 
-    Each round derives the strides (unless fixed), rounds the patch up to a multiple of the total
-    stride, and, while over budget, shrinks by one total stride the axis with the largest
-    patch / median-shape ratio (nnU-Net's rule; ties go to the larger extent in mm).
+    Each round derives the strides (unless fixed; ``num_levels`` None plans the depth too), rounds the
+    patch up to a multiple of the total stride, and, while over budget, shrinks by one total stride the
+    axis with the largest patch / median-shape ratio (nnU-Net's rule; ties go to the larger extent in mm).
     """
     dims = len(spacing)
     patch = np.maximum(median_shape.astype(np.int64), 1)
     while True:
-        level_strides = strides or plan_strides(spacing, patch, num_levels, min_feature_size)
+        level_strides = strides or _level_strides(spacing, patch, num_levels, min_feature_size)
         total = total_stride(level_strides, dims)
         rounded = -(-patch // total) * total
-        if rounded.prod() <= voxel_budget:
+        if rounded.prod() <= voxel_budget and (
+                memory is None or memory.estimate(rounded.tolist(), level_strides).total <= memory.limit):
             break
         shrinkable = [a for a in range(dims) if rounded[a] > total[a] or (strides is None and patch[a] > 1)]
         if not shrinkable:
-            warnings.warn(f"patch {rounded.tolist()} exceeds the voxel budget {voxel_budget} with the "
-                          f"given strides", stacklevel=3)
+            limit = f"{voxel_budget} voxels" + ("" if memory is None else f" and {_bytes_text(memory.limit)}")
+            warnings.warn(f"patch {rounded.tolist()} exceeds the budget of {limit} with the given strides",
+                          stacklevel=3)
             break
         axis = max(shrinkable, key=lambda a: (rounded[a] / median_shape[a], rounded[a] * spacing[a]))
         patch[axis] = max(rounded[axis] - total[axis], 1)
@@ -363,26 +414,30 @@ def plan_normalization(fingerprint: Mapping[str, Any], is_ct: bool) -> dict[str,
 def make_plan(
     fingerprint: Mapping[str, Any],
     spatial_dims: int = 3,
-    num_levels: int = 4,
+    num_levels: int | None = 4,
     voxel_budget: int | None = None,
     min_feature_size: int = 4,
     is_ct: bool | None = None,
     target_spacing: Sequence[float] | None = None,
     patch_size: Sequence[int] | None = None,
     strides: Sequence[Any] | None = None,
+    memory: MemoryBudget | None = None,
 ) -> Plan:
-    """Plan spacing, patch, strides and normalisation from a fingerprint.
+    """Plan spacing, patch, strides (and depth) and normalisation from a fingerprint.
 
     Args:
         spatial_dims: 3, or 2 for slices across the thick axis (per-axis values then cover the two
             in-plane axes).
-        num_levels: down-sampling steps of the network (``len(channels) - 1``).
-        voxel_budget: most patch voxels; default ``BASE_VOXEL_BUDGET[spatial_dims]`` (48**3 / 256**2).
-            The patch also covers at most ``MAX_PATCH_COVERAGE`` of the median volume's voxels.
+        num_levels: down-sampling steps of the network (``len(channels) - 1``); None plans them with the
+            patch (pooling until the feature maps are about ``min_feature_size``, at most ``MAX_LEVELS``
+            levels), or takes them from ``strides``.
+        voxel_budget: most patch voxels without ``memory``; default ``BASE_VOXEL_BUDGET[spatial_dims]``
+            (48**3 / 256**2). The patch also covers at most ``MAX_PATCH_COVERAGE`` of the median volume's voxels.
         min_feature_size: smallest feature-map size (voxels) an axis may be pooled down to.
         is_ct: selects CT normalisation; default the fingerprint's ``is_ct``.
         target_spacing, patch_size, strides: user-set values to keep (e.g. non-null config keys);
             the rest is planned around them. In 2D, 3-entry spacing/patch are read in RAS order.
+        memory: fit the patch to this training-memory budget instead of ``voxel_budget``.
     """
     if spatial_dims not in (2, 3):
         raise ConfigError(f"spatial_dims={spatial_dims}: expected 2 or 3")
@@ -396,15 +451,26 @@ def make_plan(
     shapes = _resampled_shapes(fingerprint, full, keep_axis=slice_axis if spatial_dims == 2 else None)
     median_volume = np.median(shapes, axis=0)
     median_shape = np.round(median_volume).astype(np.int64)[axes]
-    fixed_strides = None if strides is None else _normalize_strides(strides, num_levels, spatial_dims)
+    if strides is not None:
+        num_levels = len(strides) if num_levels is None else num_levels
+        fixed_strides = _normalize_strides(strides, num_levels, spatial_dims)
+    else:
+        fixed_strides = None
+    coverage = int(MAX_PATCH_COVERAGE * median_volume.prod())
+    covered = f"{coverage:,} voxels ({MAX_PATCH_COVERAGE:.0%} of the median volume)"
     if patch_size is not None:
         patch = [int(n) for n in _per_axis(patch_size, axes, "patch_size")]
-        level_strides = fixed_strides or plan_strides(full[axes], patch, num_levels, min_feature_size)
+        level_strides = fixed_strides or _level_strides(full[axes], patch, num_levels, min_feature_size)
+        budget = ""
+    elif memory is not None:
+        patch, level_strides = _fit_patch(full[axes], median_shape, coverage, num_levels, min_feature_size,
+                                          fixed_strides, memory)
+        budget = f"{_bytes_text(memory.limit)} of training memory and {covered}"
     else:
-        budget = min(voxel_budget or BASE_VOXEL_BUDGET[spatial_dims],
-                     int(MAX_PATCH_COVERAGE * median_volume.prod()))
-        patch, level_strides = _fit_patch(full[axes], median_shape, budget, num_levels, min_feature_size,
-                                          fixed_strides)
+        voxels = voxel_budget or BASE_VOXEL_BUDGET[spatial_dims]
+        patch, level_strides = _fit_patch(full[axes], median_shape, min(voxels, coverage), num_levels,
+                                          min_feature_size, fixed_strides)
+        budget = f"the voxel budget {voxels:,} and {covered}"
     return Plan(
         target_spacing=[float(s) for s in full],
         patch_size=patch,
@@ -413,6 +479,9 @@ def make_plan(
         median_shape=[int(n) for n in median_shape],
         slice_axis=slice_axis,
         dataset_bytes=_dataset_bytes(fingerprint, shapes),
+        class_voxels=[int(n) for n in fingerprint["class_voxels"]],
+        channels=planned_channels(len(level_strides) + 1, spatial_dims),
+        budget=budget,
     )
 
 
@@ -425,35 +494,86 @@ def voxel_budget_for(model: ModelConfig) -> int:
     """Patch voxel budget for a model: ``BASE_VOXEL_BUDGET`` scaled by ``BASE_CHANNELS / channels[0]``.
 
     The first level's activations (channels[0] x patch voxels) dominate memory, so halving the width
-    doubles the patch: 3D with channels[0]=32 -> 48**3 voxels, with 16 -> 2 * 48**3.
+    doubles the patch: 3D with channels[0]=32 -> 48**3 voxels, with 16 -> 2 * 48**3. A planned network
+    (``model.channels`` null) starts with ``BASE_CHANNELS``.
     """
-    return int(BASE_VOXEL_BUDGET[model.spatial_dims] * BASE_CHANNELS / model.channels[0])
+    first = model.channels[0] if model.channels else BASE_CHANNELS
+    return int(BASE_VOXEL_BUDGET[model.spatial_dims] * BASE_CHANNELS / first)
 
 
-def plan_from_config(fingerprint: Mapping[str, Any], data: DataConfig, model: ModelConfig) -> Plan:
-    """:func:`make_plan` for a model config, keeping the user-set (non-null) spacing, patch and strides."""
-    return make_plan(
+def memory_budget(planning: PlanningConfig, device: torch.device) -> tuple[int | None, str]:
+    """The training memory (bytes) a patch planned for ``device`` may need, and where that figure comes from.
+
+    ``plan.memory_gb`` when set; else on CUDA the GPU's memory, at most ``REFERENCE_MEMORY_GB``; else None: on a
+    CPU time, not memory, limits training, and the patch keeps the voxel budget (:func:`voxel_budget_for`).
+
+    Raises:
+        ConfigError: ``plan.memory_gb`` is not positive.
+    """
+    check_planning(planning)
+    if planning.memory_gb is not None:
+        return int(planning.memory_gb * GB), f"plan.memory_gb={planning.memory_gb:g}"
+    if device.type == "cuda":
+        total = torch.cuda.get_device_properties(device).total_memory
+        return min(total, int(REFERENCE_MEMORY_GB * GB)), (
+            f"plan.memory_gb=null: the GPU's {_bytes_text(total)}, at most nnU-Net's {REFERENCE_MEMORY_GB:g} GB")
+    return None, "plan.memory_gb=null on a CPU"
+
+
+def plan_from_config(fingerprint: Mapping[str, Any], data: DataConfig, model: ModelConfig,
+                     trainer: TrainerConfig | None = None, planning: PlanningConfig | None = None) -> Plan:
+    """:func:`make_plan` for the configs, keeping the user-set (non-null) spacing, patch, strides and channels.
+
+    The patch is fit to :func:`memory_budget` (for ``trainer.device``), by the estimated training memory of the
+    network for ``trainer.batch_size x data.samples_per_volume`` patches, ``trainer.precision`` and
+    ``trainer.optimizer`` (:func:`~medseg.engine.memory.estimate_training_memory`); on a CPU without
+    ``plan.memory_gb``, to :func:`voxel_budget_for`. ``model.channels`` null plans the depth with the patch and
+    the widths by :func:`planned_channels`. The plan reports the estimate at its patch. ``trainer`` and ``planning``
+    default to their configs' defaults.
+    """
+    from medseg.data.transforms import samples_per_volume  # that module imports this one
+
+    trainer, planning = trainer or TrainerConfig(), planning or PlanningConfig()
+    device = resolve_device(trainer.device)
+    limit, source = memory_budget(planning, device)
+    batch = trainer.batch_size * samples_per_volume(data, model.spatial_dims)
+    amp = amp_dtype(trainer.precision, device)
+
+    def estimate(patch: Sequence[int], strides: list[list[int]]) -> MemoryEstimate:
+        channels = model.channels or planned_channels(len(strides) + 1, model.spatial_dims)
+        return estimate_training_memory(
+            replace(model, channels=list(channels), strides=strides), patch, len(fingerprint["channel_names"]),
+            len(fingerprint["labels"]), batch, amp, trainer.optimizer)
+
+    levels = len(model.channels) - 1 if model.channels else None
+    plan = make_plan(
         fingerprint,
         spatial_dims=model.spatial_dims,
-        num_levels=len(model.channels) - 1,
+        num_levels=levels,
         voxel_budget=voxel_budget_for(model),
         target_spacing=data.spacing,
         patch_size=data.patch_size,
         strides=model.strides,
+        memory=None if limit is None else MemoryBudget(limit, estimate),
     )
+    return replace(plan, channels=list(model.channels or plan.channels), memory=estimate(plan.patch_size, plan.strides),
+                   budget=f"{plan.budget}; {source}" if plan.budget else "")
 
 
 def plan_for(info: DatasetInfo, data: DataConfig, model: ModelConfig, cache_dir: str | Path | None = None,
-             progress: bool = True) -> Plan:
-    """Fingerprint ``info`` (cached in ``<cache_dir>/fingerprint.json``; none if None) and plan for the configs."""
+             progress: bool = True, trainer: TrainerConfig | None = None,
+             planning: PlanningConfig | None = None) -> Plan:
+    """Fingerprint ``info`` (cached in ``<cache_dir>/fingerprint.json``; none if None) and plan for the configs
+    (:func:`plan_from_config`)."""
     cache_file = Path(cache_dir) / FINGERPRINT_FILE if cache_dir is not None else None
-    return plan_from_config(compute_fingerprint(info, cache_file, progress), data, model)
+    return plan_from_config(compute_fingerprint(info, cache_file, progress), data, model, trainer, planning)
 
 
 def plannable_values(data: DataConfig, model: ModelConfig) -> dict[str, Any]:
     """The keys planning fills when they are null, with their values in the configs."""
     return {"data.spacing": data.spacing, "data.patch_size": data.patch_size,
-            "data.normalization": data.normalization, "model.strides": model.strides}
+            "data.normalization": data.normalization, "model.strides": model.strides,
+            "model.channels": model.channels}
 
 
 def unset_keys(data: DataConfig, model: ModelConfig) -> list[str]:
@@ -471,7 +591,8 @@ def apply_plan(data: DataConfig, model: ModelConfig, plan: Plan) -> tuple[DataCo
     data = replace(
         data, spacing=list(spacing), patch_size=list(data.patch_size or plan.patch_size),
         normalization=copy.deepcopy(plan.normalization if data.normalization is None else data.normalization))
-    model = replace(model, strides=copy.deepcopy(plan.strides if model.strides is None else model.strides))
+    model = replace(model, strides=copy.deepcopy(plan.strides if model.strides is None else model.strides),
+                    channels=list(plan.channels if model.channels is None else model.channels))
     return data, model
 
 
@@ -543,17 +664,31 @@ def format_plan(plan: Plan, fingerprint: Mapping[str, Any]) -> str:
     norm = plan.normalization
     details = ", ".join(f"{k}={_num(v)}" for k, v in norm.items() if k != "scheme")
     lines += ["", f"normalization: {norm['scheme']}" + (f" ({details})" if details else ""),
-              f"patch voxels: {int(np.prod(plan.patch_size))}",
-              f"resampled dataset: {_bytes_text(plan.dataset_bytes)} (float32 images and labels)"]
+              f"channels: {_num(plan.channels)} ({len(plan.channels)} levels)",
+              f"patch voxels: {int(np.prod(plan.patch_size)):,}"
+              + (f", fit to {plan.budget}" if plan.budget else " (data.patch_size)")]
+    if plan.memory is not None:
+        lines.append(f"training memory (estimate): {memory_text(plan.memory)}")
+    lines.append(f"resampled dataset: {_bytes_text(plan.dataset_bytes)} (float32 images and labels)")
     return "\n".join(lines)
 
 
-def plan_report(data: DataConfig, model: ModelConfig, progress: bool = True) -> str:
-    """The fingerprint-and-plan report of ``data`` for ``model`` (``scripts/plan.py``)."""
+def memory_text(estimate: MemoryEstimate) -> str:
+    """One line of an estimate: the step's total, and its parts."""
+    shared = f", dense attention bias {_bytes_text(estimate.shared)}" if estimate.shared else ""
+    return (f"{_bytes_text(estimate.total)} per training step: {estimate.batch} patches x "
+            f"{_bytes_text(estimate.per_sample)} per sample, weights, gradients and optimizer state "
+            f"{_bytes_text(estimate.states)}{shared}")
+
+
+def plan_report(data: DataConfig, model: ModelConfig, progress: bool = True, trainer: TrainerConfig | None = None,
+                planning: PlanningConfig | None = None) -> str:
+    """The fingerprint-and-plan report of ``data`` for ``model`` (``scripts/plan.py``), for the training ``trainer``
+    describes, sized by ``planning`` (:func:`plan_from_config`)."""
     info = dataset_from_config(data)
     fingerprint = compute_fingerprint(info, dataset_cache_dir(info.root, data.cache_dir) / FINGERPRINT_FILE,
                                       progress)
-    text = format_plan(plan_from_config(fingerprint, data, model), fingerprint)
+    text = format_plan(plan_from_config(fingerprint, data, model, trainer, planning), fingerprint)
     kept = [f"{key}={value}" for key, value in plannable_values(data, model).items() if value is not None]
     note = f"\nkept from the config (set them to null to plan them): {'; '.join(kept)}" if kept else ""
     return text + note

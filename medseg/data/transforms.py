@@ -19,6 +19,7 @@ import torch
 from monai import transforms as mt
 
 from medseg.config import DataConfig
+from medseg.data.labels import LabelSpec, RandCropByPosNegForegroundd, target_transforms, value_transforms
 from medseg.data.planning import thick_axis
 from medseg.data.reading import IMAGE, LABEL, LoadCased
 from medseg.errors import ConfigError
@@ -82,6 +83,22 @@ class ClipZScored(mt.MapTransform):
         return out
 
 
+class CompactLabeld(mt.MapTransform):
+    """Integer label maps (class indices, ignore -1) in the smallest signed integer type that holds their values:
+    int8 up to 127 classes, else int16 (int32, int64). A cached label then takes 1 byte a voxel instead of float32's
+    4; the training chain turns its patches back to float32, so the batches are unchanged."""
+
+    def __call__(self, data: Mapping[str, Any]) -> dict[str, Any]:
+        out = dict(data)
+        for key in self.key_iterator(out):
+            label = out[key]
+            low, high = (int(label.min()), int(label.max())) if label.numel() else (0, 0)
+            dtype = next(t for t in (torch.int8, torch.int16, torch.int32, torch.int64)
+                         if torch.iinfo(t).min <= low and high <= torch.iinfo(t).max)
+            out[key] = label.to(dtype)
+        return out
+
+
 def _per_channel(values: np.ndarray, like: torch.Tensor) -> torch.Tensor:
     """(C,) or (1,) ``values`` shaped to broadcast over the channels of ``like`` (C, *spatial)."""
     return torch.as_tensor(values, dtype=like.dtype, device=like.device).reshape((-1,) + (1,) * (like.ndim - 1))
@@ -111,14 +128,21 @@ def normalization_transform(normalization: str | Mapping[str, Any]) -> list[mt.T
 
 
 def preprocessing(spacing: Sequence[float], normalization: str | Mapping[str, Any],
-                  with_label: bool = True) -> list[mt.Transform]:
-    """Read in RAS (channels first), resample to ``spacing`` (mm), normalise: shared by every chain."""
+                  with_label: bool = True, labels: LabelSpec | None = None) -> list[mt.Transform]:
+    """Read in RAS (channels first), resample to ``spacing`` (mm), normalise: shared by every chain.
+
+    With ``labels``, the label's values become class indices (:func:`medseg.data.labels.value_transforms`). The
+    resampling computes in float32 (MONAI's default float64 doubles its transient memory) and the label leaves as a
+    small integer type (:class:`CompactLabeld`), so the cached volumes take 4 bytes a voxel per channel plus 1.
+    """
     load = LoadCased(with_label)
     interpolation = ["bilinear" if key == IMAGE else "nearest" for key in load.keys]
     return [
         load,
-        mt.Spacingd(keys=list(load.keys), pixdim=list(spacing), mode=interpolation),
+        mt.Spacingd(keys=list(load.keys), pixdim=list(spacing), mode=interpolation, dtype=np.float32),
+        *(value_transforms(labels, LABEL) if with_label and labels is not None else []),
         *normalization_transform(normalization),
+        *([CompactLabeld(LABEL)] if with_label else []),
     ]
 
 
@@ -133,14 +157,18 @@ def samples_per_volume(data: DataConfig, spatial_dims: int) -> int:
     return DEFAULT_SAMPLES_PER_VOLUME[spatial_dims] if value is None else int(value)
 
 
-def train_transforms(data: DataConfig, spatial_dims: int) -> mt.Compose:
-    """The training chain; ``data`` must have ``spacing``, ``patch_size`` and ``normalization`` resolved."""
+def train_transforms(data: DataConfig, spatial_dims: int, labels: LabelSpec | None = None) -> mt.Compose:
+    """The training chain; ``data`` must have ``spacing``, ``patch_size`` and ``normalization`` resolved.
+
+    With ``labels``, the label becomes the loss's target: class indices (``(1, *patch)``) or, for regions, one
+    channel per region (``(R, *patch)``), :data:`~medseg.data.labels.IGNORE_INDEX` at ignore voxels.
+    """
     view = window(data, spatial_dims)
     crop = view.roi_size
     chain: list[mt.Transform] = [
-        *preprocessing(data.spacing, data.normalization),
+        *preprocessing(data.spacing, data.normalization, labels=labels),
         mt.SpatialPadd(keys=[IMAGE, LABEL], spatial_size=crop),
-        mt.RandCropByPosNegLabeld(
+        RandCropByPosNegForegroundd(
             keys=[IMAGE, LABEL], label_key=LABEL, spatial_size=crop, pos=data.pos_fraction,
             neg=1.0 - data.pos_fraction, num_samples=samples_per_volume(data, spatial_dims), allow_smaller=False,
         ),
@@ -149,7 +177,8 @@ def train_transforms(data: DataConfig, spatial_dims: int) -> mt.Compose:
         chain.append(mt.SqueezeDimd(keys=[IMAGE, LABEL], dim=view.slice_axis + 1))
     if data.augment:
         chain += augmentations(view.net_patch)
-    chain.append(mt.EnsureTyped(keys=[IMAGE, LABEL], track_meta=False))
+    chain += [*(target_transforms(labels, LABEL) if labels is not None else []),
+              mt.EnsureTyped(keys=[IMAGE, LABEL], dtype=torch.float32, track_meta=False)]
     return mt.Compose(chain)
 
 
@@ -167,6 +196,7 @@ def augmentations(patch: Sequence[int]) -> list[mt.Transform]:
             mt.RandShiftIntensityd(keys=IMAGE, offsets=0.1, prob=0.5)]
 
 
-def eval_transforms(data: DataConfig, with_label: bool = True) -> mt.Compose:
-    """Whole-volume chain for validation and inference (3D volumes in both 2D and 3D mode)."""
-    return mt.Compose(preprocessing(data.spacing, data.normalization, with_label))
+def eval_transforms(data: DataConfig, with_label: bool = True, labels: LabelSpec | None = None) -> mt.Compose:
+    """Whole-volume chain for validation and inference (3D volumes in both 2D and 3D mode); with ``labels``, the
+    label holds class indices (:data:`~medseg.data.labels.IGNORE_INDEX` at ignore voxels)."""
+    return mt.Compose(preprocessing(data.spacing, data.normalization, with_label, labels))

@@ -166,6 +166,7 @@ class _CaseCheck:
     in_channels: int
     channel_names: list[str]
     labels: dict[int, str]
+    """Every label value a label file may hold -> its name (the ignore label included)."""
     tolerance: float
     problems: list[Problem] = field(default_factory=list)
 
@@ -303,7 +304,7 @@ def _check_case(entry: Mapping[str, Any], info: DatasetInfo, tolerance: float) -
     """Every problem of one training (or validation) entry; each file is read once."""
     check = _CaseCheck(
         case=_entry_case(entry), root=Path(info.root), in_channels=info.in_channels,
-        channel_names=list(info.channel_names), labels=dict(info.labels), tolerance=tolerance,
+        channel_names=list(info.channel_names), labels=info.label_spec.declared, tolerance=tolerance,
     )
     paths = image_paths(entry)
     reference = check.check_images(paths, multi_file=isinstance(entry[IMAGE], list | tuple))

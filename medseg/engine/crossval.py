@@ -6,10 +6,12 @@ of the sweep (the jobs that differ only in ``data.fold``; the whole sweep when i
 1. every finished fold (``metrics.json`` completed, ``checkpoints/best.pt`` there) predicts its own validation
    cases, the ids its ``splits.json`` lists, found in the dataset of its config (``data.root``, ``data.format``),
    in their original geometry with evaluate's code (:func:`medseg.engine.evaluate.evaluate_case`), into
-   ``predictions/<case>.nii.gz``;
+   ``predictions/<case>.nii.gz`` (and the output masks, ``<case>.masks.npz``);
 2. all out-of-fold predictions are scored together with evaluate's scoring: ``metrics.csv`` (a row per case and
-   class), ``summary.json`` and ``summary.md`` (per class, mean ± std over every case of Dice, HD95 and NSD);
-3. the postprocessing is decided on them (:func:`medseg.engine.postprocess.decide`) into ``postprocessing.json``,
+   output: class or region), ``summary.json`` and ``summary.md`` (per output, mean ± std over every case of Dice,
+   HD95 and NSD);
+3. the postprocessing is decided per output on their masks (:func:`medseg.engine.postprocess.decide`) into
+   ``postprocessing.json``,
    which ``scripts/evaluate.py ckpt=DIR`` applies (``postprocessing=auto``).
 
 The results go to ``DIR/crossval/`` (``DIR/crossval/<setting>/`` for each setting of a wider sweep), written in a
@@ -35,10 +37,11 @@ from tqdm import tqdm
 
 from medseg.config import CrossvalConfig, EvaluateConfig, to_typed
 from medseg.data.datalist import dataset_from_config
+from medseg.data.labels import LabelSpec, member_masks
 from medseg.data.reading import read_file
 from medseg.engine.evaluate import Case, Ensemble, EvalModel, evaluate_case, load_model
 from medseg.engine.evaluate.ensemble import check_compatible
-from medseg.engine.evaluate.output import label_map_path
+from medseg.engine.evaluate.output import label_map_path, read_masks
 from medseg.engine.evaluate.scoring import json_safe, read_reference, summarize, write_metrics_csv
 from medseg.engine.postprocess import POSTPROCESSING_FILE, STEPS, OutOfFoldCase, decide
 from medseg.engine.report import markdown_table, text_table
@@ -159,19 +162,24 @@ def class_statistics(rows: Sequence[Mapping[str, Any]], labels: Mapping[int, str
 
 
 class OutOfFold:
-    """The scored out-of-fold cases, read from disk on each iteration (for :func:`decide`)."""
+    """The scored out-of-fold cases, read from disk on each iteration (for :func:`decide`): the output masks
+    evaluation wrote, and the references of the outputs of ``labels``."""
 
-    def __init__(self, cases: Sequence[Case], folder: Path, rows: Sequence[Mapping[str, Any]]) -> None:
-        self.cases, self.folder = cases, folder
+    def __init__(self, cases: Sequence[Case], folder: Path, rows: Sequence[Mapping[str, Any]],
+                 labels: LabelSpec) -> None:
+        self.cases, self.folder, self.labels = cases, folder, labels
         self.scores: dict[str, dict[int, tuple[float, float]]] = {}
         for row in rows:
             self.scores.setdefault(row["case"], {})[row["class_index"]] = (row["dice"], row["hd95_mm"])
 
     def __iter__(self) -> Iterator[OutOfFoldCase]:
+        ignore = self.labels.ignore_value
         for case in self.cases:
             prediction, affine = read_file(label_map_path(self.folder, case.case))
             reference, spacing = read_reference(case.label, prediction.shape, affine, case.image_files[0])
-            yield OutOfFoldCase(case.case, prediction, reference, spacing, self.scores[case.case])
+            yield OutOfFoldCase(case.case, read_masks(self.folder, case.case),
+                                member_masks(reference, self.labels.output_values), spacing, self.scores[case.case],
+                                None if ignore is None else reference != ignore)
 
 
 def _cell(stats: Mapping[str, Any], metric: str) -> str:
@@ -227,7 +235,8 @@ def run_folds(folds: Sequence[Fold], sweep: Path, label: str, settings: Crossval
     """Predict, score and decide one cross-validation into its folder (see the module docstring)."""
     started = time.perf_counter()
     target = crossval_dir(sweep, label)
-    labels = folds[0].net.labels
+    spec = folds[0].net.label_spec
+    labels = spec.outputs
     result = CrossvalResult(label, target)
     with replaced_folder(target) as folder:
         predictions = folder / PREDICTIONS
@@ -242,7 +251,7 @@ def run_folds(folds: Sequence[Fold], sweep: Path, label: str, settings: Crossval
                 ensemble = Ensemble([fold.net], evaluation)
                 for case in fold.cases:
                     try:
-                        rows += evaluate_case(ensemble, case, predictions)
+                        rows += evaluate_case(ensemble, case, predictions, save_masks=True)
                         scored.append(case)
                     except MedsegError as err:  # a case that cannot be read is reported; the others go on
                         failed.append({"case": case.case, "reason": str(err)})
@@ -262,7 +271,7 @@ def run_folds(folds: Sequence[Fold], sweep: Path, label: str, settings: Crossval
             "settings": asdict(settings),
         }
         if settings.postprocessing and scored:
-            result.decision = decide(OutOfFold(scored, predictions, rows), labels)
+            result.decision = decide(OutOfFold(scored, predictions, rows, spec), labels)
             checkpoints = [str(f.job.checkpoint.relative_to(sweep)) for f in folds]
             atomic_write_json(folder / POSTPROCESSING_FILE, json_safe({**result.decision, "checkpoints": checkpoints}))
             result.summary["postprocessing"] = {name: c["step"] for name, c in result.decision["classes"].items()}

@@ -5,7 +5,6 @@ from __future__ import annotations
 import hashlib
 import json
 import logging
-import os
 from collections.abc import Callable
 from dataclasses import dataclass, replace
 from pathlib import Path
@@ -15,27 +14,41 @@ from monai.data import CacheDataset, DataLoader, Dataset, PersistentDataset, par
 
 from medseg.config import DataConfig, TrainConfig
 from medseg.data.datalist import DatasetInfo, dataset_cache_dir, split_cases, splits_path
-from medseg.data.planning import Plan, apply_plan, files_digest, plan_for, plannable_values, unset_keys
+from medseg.data.planning import (
+    Plan,
+    apply_plan,
+    files_digest,
+    memory_text,
+    plan_for,
+    plannable_values,
+    unset_keys,
+)
 from medseg.data.transforms import Window, eval_transforms, train_transforms, window
 from medseg.engine.checkpoint import load_checkpoint
+from medseg.engine.device import resolve_device
 from medseg.engine.launch import DistInfo
+from medseg.engine.ram import GIB, RamEstimate, available_ram_bytes, estimate_training_ram
 from medseg.errors import CheckpointError, ConfigError
 from medseg.io import atomic_write_json
 
 log = logging.getLogger("medseg")
 
-MEMORY_CACHE_FRACTION = 0.25
-"""``data.cache=auto`` caches in RAM when the preprocessed dataset needs less than this share of it."""
+MEMORY_CACHE_FRACTION = 0.8
+"""``data.cache=auto`` caches in RAM when training's estimated peak RAM with the cases in memory
+(:func:`medseg.engine.ram.estimate_training_ram`) is below this share of the available RAM."""
 
 CACHE_MODES: dict[str, Callable[[list[dict[str, Any]], Any, Path, int], Dataset] | None] = {
     "auto": None,
     "memory": lambda cases, transform, folder, workers: CacheDataset(cases, transform, cache_rate=1.0,
-                                                                     num_workers=max(workers, 1), progress=False),
+                                                                     num_workers=max(workers, 1), progress=False,
+                                                                     copy_cache=False),
     "disk": lambda cases, transform, folder, workers: PersistentDataset(cases, transform, cache_dir=folder),
     "none": lambda cases, transform, folder, workers: Dataset(cases, transform),
 }
 """The values of ``data.cache`` -> ``dataset(cases, transform, disk-cache folder, workers)``; ``auto`` chooses
-``memory`` or ``disk`` from the size of the preprocessed data (:func:`choose_cache`)."""
+``memory`` or ``disk`` from training's estimated peak RAM (:func:`choose_cache`). The memory cache hands out its
+volumes without copying them (``copy_cache=False``): the training chain's first random transform is the crop, which
+takes views, and no later transform writes into them."""
 
 
 @dataclass
@@ -60,25 +73,28 @@ def plan_config(cfg: TrainConfig, info: DatasetInfo, progress: bool,
 
     Under ``data.plan_from=init`` the plannable keys are first taken from ``start``, the checkpoint the run starts
     from (``trainer.init_from`` or the one it resumes), so none is left to plan. Logs the resolved preprocessing and
-    where it came from.
+    network, where they came from, and the estimated training memory.
     """
     if cfg.data.plan_from == "init":
         cfg = plan_of_checkpoint(cfg, start)
     planned = unset_keys(cfg.data, cfg.model)
-    plan = plan_for(info, cfg.data, cfg.model, dataset_cache_dir(info.root, cfg.data.cache_dir), progress=progress)
+    plan = plan_for(info, cfg.data, cfg.model, dataset_cache_dir(info.root, cfg.data.cache_dir), progress=progress,
+                    trainer=cfg.trainer, planning=cfg.plan)
     data, model = apply_plan(cfg.data, cfg.model, plan)
     normalization = data.normalization if isinstance(data.normalization, str) else data.normalization["scheme"]
     origin = (f"taken from {start}" if cfg.data.plan_from == "init"
               else f"planned: {', '.join(planned) or 'nothing, all set in the config'}")
     spacing = ", ".join(f"{float(mm):.4g}" for mm in data.spacing)
-    log.info("preprocessing: spacing [%s] mm, patch %s, strides %s, normalization %s (%s)", spacing, data.patch_size,
-             model.strides, normalization, origin)
+    log.info("preprocessing: spacing [%s] mm, patch %s, strides %s, channels %s, normalization %s (%s)", spacing,
+             data.patch_size, model.strides, model.channels, normalization, origin)
+    if plan.memory is not None:
+        log.info("memory: %s%s", memory_text(plan.memory), f"; the patch fits {plan.budget}" if plan.budget else "")
     return replace(cfg, data=data, model=model), plan
 
 
 def plan_of_checkpoint(cfg: TrainConfig, path: Path | None) -> TrainConfig:
-    """``cfg`` with the resolved ``data.spacing``, ``data.patch_size``, ``data.normalization`` and ``model.strides``
-    of the checkpoint at ``path`` (``data.plan_from=init``).
+    """``cfg`` with the resolved ``data.spacing``, ``data.patch_size``, ``data.normalization``, ``model.strides`` and
+    ``model.channels`` of the checkpoint at ``path`` (``data.plan_from=init``).
 
     Raises:
         ConfigError: no checkpoint (``path`` None: a resume without ``last.pt``).
@@ -98,32 +114,38 @@ def plan_of_checkpoint(cfg: TrainConfig, path: Path | None) -> TrainConfig:
                               f"use data.plan_from=data")
     data = replace(cfg.data, spacing=values["data.spacing"], patch_size=values["data.patch_size"],
                    normalization=values["data.normalization"])
-    return replace(cfg, data=data, model=replace(cfg.model, strides=values["model.strides"]))
+    model = replace(cfg.model, strides=values["model.strides"], channels=values["model.channels"])
+    return replace(cfg, data=data, model=model)
 
 
-def _physical_memory_bytes() -> int:
-    return os.sysconf("SC_PHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
+def choose_cache(mode: str, needed: RamEstimate, available: int) -> tuple[str, str]:
+    """The cache mode ``data.cache=mode`` stands for, and why (for the log).
 
-
-def choose_cache(mode: str, dataset_bytes: int) -> tuple[str, str]:
-    """The cache mode ``data.cache=mode`` stands for, and why (for the log)."""
-    if mode != "auto":
+    ``auto`` is ``memory`` when ``needed``, training's estimated peak RAM with the cases in memory, is below
+    :data:`MEMORY_CACHE_FRACTION` of the ``available`` bytes (:func:`medseg.engine.ram.available_ram_bytes`), else
+    ``disk``.
+    """
+    if mode not in ("auto", "memory"):
         return mode, f"data.cache={mode}"
-    share = dataset_bytes / _physical_memory_bytes()
+    share = needed.total / available
+    estimate = (f"training's peak RAM with the cases in memory, estimated {needed.text()}, is {100 * share:.2g}% of "
+                f"the {available / GIB:.1f} GiB available")
+    if mode == "memory":
+        return mode, f"data.cache=memory; {estimate}"
     chosen = "memory" if share < MEMORY_CACHE_FRACTION else "disk"
-    return chosen, (f"auto: the preprocessed data, about {dataset_bytes / 2**20:.1f} MB, is {100 * share:.2g}% of "
-                    f"the RAM; memory below {100 * MEMORY_CACHE_FRACTION:.0f}%")
+    return chosen, f"auto: {estimate}; memory below {100 * MEMORY_CACHE_FRACTION:.0f}%"
 
 
 def _disk_cache_dirs(cache_dir: Path, info: DatasetInfo, data: DataConfig, crop: list[int]) -> tuple[Path, Path]:
     """Training and validation folders for ``data.cache=disk``, keyed by what made their contents.
 
-    A disk cache holds each case after the deterministic transforms: resampling and normalisation, and
-    in training also the padding to the patch ``crop``. The key covers those settings and the case
-    files (path, size, mtime), so changed files or settings never reuse stale volumes.
+    A disk cache holds each case after the deterministic transforms: resampling, normalisation and the label
+    values mapped to class indices, and in training also the padding to the patch ``crop``. The key covers those
+    settings and the case files (path, size, mtime), so changed files or settings never reuse stale volumes.
     """
     files = files_digest([*info.training, *(info.validation or [])])
-    key = hashlib.sha1(json.dumps([data.spacing, data.normalization, files]).encode()).hexdigest()[:12]
+    labels = [info.label_values, info.ignore_value]
+    key = hashlib.sha1(json.dumps([data.spacing, data.normalization, files, labels]).encode()).hexdigest()[:12]
     base = cache_dir / f"preprocessed_{key}"
     return base / f"train_pad{'x'.join(map(str, crop))}", base / "val"
 
@@ -147,15 +169,19 @@ def prepare_data(cfg: TrainConfig, info: DatasetInfo, plan: Plan, output_dir: Pa
         val_cases = partition_dataset(val_cases, num_partitions=dist.world_size)[dist.rank]
 
     view = window(data, spatial_dims)
-    cache, reason = choose_cache(data.cache, plan.dataset_bytes)
+    on_cpu = resolve_device(cfg.trainer.device).type == "cpu"
+    needed = estimate_training_ram(plan.dataset_bytes, len(info.training), len(train_cases) + len(val_cases),
+                                   info.in_channels, info.num_outputs, data.num_workers,
+                                   plan.memory.total if on_cpu and plan.memory is not None else 0)
+    cache, reason = choose_cache(data.cache, needed, available_ram_bytes())
     train_dir, val_dir = _disk_cache_dirs(cache_dir, info, data, view.roi_size)
     if dist.is_main:
         per_rank = f" (rank 0's share of {dist.world_size} ranks)" if dist.enabled else ""
         log.info("data: %d training / %d validation cases%s; cache=%s (%s)%s", len(train_cases), len(val_cases),
                  per_rank, cache, reason, f"; preprocessed cases in {train_dir.parent}" if cache == "disk" else "")
     make = CACHE_MODES[cache]
-    train_ds = make(train_cases, train_transforms(data, spatial_dims), train_dir, data.num_workers)
-    val_ds = make(val_cases, eval_transforms(data), val_dir, data.num_workers)
+    train_ds = make(train_cases, train_transforms(data, spatial_dims, info.label_spec), train_dir, data.num_workers)
+    val_ds = make(val_cases, eval_transforms(data, labels=info.label_spec), val_dir, data.num_workers)
     batch = cfg.trainer.batch_size
     loader = DataLoader(train_ds, batch_size=batch, shuffle=True, num_workers=data.num_workers,
                         drop_last=len(train_ds) > batch)

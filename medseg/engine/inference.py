@@ -14,6 +14,12 @@ from torch import nn
 
 from medseg.engine.device import autocast
 
+ACTIVATIONS: dict[str, Callable[[torch.Tensor], torch.Tensor]] = {
+    "softmax": lambda logits: torch.softmax(logits, dim=1),
+    "sigmoid": torch.sigmoid,
+}
+"""Logits ``(B, C, *spatial)`` -> probabilities: softmax over the classes, or a sigmoid per region channel."""
+
 
 def slice_predictor(model: nn.Module, axis: int) -> Callable[[torch.Tensor], torch.Tensor]:
     """Wrap a 2D model to take windows ``(B, C, *crop)`` that are one voxel thick along spatial ``axis``."""
@@ -37,8 +43,9 @@ def predict_volume(
     amp_dtype: torch.dtype | None = None,
     mirror_axes: Sequence[int] = (),
     progress: bool = False,
+    activation: str = "softmax",
 ) -> torch.Tensor:
-    """Softmax probabilities for whole volumes.
+    """Probabilities for whole volumes: softmax over the classes, or sigmoid per region.
 
     Args:
         model: a network in eval mode, 2D or 3D.
@@ -49,9 +56,11 @@ def predict_volume(
         device: where the model runs; ``sw_device``: where windows are stitched (CPU saves GPU memory).
         amp_dtype: autocast dtype (bf16 on CUDA) or None for fp32.
         mirror_axes: spatial axes for mirroring test-time augmentation (nnU-Net style); empty = off.
+        activation: a key of :data:`ACTIVATIONS` (``softmax``, or ``sigmoid`` for region outputs).
 
     Returns:
-        ``(B, num_classes, X, Y, Z)`` float32 probabilities on ``sw_device`` (or ``image``'s device).
+        ``(B, num_outputs, X, Y, Z)`` float32 probabilities on ``sw_device`` (or ``image``'s device), averaged over
+        the mirrorings.
     """
     device = device or image.device
     sw_device = sw_device or image.device
@@ -63,12 +72,12 @@ def predict_volume(
                 volume, roi_size=list(roi_size), sw_batch_size=sw_batch_size, predictor=predictor,
                 overlap=overlap, mode="gaussian", sw_device=device, device=sw_device, progress=progress,
             )
-        return torch.softmax(logits.float(), dim=1)
+        return ACTIVATIONS[activation](logits.float())
 
     flips = [()] + [(axis + 2,) for axis in mirror_axes]
     total = None
     for dims in flips:
         probs = run(image.flip(dims) if dims else image)
         probs = probs.flip(dims) if dims else probs
-        total = probs if total is None else total + probs
-    return total / len(flips)
+        total = probs if total is None else total.add_(probs)  # in place: no second whole-volume copy
+    return total.div_(len(flips))

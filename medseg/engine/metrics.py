@@ -98,16 +98,17 @@ def dice_scores(pred: np.ndarray | torch.Tensor, ref: np.ndarray | torch.Tensor,
     if pred.shape != ref.shape:
         raise ValueError(f"prediction shape {tuple(pred.shape)} differs from reference shape {tuple(ref.shape)}")
     classes = list(classes)
-    # one channel per class, plus "none of them": MONAI reads a lone channel as class indices, not as a mask
-    masks = [torch.stack([*(labels == c for c in classes), ~torch.isin(labels, torch.tensor(classes))])[None]
-             for labels in (pred, ref)]
-    scores = compute_dice(*(mask.double() for mask in masks), include_background=True, ignore_empty=False)
-    return scores[0, :len(classes)].tolist()
+    # the maps as they are, one channel of class indices: MONAI compares them with one class at a time (a bool
+    # mask a voxel, integer counts), where one-hot float64 channels would take 16 bytes a voxel and class
+    scores = compute_dice(pred[None, None], ref[None, None], include_background=True, ignore_empty=False,
+                          num_classes=max(classes, default=0) + 1)
+    return scores[0, classes].tolist()
 
 
 def dice(pred: np.ndarray | torch.Tensor, ref: np.ndarray | torch.Tensor) -> float:
     """Dice of two binary masks of the same shape (:func:`dice_scores`); 1.0 when both are empty."""
-    return dice_scores(torch.as_tensor(_binary(pred)).long(), torch.as_tensor(_binary(ref)).long(), [1])[0]
+    # as uint8 (a view): compared with a class index, a bool map would be promoted to int64, 8 bytes a voxel
+    return dice_scores(*(torch.as_tensor(_binary(mask)).view(torch.uint8) for mask in (pred, ref)), [1])[0]
 
 
 def _one_hot_pair(pred: np.ndarray, ref: np.ndarray) -> tuple[torch.Tensor, torch.Tensor]:
@@ -168,14 +169,6 @@ def class_metrics(pred: np.ndarray | torch.Tensor, ref: np.ndarray | torch.Tenso
         dice=dice(pred, ref), hd95_mm=hd95(pred, ref, spacing), nsd=surface_dice(pred, ref, spacing, tolerance_mm),
         pred_ml=volume_ml(pred, spacing), ref_ml=volume_ml(ref, spacing), flag=empty_flag(pred, ref),
     )
-
-
-def case_metrics(pred: np.ndarray | torch.Tensor, ref: np.ndarray | torch.Tensor, classes: Iterable[int],
-                 spacing: Sequence[float], tolerance_mm: float) -> dict[int, ClassMetrics]:
-    """Per-class metrics of two integer label maps of the same shape, for each class index in ``classes``."""
-    pred_labels = pred.detach().cpu().numpy() if isinstance(pred, torch.Tensor) else np.asarray(pred)
-    ref_labels = ref.detach().cpu().numpy() if isinstance(ref, torch.Tensor) else np.asarray(ref)
-    return {int(c): class_metrics(pred_labels == c, ref_labels == c, spacing, tolerance_mm) for c in classes}
 
 
 def _finite_mean(values: Sequence[float]) -> tuple[float, int]:

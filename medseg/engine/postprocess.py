@@ -1,7 +1,10 @@
-"""Connected-component postprocessing of label maps, decided per class on the out-of-fold predictions.
+"""Connected-component postprocessing of predictions, decided per output (foreground class or region) on the
+out-of-fold predictions.
 
-Two steps, per foreground class, both MONAI's (with full connectivity: voxels touching by a face, an edge or a
-corner are connected); the voxels they remove become background:
+A prediction is one boolean mask per output (:meth:`medseg.data.labels.LabelSpec.prediction_masks`), and each
+output's mask is postprocessed on its own: a region's (nnU-Net's region-based training) as much as a class's. Two
+steps, both MONAI's (with full connectivity: voxels touching by a face, an edge or a corner are connected); the voxels
+they remove leave the output's mask (a class's become background in the label map):
 
 - ``largest_component``: keep only the largest connected component of the class (``KeepLargestConnectedComponent``);
 - ``remove_small``: remove the class's components smaller than ``min_volume_mm3`` (``RemoveSmallObjects``).
@@ -57,18 +60,20 @@ class ClassStep:
 
 @dataclass
 class Postprocessing:
-    """Per-class steps, applied to label maps in their own voxel spacing."""
+    """Per-output steps, applied to output masks in their own voxel spacing."""
 
     classes: dict[int, ClassStep] = field(default_factory=dict)
-    """Class index -> its step (classes absent: nothing)."""
+    """Output number (from 1: class index, or region position) -> its step (outputs absent: nothing)."""
     source: str = ""
     """The ``postprocessing.json`` it was read from, for the log."""
 
-    def apply(self, labels: np.ndarray, spacing: Sequence[float]) -> np.ndarray:
-        """``labels`` (X, Y, Z) with every class's step applied; ``spacing``: voxel size in mm per axis."""
+    def apply(self, masks: np.ndarray, spacing: Sequence[float]) -> np.ndarray:
+        """``masks`` (R, X, Y, Z) bool, output ``i``'s at ``i - 1``, with every output's step applied (a new array);
+        ``spacing``: voxel size in mm per axis."""
+        out = masks.copy()
         for index, step in self.classes.items():
-            labels = apply_step(labels, index, step, spacing)
-        return labels
+            out[index - 1] = apply_step(masks[index - 1], step, spacing)
+        return out
 
     def describe(self) -> str:
         """``"class 1: largest_component, class 2: remove_small < 12.5 mm³"``, or ``"none"``."""
@@ -77,24 +82,20 @@ class Postprocessing:
         return ", ".join(parts) or "none"
 
 
-def apply_step(labels: np.ndarray, index: int, step: ClassStep, spacing: Sequence[float]) -> np.ndarray:
-    """``labels`` (X, Y, Z, integer) after ``step`` on class ``index``: a new array, or ``labels`` when nothing runs."""
+def apply_step(mask: np.ndarray, step: ClassStep, spacing: Sequence[float]) -> np.ndarray:
+    """``mask`` (X, Y, Z, bool) after ``step``: a new array, or ``mask`` itself when nothing runs."""
     if step.step == "largest_component":
-        keep = KeepLargestConnectedComponent(applied_labels=[index], is_onehot=False, connectivity=labels.ndim)
-        return np.asarray(keep(labels[None].copy()))[0].astype(labels.dtype, copy=False)  # MONAI works in place
+        keep = KeepLargestConnectedComponent(applied_labels=[1], is_onehot=False, connectivity=mask.ndim)
+        return np.asarray(keep(mask[None].astype(np.uint8)))[0] > 0
     if step.step == "remove_small":
-        mask = labels == index
         # scikit-image removes components of fewer voxels than this count (of at most this many from 0.26 on):
         # half a voxel below the first whole count that reaches the volume means "smaller than the volume" in both
         voxels = math.ceil(step.min_volume_mm3 / float(np.prod(spacing))) - 0.5
-        remove = RemoveSmallObjects(min_size=voxels, connectivity=labels.ndim)  # type: ignore[arg-type]
+        remove = RemoveSmallObjects(min_size=voxels, connectivity=mask.ndim)  # type: ignore[arg-type]
         with warnings.catch_warnings():  # scikit-image 0.26 deprecates the argument MONAI 1.6 passes
             warnings.simplefilter("ignore", FutureWarning)
-            kept = np.asarray(remove(mask[None]))[0]
-        out = labels.copy()
-        out[mask & ~kept] = 0
-        return out
-    return labels
+            return np.asarray(remove(mask[None]))[0].astype(bool, copy=False)
+    return mask
 
 
 def component_volumes(mask: np.ndarray, spacing: Sequence[float]) -> np.ndarray:
@@ -109,13 +110,15 @@ class OutOfFoldCase:
 
     case: str
     prediction: np.ndarray
-    """(X, Y, Z) predicted labels, in the reference's grid."""
+    """(R, X, Y, Z) bool predicted mask of each output, in the reference's grid."""
     reference: np.ndarray
-    """(X, Y, Z) reference labels."""
+    """(R, X, Y, Z) bool reference mask of each output (a region's: the union of its labels)."""
     spacing: tuple[float, ...]
     """Voxel size in mm per axis."""
     scores: Mapping[int, tuple[float, float]]
-    """Class index -> (Dice, HD95 mm) of ``prediction`` as it is (metrics.csv's values)."""
+    """Output number -> (Dice, HD95 mm) of ``prediction`` as it is (metrics.csv's values)."""
+    valid: np.ndarray | None = None
+    """(X, Y, Z) bool, the voxels that are scored (the ignore label's are not); None: all."""
 
 
 def _step_scores(cases: Iterable[OutOfFoldCase], steps: Mapping[int, Mapping[str, ClassStep]],
@@ -126,13 +129,13 @@ def _step_scores(cases: Iterable[OutOfFoldCase], steps: Mapping[int, Mapping[str
     out: dict[int, dict[str, list[float]]] = {index: {name: [] for name in named} for index, named in steps.items()}
     for case in cases:
         for index, named in steps.items():
-            reference = case.reference == index
+            reference, prediction = case.reference[index - 1], case.prediction[index - 1]
             for name, step in named.items():
-                processed = apply_step(case.prediction, index, step, case.spacing)
-                mask = processed == index
-                if processed is case.prediction or np.array_equal(mask, case.prediction == index):
+                mask = apply_step(prediction, step, case.spacing)
+                if mask is prediction or np.array_equal(mask, prediction):
                     value = case.scores[index][column]
                 else:
+                    mask = mask if case.valid is None else mask & case.valid
                     value = dice(mask, reference) if column == 0 else hd95(mask, reference, case.spacing)
                 out[index][name].append(value)
     return out
@@ -151,7 +154,8 @@ def _better(after: Mapping[str, float], before: Mapping[str, float]) -> bool:
 
 
 def decide(cases: Iterable[OutOfFoldCase], labels: Mapping[int, str]) -> dict[str, Any]:
-    """Decide the postprocessing of each foreground class of ``labels`` (index -> name) on out-of-fold cases.
+    """Decide the postprocessing of each output of ``labels`` (output number from 1 -> name; a mapping that includes
+    0, background, is taken without it) on out-of-fold cases.
 
     ``cases`` is iterated up to three times (the references, for the volume threshold; the Dice of every step;
     the HD95 of the steps that raise the mean Dice, the only ones that need it): pass a re-iterable collection, or
@@ -167,7 +171,7 @@ def decide(cases: Iterable[OutOfFoldCase], labels: Mapping[int, str]) -> dict[st
     for case in cases:
         for index in foreground:
             as_is[index].append(case.scores[index][1])
-            volumes = component_volumes(case.reference == index, case.spacing)
+            volumes = component_volumes(case.reference[index - 1], case.spacing)
             if volumes.size:
                 smallest[index] = min(smallest[index], float(volumes.min()))
     steps = {index: {"none": ClassStep(), "largest_component": ClassStep("largest_component")} for index in foreground}

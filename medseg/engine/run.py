@@ -32,6 +32,8 @@ from medseg.engine.data import plan_config, prepare_data
 from medseg.engine.device import resolve_device
 from medseg.engine.distributed import broadcast_object, on_main_rank, process_group
 from medseg.engine.launch import DistInfo, env_rank
+from medseg.engine.losses import resolve_class_weights
+from medseg.engine.ram import PeakRam
 from medseg.engine.trainer import Trainer, seed_everything
 from medseg.errors import TrainingInterrupted
 from medseg.io import atomic_write_json
@@ -47,7 +49,8 @@ def train(cfg: TrainConfig | Mapping[str, Any] | DictConfig) -> dict[str, Any]:
     """Validate ``cfg``, read, check and plan the data, build the model, train; returns the metrics."""
     cfg = validate_config(cfg)
     progress = cfg.trainer.progress
-    with process_group(resolve_device(cfg.trainer.device)) as (dist, device), deterministic(cfg.trainer.deterministic):
+    with (process_group(resolve_device(cfg.trainer.device)) as (dist, device), deterministic(cfg.trainer.deterministic),
+          PeakRam() as ram):
         # every rank reads and writes rank 0's run directory (ranks > 0 may have none of their own)
         output_dir = Path(broadcast_object(cfg.output_dir, dist))
         seed_everything(cfg.trainer.seed)
@@ -57,15 +60,18 @@ def train(cfg: TrainConfig | Mapping[str, Any] | DictConfig) -> dict[str, Any]:
         resume = resume_path(cfg, output_dir)
         start = Path(cfg.trainer.init_from) if cfg.trainer.init_from else resume  # data.plan_from=init reads it
         cfg, plan = on_main_rank(lambda: plan_config(cfg, info, progress, start), dist)
+        class_weights = resolve_class_weights(cfg.trainer.class_weights, info, plan.class_voxels)
         data = prepare_data(cfg, info, plan, output_dir, dist)
         seed_everything(cfg.trainer.seed)  # the initial weights depend on the seed alone
-        model = build_model(cfg.model, info.in_channels, info.num_classes, data.window.net_patch)
-        trainer = Trainer(cfg, data, wrap_model(model, device, dist, cfg.trainer.compile), device, output_dir, dist)
+        model = build_model(cfg.model, info.in_channels, info.num_outputs, data.window.net_patch)
+        trainer = Trainer(cfg, data, wrap_model(model, device, dist, cfg.trainer.compile), device, output_dir, dist,
+                          class_weights)
         if cfg.trainer.init_from:
             trainer.init_weights(start)
         elif resume is not None:
             trainer.resume(resume)
         metrics = trainer.fit()
+        metrics["peak_ram_mb"] = round(ram.peak_bytes / 2**20, 1)  # this process and its loader workers, whole run
         trainer.finish(metrics, hparams_of(cfg))
         return metrics
 

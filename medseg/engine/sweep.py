@@ -40,6 +40,9 @@ CROSSVAL_FOLDER = "crossval"
 BLOCK_KEY = "model.bottleneck"
 RESULT_COLUMNS = ("best_val_dice", "best_epoch", "train_seconds", "params", "peak_memory_mb")
 """Columns copied from ``metrics.json`` into every row, after the per-class Dice."""
+ATTENTION_KEY = "attention_distance_mm"
+"""The epoch-record key (``trainer.attention_maps=true``) of each slot's mean attention distance in mm; a run's is
+its best epoch's, one column per slot after the results (:func:`attention_column`)."""
 MAX_PLOT_COLUMNS = 3
 """Panels per row of ``summary.png``."""
 MAX_LINE_POINTS = 12
@@ -96,12 +99,23 @@ class Job:
         value = self.metrics.get(metric) if self.metrics else None
         if value is None and metric.startswith("dice_"):
             value = self.dice_per_class().get(metric)
+        if value is None and metric.startswith(ATTENTION_KEY):
+            value = self.attention_distances().get(metric)
         return float(value) if isinstance(value, (int, float)) and not isinstance(value, bool) else math.nan
 
     def dice_per_class(self) -> dict[str, float]:
         """Best-epoch validation Dice per class, keyed ``dice_<class name with underscores>``."""
         per_class = (self.metrics or {}).get("val_dice_per_class") or {}
         return {dice_column(name): float(value) for name, value in per_class.items()}
+
+    def attention_distances(self) -> dict[str, float]:
+        """Each slot's mean attention distance (mm) at the best epoch (else the last epoch that recorded one), keyed
+        by :func:`attention_column`; empty for a run without ``trainer.attention_maps``."""
+        metrics = self.metrics or {}
+        records = [r for r in metrics.get("history") or [] if isinstance(r, dict) and r.get(ATTENTION_KEY)]
+        best = [r for r in records if r.get("epoch") == metrics.get("best_epoch")]
+        chosen = (best or records or [{}])[-1].get(ATTENTION_KEY) or {}
+        return {attention_column(slot): float(value) for slot, value in chosen.items()}
 
 
 @dataclass
@@ -132,6 +146,11 @@ class SweepSummary:
 def dice_column(class_name: str) -> str:
     """The report column of one class's Dice (``dim sphere`` -> ``dice_dim_sphere``, as in TensorBoard)."""
     return "dice_" + re.sub(r"\s+", "_", class_name.strip())
+
+
+def attention_column(slot: str) -> str:
+    """The report column of a slot's mean attention distance: ``bottleneck`` -> ``attention_distance_mm_bottleneck``."""
+    return f"{ATTENTION_KEY}_" + re.sub(r"\s+", "_", slot.strip())
 
 
 def parse_overrides(lines: Sequence[str]) -> dict[str, str]:
@@ -230,11 +249,17 @@ def class_columns(jobs: Sequence[Job]) -> list[str]:
     return list(dict.fromkeys(column for job in jobs for column in job.dice_per_class()))
 
 
+def attention_columns(jobs: Sequence[Job]) -> list[str]:
+    """The per-slot attention-distance columns, in the order the slots first appear (none without attention maps)."""
+    return list(dict.fromkeys(column for job in jobs for column in job.attention_distances()))
+
+
 def job_rows(jobs: Sequence[Job], swept: Sequence[str], metric: str) -> tuple[list[str], list[list[Any]]]:
     """The per-job table: swept parameters, Dice per class and mean, results, status and failure reason."""
-    classes = class_columns(jobs)
-    known = metric in RESULT_COLUMNS or metric in classes
+    classes, attention = class_columns(jobs), attention_columns(jobs)
+    known = metric in RESULT_COLUMNS or metric in classes or metric in attention
     results = list(RESULT_COLUMNS) if known else [RESULT_COLUMNS[0], metric, *RESULT_COLUMNS[1:]]
+    results += attention
     headers = ["job", *swept, *classes, *results, "status", "reason"]
     rows = []
     for job in jobs:
@@ -313,7 +338,8 @@ def group_rows(jobs: Sequence[Job], swept: Sequence[str], metric: str) -> tuple[
     if not repeated:
         return [], []
     keys = setting_keys(swept)
-    columns = list(dict.fromkeys([*class_columns(jobs), RESULT_COLUMNS[0], metric, "train_seconds"]))
+    columns = list(dict.fromkeys([*class_columns(jobs), RESULT_COLUMNS[0], metric, "train_seconds",
+                                  *attention_columns(jobs)]))
     headers = [*keys, *(REPEAT_KEYS[key] for key in repeated), "completed", *columns]
     rows = []
     for setting, group in group_by_setting(jobs, keys).items():
@@ -508,23 +534,27 @@ def _plot_bars(ax: Any, jobs: Sequence[Job], swept: Sequence[str], metric: str) 
 
 
 def render_plot(jobs: Sequence[Job], swept: Sequence[str], metric: str) -> Any:
-    """A matplotlib Figure (Agg canvas, no pyplot state): a panel per numeric swept parameter, else bars."""
+    """A matplotlib Figure (Agg canvas, no pyplot state): a panel per numeric swept parameter, else bars; for
+    ``metric`` and, below it, each slot's mean attention distance when the runs recorded one."""
     from matplotlib.backends.backend_agg import FigureCanvasAgg
     from matplotlib.figure import Figure
 
+    metrics = list(dict.fromkeys([metric, *attention_columns(jobs)]))
     axes_keys = numeric_keys(jobs, swept)
     if not axes_keys:
-        fig = Figure(figsize=(max(5.5, 1.2 * len(jobs)), 4.2), layout="constrained")
+        fig = Figure(figsize=(max(5.5, 1.2 * len(jobs)), 4.2 * len(metrics)), layout="constrained")
         FigureCanvasAgg(fig)
-        _plot_bars(fig.add_subplot(), jobs, swept, metric)
+        for index, shown in enumerate(metrics):
+            _plot_bars(fig.add_subplot(len(metrics), 1, index + 1), jobs, swept, shown)
     else:
+        panels = [(key, shown) for shown in metrics for key in axes_keys]
         cols = min(len(axes_keys), MAX_PLOT_COLUMNS)
-        rows = math.ceil(len(axes_keys) / cols)
+        rows = math.ceil(len(panels) / cols)
         fig = Figure(figsize=(5.0 * cols, 3.8 * rows), layout="constrained")
         FigureCanvasAgg(fig)
-        for index, key in enumerate(axes_keys):
-            _plot_lines(fig.add_subplot(rows, cols, index + 1), jobs, key, metric)
-    fig.suptitle(f"{metric} over {len(jobs)} jobs", fontsize="medium")
+        for index, (key, shown) in enumerate(panels):
+            _plot_lines(fig.add_subplot(rows, cols, index + 1), jobs, key, shown)
+    fig.suptitle(f"{' and '.join(metrics)} over {len(jobs)} jobs", fontsize="medium")
     return fig
 
 

@@ -1,13 +1,17 @@
-"""TensorBoard logging: scalars per epoch and a middle-slice overlay of image, label and prediction."""
+"""TensorBoard logging: scalars per epoch, a middle-slice overlay of image, label and prediction, and figures."""
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 from monai.visualize import blend_images
 from torch.utils.tensorboard import SummaryWriter
+
+if TYPE_CHECKING:
+    from matplotlib.figure import Figure
 
 
 def overlay_image(image: torch.Tensor, label: torch.Tensor, pred: torch.Tensor, axis: int) -> torch.Tensor:
@@ -45,6 +49,15 @@ class TensorBoardLogger:
     def overlay(self, tag: str, image: torch.Tensor, label: torch.Tensor, pred: torch.Tensor, axis: int,
                 step: int) -> None:
         self.writer.add_image(tag, overlay_image(image, label, pred, axis), step, dataformats="CHW")
+
+    def figure(self, tag: str, figure: Figure, step: int) -> None:
+        """A matplotlib figure, rendered to an RGB image (the figure stays open)."""
+        self.writer.add_figure(tag, figure, step, close=False)
+
+    def values(self, values: Mapping[str, float], step: int) -> None:
+        """Scalars by their full tags (``val/attention_distance_mm/bottleneck/block0/head0``)."""
+        for tag, value in values.items():
+            self.writer.add_scalar(tag, value, step)
 
     def hparams(self, hparams: dict[str, Any], metrics: dict[str, float]) -> None:
         """Hyperparameters and final metrics for TensorBoard's HParams tab (works after :meth:`close` too)."""

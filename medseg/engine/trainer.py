@@ -14,19 +14,20 @@ import math
 import time
 from collections.abc import Callable, Iterator, Mapping
 from contextlib import nullcontext
-from dataclasses import asdict
+from dataclasses import asdict, replace
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 import torch
 from monai.data.utils import set_rnd
-from monai.losses import DeepSupervisionLoss, DiceCELoss
 from monai.utils import set_determinism
 from torch import nn
 from tqdm import tqdm
 
-from medseg.config import ModelConfig, TrainConfig
+from medseg.config import TrainConfig
+from medseg.data.labels import LabelSpec
+from medseg.engine.budget import TimeBudget
 from medseg.engine.checkpoint import (
     load_checkpoint,
     load_fitting_state,
@@ -37,13 +38,15 @@ from medseg.engine.checkpoint import (
 )
 from medseg.engine.data import PreparedData
 from medseg.engine.device import amp_dtype, autocast, peak_memory_mb, reset_peak_memory
-from medseg.engine.distributed import any_rank, gather_objects
+from medseg.engine.distributed import any_rank, broadcast_object, gather_objects
 from medseg.engine.launch import SINGLE_PROCESS, DistInfo
 from medseg.engine.loop import GracefulStop, replay
+from medseg.engine.losses import build_loss, named_class_weights
 from medseg.engine.optim import build_optimizer, build_scheduler
 from medseg.engine.report import text_table
 from medseg.engine.tensorboard import TensorBoardLogger
 from medseg.engine.validation import validate
+from medseg.engine.visualize.training import log_attention
 from medseg.errors import CheckpointError, TrainingError, TrainingInterrupted
 from medseg.io import atomic_write_json
 from medseg.models import build_model
@@ -59,17 +62,6 @@ def seed_everything(seed: int) -> None:
 def epoch_seed(seed: int, epoch: int) -> int:
     """The seed of one epoch: distinct per (seed, epoch), the same on every resume."""
     return (seed * 1_000_003 + epoch * 7919) % 2**31
-
-
-def training_loss(model: ModelConfig) -> nn.Module:
-    """The loss medseg trains with: Dice + cross-entropy on softmax probabilities.
-
-    ``loss(output, label)``: ``output`` ``(B, K, *spatial)`` float logits, or under ``model.deep_supervision``
-    a list of them (full resolution first, then each deeper one at half the weight, at least 1/16; MONAI's
-    ``DeepSupervisionLoss``), ``label`` ``(B, 1, *spatial)`` class indices.
-    """
-    loss = DiceCELoss(to_onehot_y=True, softmax=True)
-    return DeepSupervisionLoss(loss) if model.deep_supervision else loss
 
 
 def differing_values(mine: Mapping[str, Any], theirs: Mapping[str, Any],
@@ -162,19 +154,28 @@ class Trainer:
         data: loaders and datasets from :func:`medseg.engine.data.prepare_data`.
         model: the network, already on ``device`` (possibly DDP-wrapped or compiled).
         output_dir: the run directory.
+        class_weights: ``trainer.class_weights`` resolved, one per network output
+            (:func:`medseg.engine.losses.resolve_class_weights`), or None.
     """
 
     def __init__(self, cfg: TrainConfig, data: PreparedData, model: nn.Module, device: torch.device,
-                 output_dir: Path, dist: DistInfo) -> None:
+                 output_dir: Path, dist: DistInfo, class_weights: list[float] | None) -> None:
         self.cfg, self.data, self.model, self.device, self.dist = cfg, data, model, device, dist
         self.settings = cfg.trainer
         self.ckpt_dir = output_dir / "checkpoints"
         self.output_dir = output_dir
         self.optimizer = build_optimizer(model.parameters(), self.settings)
         self.scheduler = build_scheduler(self.optimizer, self.settings)
-        self.step = TrainStep(model, training_loss(cfg.model), self.optimizer, self.settings.grad_clip,
-                              amp_dtype(self.settings.precision, device), device, dist)
+        self.step = TrainStep(model, build_loss(cfg, data.info, class_weights), self.optimizer,
+                              self.settings.grad_clip, amp_dtype(self.settings.precision, device), device, dist)
+        self.loss = {"name": self.settings.loss, "class_weights": named_class_weights(class_weights, data.info)}
+        if dist.is_main:
+            weights = self.loss["class_weights"]
+            log.info("loss %s; class weights %s", self.loss["name"],
+                     ", ".join(f"{name} {w:.3g}" for name, w in weights.items()) if weights else "none")
         self.nonfinite = NonFiniteSteps(self.settings.max_nonfinite_steps)
+        minutes = self.settings.max_minutes
+        self.budget = None if minutes is None else TimeBudget(60.0 * minutes, self.settings.max_epochs)
         self.epoch, self.start_step = 0, 0
         self.best_dice, self.best_epoch, self.best_per_class = -1.0, -1, {}
         self.history: list[dict[str, Any]] = []
@@ -191,12 +192,19 @@ class Trainer:
             while self.epoch < self.settings.max_epochs:
                 started = time.perf_counter()
                 record = {"epoch": self.epoch + 1, "loss": self.train_epoch(stop),
-                          "lr": self.optimizer.param_groups[0]["lr"]}
+                          "lr": self.optimizer.param_groups[0]["lr"], "steps": len(self.data.train_loader)}
                 self.scheduler.step()
                 self.epoch += 1  # from here on, the number of completed epochs
-                if self.epoch % self.settings.val_every == 0 or self.epoch == self.settings.max_epochs:
+                trained = time.perf_counter() - started
+                self.stop_if_budget_spent(trained)
+                first_of_budget = self.budget is not None and self.epoch == 1  # timed with its validation
+                if (self.epoch % self.settings.val_every == 0 or self.epoch == self.settings.max_epochs
+                        or first_of_budget):
                     record.update(self.validate())
                 self.train_seconds += time.perf_counter() - started
+                record["train_seconds"] = round(self.train_seconds, 2)  # so far: the curve of val Dice over time
+                if first_of_budget:
+                    self.fit_schedule_to_budget(time.perf_counter() - started, trained)
                 self.history.append(record)
                 self.save("last.pt")
                 self.log_epoch(record)
@@ -235,14 +243,47 @@ class Trainer:
 
     def validate(self) -> dict[str, Any]:
         """Validate, keep ``best.pt`` when the mean foreground Dice beats every earlier one; the record entries."""
-        result = validate(self.model, self.data.val_dataset, self.data.window, self.cfg, self.data.info.class_names,
+        result = validate(self.model, self.data.val_dataset, self.data.window, self.cfg, self.data.info.label_spec,
                           self.device, self.dist)
         if self.tb is not None and result.overlay is not None and self.settings.log_images:
             self.tb.overlay("val/overlay", *result.overlay, axis=self.data.window.slice_axis, step=self.epoch)
         if result.dice > self.best_dice:  # never replace best.pt with a worse model
             self.best_dice, self.best_epoch, self.best_per_class = result.dice, self.epoch, result.per_class
             self.save("best.pt")
-        return {"val_dice": result.dice, "val_dice_per_class": result.per_class}
+        record: dict[str, Any] = {"val_dice": result.dice, "val_dice_per_class": result.per_class}
+        if self.tb is not None and self.settings.attention_maps and len(self.data.val_dataset):
+            record["attention_distance_mm"] = log_attention(
+                self.tb, self.model, self.data.val_dataset[0], self.data.window,
+                self.cfg.model.spatial_dims, self.cfg.data.spacing, self.device, self.epoch)
+        return record
+
+    def stop_if_budget_spent(self, trained: float) -> None:
+        """``trainer.max_minutes``: make this epoch (``trained`` seconds so far) the last when another would not fit."""
+        if self.budget is not None and broadcast_object(  # rank 0 decides for all
+                self.budget.spent(self.train_seconds + trained, self.epoch), self.dist):
+            self.set_max_epochs(self.epoch)
+
+    def fit_schedule_to_budget(self, first_epoch: float, trained: float) -> None:
+        """After the first epoch (``first_epoch`` seconds with its validation, ``trained`` without): the epochs the
+        budget spans become ``max_epochs``, and the schedule spans them."""
+        assert self.budget is not None
+        if self.epoch < self.settings.max_epochs:
+            horizon = self.budget.horizon(first_epoch, trained, first_epoch - trained, self.settings.val_every)
+            self.set_max_epochs(broadcast_object(horizon, self.dist), reschedule=True)
+
+    def set_max_epochs(self, epochs: int, reschedule: bool = False) -> None:
+        """End training after ``epochs`` (``trainer.max_minutes``); ``reschedule``: the schedule spans them, continued
+        from the epochs done. The checkpoints' config carries the new value, which a resumed run takes over."""
+        self.settings = replace(self.settings, max_epochs=epochs)
+        self.cfg = replace(self.cfg, trainer=self.settings)
+        if reschedule:  # torch's schedules compute each lr from the last one: start from the peak lr again
+            for group in self.optimizer.param_groups:
+                group["lr"] = group["initial_lr"]
+            self.scheduler = build_scheduler(self.optimizer, self.settings)
+            for _ in range(self.epoch):
+                self.scheduler.step()
+        if self.dist.is_main:
+            log.info("trainer.max_minutes=%g: %d epoch(s) fit the budget", self.settings.max_minutes, epochs)
 
     def interrupt(self, stop: GracefulStop, step: int) -> None:
         """Save ``last.pt`` (mid-epoch at ``step`` > 0) and stop with :class:`TrainingInterrupted`."""
@@ -273,8 +314,8 @@ class Trainer:
             "nonfinite_total": self.nonfinite.total,
             "train_seconds": self.train_seconds,
             "config": asdict(self.cfg),
-            "dataset": {"labels": {str(k): v for k, v in self.data.info.labels.items()},
-                        "channel_names": self.data.info.channel_names},
+            "loss": self.loss,
+            "dataset": {**self.data.info.label_spec.as_dict(), "channel_names": self.data.info.channel_names},
         }
 
     def save(self, name: str, step: int = 0) -> Path | None:
@@ -286,6 +327,8 @@ class Trainer:
         state = load_checkpoint(path, map_location=self.device)
         load_model_state(self.model, state["model"], path)
         self.optimizer.load_state_dict(state["optimizer"])
+        if self.budget is not None and state["epoch"] > 0:  # the epochs the budget was found to span
+            self.set_max_epochs(state["config"]["trainer"]["max_epochs"])
         self.scheduler.load_state_dict(state["scheduler"])
         self.step.scaler.load_state_dict(state["scaler"])
         self.epoch, self.start_step = state["epoch"], state["step"]
@@ -314,7 +357,8 @@ class Trainer:
         """
         state = load_checkpoint(path, map_location=self.device)
         try:
-            source_classes, source_channels = len(state["dataset"]["labels"]), len(state["dataset"]["channel_names"])
+            source_classes = LabelSpec.from_dict(state["dataset"]).num_outputs
+            source_channels = len(state["dataset"]["channel_names"])
             source_model = state["config"]["model"]
         except (KeyError, TypeError) as err:
             raise CheckpointError(f"trainer.init_from={path} lacks the config or dataset description of its run "
@@ -333,7 +377,7 @@ class Trainer:
         if self.dist.is_main:
             info, layers = self.data.info, sorted({key.rsplit(".", 1)[0] for key in kept})
             changes = [f"{what} {before} -> {now}" for what, before, now in (
-                ("classes", source_classes, info.num_classes), ("input channels", source_channels, info.in_channels))
+                ("classes", source_classes, info.num_outputs), ("input channels", source_channels, info.in_channels))
                 if before != now]
             log.info("initialised from %s (its weights only); re-initialised %d layer(s) of another shape%s: %s", path,
                      len(layers), f" ({', '.join(changes)})" if changes else "", ", ".join(layers) or "none")
@@ -385,6 +429,8 @@ class Trainer:
         rows = [["best val Dice (mean fg)", metrics["best_val_dice"]], ["best epoch", metrics["best_epoch"]]]
         rows += [[f"  Dice {name}", value] for name, value in metrics["val_dice_per_class"].items()]
         rows += [["epochs", metrics["epochs"]], ["train time (s)", f"{metrics['train_seconds']:.1f}"],
-                 ["parameters", f"{metrics['params']:,}"], ["peak memory (MB)", f"{metrics['peak_memory_mb']:.0f}"],
-                 ["checkpoints", str(self.ckpt_dir)]]
+                 ["parameters", f"{metrics['params']:,}"], ["peak memory (MB)", f"{metrics['peak_memory_mb']:.0f}"]]
+        if "peak_ram_mb" in metrics:  # medseg.engine.run.train measures it
+            rows.append(["peak RAM with workers (MB)", f"{metrics['peak_ram_mb']:.0f}"])
+        rows.append(["checkpoints", str(self.ckpt_dir)])
         return text_table(["result", "value"], rows)

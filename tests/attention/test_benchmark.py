@@ -7,7 +7,8 @@ from pathlib import Path
 
 import torch
 
-from medseg.attention import available_blocks
+from medseg.attention import ATTENTION_BLOCKS, available_blocks
+from medseg.attention.inspect import has_attention_rows
 from medseg.benchmark import main
 from medseg.benchmark.attention import peak_bytes
 
@@ -21,6 +22,17 @@ def test_quick_attention_benchmark(tmp_path: Path) -> None:
     assert all(d["value"] < 1e-5 for d in report["max_abs_diff_masa_vs_naive"])
     markdown = (tmp_path / "attention.md").read_text()
     assert "masa_naive" in markdown and "## targets" in markdown
+
+
+def test_quick_maps_benchmark_measures_every_blocks_attention_row(tmp_path: Path) -> None:
+    assert main(["attention", "--maps", "--quick", "--out", str(tmp_path)]) == 0
+    report = json.loads((tmp_path / "attention_maps.json").read_text())
+    assert {(r["block"], tuple(r["shape"])) for r in report["results"]} == {
+        (name, shape) for name in available_blocks() for shape in [(4, 4, 4), (6, 6)]
+    }
+    with_rows = [r for r in report["results"] if has_attention_rows(ATTENTION_BLOCKS[r["block"]])]
+    assert with_rows and all(r["status"] == "ok" and 0 < r["peak_mib"] < 1 for r in with_rows)
+    assert "## targets" in (tmp_path / "attention_maps.md").read_text()
 
 
 def test_cpu_peak_counts_allocations_and_frees_in_time_order() -> None:

@@ -12,7 +12,7 @@ from monai.losses import DeepSupervisionLoss
 from medseg.attention import available_blocks
 from medseg.benchmark import main
 from medseg.benchmark.models import QUICK_SIZES, Row, Sizes, all_rows, prepare, table, targets, train_config
-from medseg.benchmark.quality import MODELS, epochs_for_budget
+from medseg.benchmark.quality import MODELS
 from medseg.config import validate_config
 from medseg.engine.trainer import TrainStep
 from medseg.models import MODELS as NETWORKS
@@ -99,11 +99,6 @@ def test_quick_models_benchmark_against_swinunetr(tmp_path: Path) -> None:
     assert results["monai_swinunetr"]["params"] > results["unet+masa"]["params"]
     (target,) = json.loads((tmp_path / "models.json").read_text())["targets"]
     assert target["value"] == results["unet+masa"]["train_s"] / results["monai_swinunetr"]["train_s"]
-
-
-def test_epochs_for_budget() -> None:
-    assert epochs_for_budget(100, 30) == 3
-    assert epochs_for_budget(10, 30) == 1
 
 
 def _check_quality_report(out: Path, models: list[str]) -> dict:

@@ -18,9 +18,10 @@ Generators are deterministic for a given ``seed``. Typical use::
 from __future__ import annotations
 
 import json
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import nibabel as nib
 import numpy as np
@@ -40,7 +41,7 @@ class SyntheticCase:
     image: np.ndarray
     """(C, X, Y, Z) intensities (int16 HU for CT, float32 otherwise)."""
     label: np.ndarray
-    """(X, Y, Z) uint8 class indices."""
+    """(X, Y, Z) uint8 label values."""
     spacing: Spacing
     """mm along X, Y, Z."""
 
@@ -115,14 +116,16 @@ def save_image(path: str | Path, array: np.ndarray, spacing: Sequence[float], or
 
 
 def write_dataset(root: str | Path, cases: Sequence[SyntheticCase], channel_names: Sequence[str],
-                  labels: Sequence[str], fmt: str = "msd", orientation: str = "RAS",
-                  name: str = "synthetic", file_ending: str = ".nii.gz") -> Path:
+                  labels: Sequence[str] | Mapping[str, Any], fmt: str = "msd", orientation: str = "RAS",
+                  name: str = "synthetic", file_ending: str = ".nii.gz",
+                  extra: Mapping[str, Any] | None = None) -> Path:
     """Write ``cases`` and a ``dataset.json`` under ``root`` in ``fmt`` ("msd" or "nnunet"); returns root.
 
     MSD: ``imagesTr/CASE<ending>`` (4D, channels last, when multi-channel; NIfTI only). nnU-Net v2:
     ``imagesTr/CASE_0000<ending>`` ... one file per channel. Labels: ``labelsTr/CASE<ending>``.
-    ``labels`` are the class names by index, background first; ``file_ending`` picks the file type
-    (see :func:`save_image`).
+    ``labels`` are the class names by index, background first, or nnU-Net's mapping name -> value (or list of values,
+    for regions: nnU-Net layout only); ``extra`` adds keys to ``dataset.json`` (``regions_class_order``);
+    ``file_ending`` picks the file type (see :func:`save_image`).
     """
     if fmt not in FORMATS:
         raise ValueError(f"fmt={fmt!r}: expected one of {FORMATS}")
@@ -140,13 +143,15 @@ def write_dataset(root: str | Path, cases: Sequence[SyntheticCase], channel_name
             for channel, array in enumerate(case.image):
                 save_image(root / "imagesTr" / f"{case.case}_{channel:04d}{file_ending}", array, *geometry)
     channels = {str(i): c for i, c in enumerate(channel_names)}
+    values = dict(labels) if isinstance(labels, Mapping) else {n: i for i, n in enumerate(labels)}
     if fmt == "msd":
         meta = {"name": name, "tensorImageSize": "4D" if len(channel_names) > 1 else "3D",
-                "modality": channels, "labels": {str(i): n for i, n in enumerate(labels)},
+                "modality": channels, "labels": {str(v): n for n, v in values.items()},
                 "numTraining": len(cases), "numTest": 0, "training": training, "test": []}
     else:
-        meta = {"name": name, "channel_names": channels, "labels": {n: i for i, n in enumerate(labels)},
+        meta = {"name": name, "channel_names": channels, "labels": values,
                 "numTraining": len(cases), "file_ending": file_ending}
+    meta.update(extra or {})
     (root / "dataset.json").write_text(json.dumps(meta, indent=2))
     return root
 
@@ -267,3 +272,55 @@ def write_two_channel_dataset(root: str | Path, fmt: str = "msd", num_cases: int
 
     return _write(root, fmt, num_cases, "mc", make, shape, spacing, orientation, seed,
                   ["T2", "ADC"], ["background", "structure"])
+
+
+BRATS_LABELS = {"background": 0, "edema": 1, "non-enhancing": 2, "enhancing": 4, "ignore": 5}
+"""The label values of :func:`write_brats_dataset`: BraTS's gap at 3, and an ``ignore`` label above the others."""
+BRATS_REGIONS = {"whole tumor": [1, 2, 4], "tumor core": [2, 4], "enhancing tumor": [4]}
+"""Nested regions (whole tumour > tumour core > enhancing tumour), as label values."""
+BRATS_ORDER = [1, 2, 4]
+"""``regions_class_order``: the value each region writes, the inner ones last."""
+BRATS_CHANNELS = ["T1", "T1ce", "T2", "FLAIR"]
+
+
+def brats_case(case: str, rng: np.random.Generator, shape: Shape, spacing: Spacing,
+               ignore: bool = False) -> SyntheticCase:
+    """A four-channel glioma-like MRI case: a head with a tumour of edema (1) around a core of non-enhancing tissue
+    (2) inside an enhancing shell (4). ``ignore``: the voxels of the first half along R (tumour included) are
+    unannotated, label 5, so that any patch at least half as wide holds some. Each channel shows the compartments with
+    its own contrast."""
+    head = _ellipsoid(shape, (0.5, 0.5, 0.5), (0.45, 0.45, 0.45))
+    center, scale = 0.5 + rng.uniform(-0.06, 0.06, 3), rng.uniform(0.9, 1.1)
+    whole = _ellipsoid(shape, center, np.array([0.3, 0.28, 0.4]) * scale) & head
+    core = _ellipsoid(shape, center, np.array([0.2, 0.18, 0.28]) * scale) & head
+    necrosis = _ellipsoid(shape, center, np.array([0.1, 0.09, 0.14]) * scale)
+    label = np.zeros(shape, np.uint8)
+    label[whole], label[core], label[necrosis] = 1, 4, 2
+    contrasts = {"T1": (0.6, 0.5, 0.4, 0.5), "T1ce": (0.6, 0.6, 0.4, 1.0), "T2": (0.5, 0.9, 1.0, 0.8),
+                 "FLAIR": (0.5, 1.0, 0.7, 0.8)}  # tissue, edema, non-enhancing, enhancing
+    channels = []
+    for tissue, edema, inner, enhancing in contrasts.values():
+        values = np.where(head, tissue, 0.0)
+        for value, mask in ((edema, label == 1), (inner, label == 2), (enhancing, label == 4)):
+            values[mask] = value
+        channels.append((values + rng.normal(0, 0.03, shape)).astype(np.float32) * rng.uniform(300, 1200))
+    if ignore:
+        label[: shape[0] // 2] = BRATS_LABELS["ignore"]
+    return SyntheticCase(case, np.stack(channels), label, spacing)
+
+
+def write_brats_dataset(root: str | Path, fmt: str = "msd", num_cases: int = 4,
+                        shape: Shape | Sequence[Shape] = (24, 24, 12),
+                        spacing: Spacing | Sequence[Spacing] = (1.0, 1.0, 2.0),
+                        orientation: str = "LPS", seed: int = 0, ignore_cases: Sequence[int] = (0,)) -> Path:
+    """BraTS-like data: four channels (:data:`BRATS_CHANNELS`), labels 0/1/2/4 and an ignore label 5 in the cases
+    ``ignore_cases``. MSD declares the labels by value (regions come from ``data.regions``); nnU-Net v2 declares
+    nnU-Net's region syntax (:data:`BRATS_REGIONS` with ``regions_class_order`` :data:`BRATS_ORDER`)."""
+    rng = np.random.default_rng(seed)
+    cases = [brats_case(f"brats_{i:03d}", rng, _per_case(shape, i), _per_case(spacing, i), i in ignore_cases)
+             for i in range(num_cases)]
+    if fmt == "msd":
+        return write_dataset(root, cases, BRATS_CHANNELS, BRATS_LABELS, fmt, orientation, name="brats")
+    labels = {"background": 0, **BRATS_REGIONS, "ignore": BRATS_LABELS["ignore"]}
+    return write_dataset(root, cases, BRATS_CHANNELS, labels, fmt, orientation, name="brats",
+                         extra={"regions_class_order": BRATS_ORDER})

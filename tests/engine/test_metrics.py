@@ -12,13 +12,13 @@ import numpy as np
 import pytest
 from scipy import ndimage
 
+from medseg.engine.evaluate.scoring import score_case
 from medseg.engine.metrics import (
     BOTH_EMPTY,
     PRED_EMPTY,
     REF_EMPTY,
     ClassMetrics,
     aggregate,
-    case_metrics,
     class_metrics,
     dice,
     hd95,
@@ -153,15 +153,18 @@ def test_metrics_match_scipy_reference_on_random_blobs() -> None:
         assert metrics.pred_ml == pytest.approx(pred.sum() * 0.7 * 0.9 * 2.5 / 1000)
 
 
-def test_case_metrics_per_class_of_label_maps() -> None:
+def test_score_case_per_class_of_label_maps() -> None:
     ref = np.zeros((6, 6, 4), dtype=np.uint8)
     ref[1:3, 1:3, 1:3] = 1
     pred = ref.copy()
     pred[4, 4, 1] = 2  # class 2 only in the prediction
-    scores = case_metrics(pred, ref, classes=[1, 2, 3], spacing=(1.0, 1.0, 1.0), tolerance_mm=1.0)
-    assert scores[1].dice == 1.0 and scores[1].hd95_mm == 0.0 and scores[1].flag == ""
-    assert scores[2].flag == REF_EMPTY and scores[2].dice == 0.0 and scores[2].pred_ml == pytest.approx(0.001)
-    assert scores[3].flag == BOTH_EMPTY and scores[3].dice == 1.0
+    labels = {0: "background", 1: "a", 2: "b", 3: "c"}
+    rows = score_case("case", pred, ref, spacing=(1.0, 1.0, 1.0), labels=labels, tolerance_mm=1.0)
+    scores = {row["class_index"]: row for row in rows}
+    assert scores[1]["dice"] == 1.0 and scores[1]["hd95_mm"] == 0.0 and scores[1]["flags"] == ""
+    assert scores[2]["flags"] == REF_EMPTY and scores[2]["dice"] == 0.0
+    assert scores[2]["pred_ml"] == pytest.approx(0.001)
+    assert scores[3]["flags"] == BOTH_EMPTY and scores[3]["dice"] == 1.0
 
 
 def test_voxel_spacing_of_lps_affine() -> None:

@@ -1,5 +1,6 @@
-"""Postprocessing: the two steps on hand-made label maps, the decision rule on out-of-fold cases built so that each
-step helps or hurts, the HD95 guard, reading postprocessing.json, and finding the one decided for an ensemble."""
+"""Postprocessing: the two steps on the output masks of hand-made label maps, the decision rule on out-of-fold cases
+built so that each step helps or hurts, the HD95 guard, reading postprocessing.json, and finding the one decided for
+an ensemble."""
 
 from __future__ import annotations
 
@@ -36,23 +37,29 @@ def blocks(shape: tuple[int, int, int], *parts: tuple[int, tuple[slice, ...]]) -
     return labels
 
 
+def masks_of(labels: np.ndarray, classes: tuple[int, ...] = (1, 2)) -> np.ndarray:
+    """The (R, X, Y, Z) output masks of a label map: one per class of ``classes``."""
+    return np.stack([labels == c for c in classes])
+
+
 def test_largest_component_and_small_components() -> None:
     big, touching, speck = np.s_[1:5, 1:5, 1:5], np.s_[5, 5, 5], np.s_[10:12, 10:12, 8]
     labels = blocks((20, 20, 10), (1, big), (1, touching), (1, speck), (2, np.s_[14:17, 14:17, 2:5]),
                     (2, np.s_[18, 2, 2]))
-    original, expected = labels.copy(), labels.copy()
+    masks, expected = masks_of(labels), labels.copy()
+    original, one = masks.copy(), masks[0]
     expected[speck] = 0  # the corner-touching voxel belongs to the big block (full connectivity)
-    largest = apply_step(labels, 1, ClassStep("largest_component"), SPACING)
-    np.testing.assert_array_equal(largest, expected)
-    np.testing.assert_array_equal(labels, original)  # the input is left as it was
-    assert largest.dtype == labels.dtype
+    largest = apply_step(one, ClassStep("largest_component"), SPACING)
+    np.testing.assert_array_equal(largest, expected == 1)
+    np.testing.assert_array_equal(masks, original)  # the input is left as it was
+    assert largest.dtype == bool
     speck_mm3 = 4 * VOXEL_MM3
-    np.testing.assert_array_equal(apply_step(labels, 1, ClassStep("remove_small", speck_mm3 + 0.1), SPACING), expected)
-    np.testing.assert_array_equal(apply_step(labels, 1, ClassStep("remove_small", speck_mm3 - 0.1), SPACING), labels)
+    np.testing.assert_array_equal(apply_step(one, ClassStep("remove_small", speck_mm3 + 0.1), SPACING), expected == 1)
+    np.testing.assert_array_equal(apply_step(one, ClassStep("remove_small", speck_mm3 - 0.1), SPACING), one)
     both = Postprocessing({1: ClassStep("largest_component"), 2: ClassStep("remove_small", 2 * VOXEL_MM3)})
     expected[18, 2, 2] = 0
-    np.testing.assert_array_equal(both.apply(labels, SPACING), expected)
-    np.testing.assert_array_equal(labels, original)
+    np.testing.assert_array_equal(both.apply(masks, SPACING), masks_of(expected))
+    np.testing.assert_array_equal(masks, original)
     assert "class 2: remove_small < 1.6 mm³" in both.describe() and Postprocessing().describe() == "none"
 
 
@@ -75,7 +82,8 @@ def test_decide_takes_the_step_that_helps_each_class() -> None:
         prediction[12, 12, 4 + shift] = 0  # not perfect anywhere
         scores = {c: (dice_of(prediction == c, reference == c), hd95(prediction == c, reference == c, SPACING))
                   for c in (1, 2, 3)}
-        cases.append(OutOfFoldCase(f"case{shift}", prediction, reference, SPACING, scores))
+        cases.append(OutOfFoldCase(f"case{shift}", masks_of(prediction, (1, 2, 3)), masks_of(reference, (1, 2, 3)),
+                                   SPACING, scores))
         no_speck, only_true = prediction == 1, prediction == 2
         no_speck[speck], only_true[false_two] = False, False
         expected["one"].append(dice_of(no_speck, reference == 1))

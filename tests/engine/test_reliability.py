@@ -15,7 +15,6 @@ from typing import Any
 
 import pytest
 import torch
-from monai.losses import DiceCELoss
 from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 from torch import nn
 
@@ -46,11 +45,12 @@ class _InfiniteGradient(torch.autograd.Function):
 
 
 class _FaultyLoss(nn.Module):
-    """DiceCELoss made non-finite (``fault="loss"``) or given non-finite gradients (``"gradient"``) on chosen calls."""
+    """The training loss made non-finite (``fault="loss"``) or given non-finite gradients (``"gradient"``) on chosen
+    calls."""
 
-    def __init__(self, is_bad: Callable[[int], bool], fault: str, **kwargs: Any) -> None:
+    def __init__(self, loss: nn.Module, is_bad: Callable[[int], bool], fault: str) -> None:
         super().__init__()
-        self.loss, self.is_bad, self.fault, self.calls = DiceCELoss(**kwargs), is_bad, fault, 0
+        self.loss, self.is_bad, self.fault, self.calls = loss, is_bad, fault, 0
 
     def forward(self, output: torch.Tensor, label: torch.Tensor) -> torch.Tensor:
         self.calls += 1
@@ -62,7 +62,8 @@ class _FaultyLoss(nn.Module):
 
 def _inject_faults(monkeypatch: pytest.MonkeyPatch, is_bad: Callable[[int], bool], fault: str = "loss") -> None:
     """Make the training loss faulty on the calls (counted from 1) where ``is_bad`` is true."""
-    monkeypatch.setattr(trainer_module, "DiceCELoss", lambda **kwargs: _FaultyLoss(is_bad, fault, **kwargs))
+    build = trainer_module.build_loss
+    monkeypatch.setattr(trainer_module, "build_loss", lambda *args: _FaultyLoss(build(*args), is_bad, fault))
 
 
 def _optimizer_steps(state: dict[str, Any]) -> int:
@@ -79,8 +80,8 @@ def test_best_checkpoint_is_never_replaced_by_a_worse_one(tmp_path: Path, tiny_d
     scripted = iter([0.3, 0.6, 0.4, 0.6])  # goes down after epoch 2, then only ties
 
     def validate(*args: Any) -> ValidationResult:
-        dice, class_names = next(scripted), args[4]
-        return ValidationResult(dice, dict.fromkeys(class_names, dice), None)
+        dice, label_spec = next(scripted), args[4]
+        return ValidationResult(dice, dict.fromkeys(label_spec.output_names, dice), None)
 
     monkeypatch.setattr(trainer_module, "validate", validate)
     run_dir = tmp_path / "run"

@@ -16,15 +16,19 @@ probabilities are averaged on each case's own grid. ``input`` is one of:
 
 Each case is preprocessed by :func:`medseg.data.transforms.eval_transforms`, predicted by
 :func:`medseg.engine.inference.predict_volume` (gaussian sliding windows, optional mirroring TTA),
-and its class probabilities are taken back to the original voxel grid with MONAI's ``Invertd``
-(linear interpolation of the probabilities) and to the file's own axis order, averaged over the models, then
-argmax, then postprocessed (``postprocessing``: :mod:`medseg.engine.postprocess`; ``auto`` finds the decision
-``scripts/crossval.py`` made for exactly these checkpoints). ``OUTPUT/<case>.nii.gz`` is written with the
-original image's affine and header, so its shape and affine equal the input's exactly (``save_probabilities``:
-``<case>.npz`` with float16 ``probabilities`` ``(C, X, Y, Z)`` too, before postprocessing).
+and its probabilities (softmax classes, or a sigmoid per region for region-based checkpoints:
+:mod:`medseg.data.labels`) are taken back to the original voxel grid with MONAI's ``Invertd`` (linear
+interpolation of the probabilities) and to the file's own axis order, averaged over the models, then turned into
+one mask per output (argmax; a region's sigmoid above 0.5), then postprocessed per output (``postprocessing``:
+:mod:`medseg.engine.postprocess`; ``auto`` finds the decision ``scripts/crossval.py`` made for exactly these
+checkpoints). ``OUTPUT/<case>.nii.gz`` holds the dataset's own label values (regions written in their
+``regions_class_order``) with the original image's affine and header, so its shape and affine equal the input's
+exactly (``save_probabilities``: ``<case>.npz`` with float16 ``probabilities`` ``(C, X, Y, Z)`` too, before
+postprocessing).
 
-With labels, every foreground class of every case is scored in the original geometry with the
-label's own voxel spacing (:mod:`medseg.engine.metrics`): Dice, HD95 (mm), normalised surface Dice
+With labels, every output (foreground class, or region) of every case is scored in the original geometry with the
+label's own voxel spacing (:mod:`medseg.engine.metrics`), the ignore label's voxels left out of prediction and
+reference (a region's reference is the union of its labels): Dice, HD95 (mm), normalised surface Dice
 at ``tolerance_mm`` and both volumes (mL), into ``metrics.csv``; means go to ``summary.json``.
 Empty masks: both empty gives Dice 1, NSD 1, HD95 NaN (flag ``both_empty``); an empty reference
 with a non-empty prediction gives Dice 0, NSD 0, HD95 inf (``ref_empty``); an empty prediction
@@ -52,6 +56,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 from omegaconf import DictConfig
 from tqdm import tqdm
 
@@ -59,12 +64,12 @@ from medseg.config import EvaluateConfig
 from medseg.engine.evaluate.cases import Case, find_cases, group_channels
 from medseg.engine.evaluate.ensemble import Ensemble, checkpoint_files
 from medseg.engine.evaluate.model import EvalModel, load_model
-from medseg.engine.evaluate.output import check_output, write_label_map, write_probabilities
+from medseg.engine.evaluate.output import check_output, write_label_map, write_masks, write_probabilities
 from medseg.engine.evaluate.predict import Prediction, Predictor, mirror_axes
 from medseg.engine.evaluate.scoring import (
     json_safe,
     read_reference,
-    score_case,
+    score_masks,
     summarize,
     summary_table,
     write_metrics_csv,
@@ -77,7 +82,7 @@ from medseg.io import atomic_write_json
 
 __all__ = ["Case", "Ensemble", "EvalModel", "EvaluationError", "EvaluationResult", "Prediction", "Predictor",
            "checkpoint_files", "evaluate", "evaluate_case", "evaluate_cli", "find_cases", "group_channels",
-           "load_model", "mirror_axes"]
+           "load_model", "mirror_axes", "segment"]
 
 log = logging.getLogger("medseg")
 
@@ -104,12 +109,20 @@ def _root_message(err: BaseException) -> str:
     return f"{type(err).__name__}: {text[0] if text else ''}"
 
 
+def segment(prediction: Prediction, postprocessing: Postprocessing | None = None) -> np.ndarray:
+    """The ``(R, X, Y, Z)`` bool output masks of ``prediction`` (a class's or a region's), postprocessed."""
+    masks = prediction.masks()
+    return masks if postprocessing is None else postprocessing.apply(masks, voxel_spacing(prediction.affine))
+
+
 def evaluate_case(ensemble: Ensemble, case: Case, output: Path, postprocessing: Postprocessing | None = None,
-                  on_model: Callable[[], object] = lambda: None) -> list[dict[str, Any]]:
+                  on_model: Callable[[], object] = lambda: None, save_masks: bool = False) -> list[dict[str, Any]]:
     """Predict one case, postprocess it, write ``<case>.nii.gz`` (and ``.npz``), and score it when it has a label.
 
+    ``save_masks``: also write the output masks, ``<case>.masks.npz`` (:func:`~.output.write_masks`).
+
     Returns:
-        One row per foreground class (empty without a label).
+        One row per output: foreground class or region (empty without a label).
 
     Raises:
         DatasetError: unreadable files, a wrong channel count, or a label that does not fit its image; the
@@ -117,16 +130,16 @@ def evaluate_case(ensemble: Ensemble, case: Case, output: Path, postprocessing: 
     """
     settings = ensemble.settings
     prediction = ensemble.predict(case, on_model)
-    labels = prediction.label_map()
-    if postprocessing is not None:
-        labels = postprocessing.apply(labels, voxel_spacing(prediction.affine))
-    write_label_map(output, case, labels, prediction.affine)
+    masks = segment(prediction, postprocessing)
+    write_label_map(output, case, ensemble.label_spec.label_map(masks), prediction.affine)
     if settings.save_probabilities:
         write_probabilities(output, case, prediction)
+    if save_masks:
+        write_masks(output, case, masks)
     if case.label is None:
         return []
-    reference, spacing = read_reference(case.label, labels.shape, prediction.affine, case.image_files[0])
-    return score_case(case.case, labels, reference, spacing, ensemble.labels, settings.tolerance_mm)
+    reference, spacing = read_reference(case.label, masks.shape[1:], prediction.affine, case.image_files[0])
+    return score_masks(case.case, masks, reference, spacing, ensemble.label_spec, settings.tolerance_mm)
 
 
 def evaluate(cfg: EvaluateConfig | Mapping[str, Any] | DictConfig) -> EvaluationResult:
@@ -142,7 +155,7 @@ def evaluate(cfg: EvaluateConfig | Mapping[str, Any] | DictConfig) -> Evaluation
     settings = parse_config(cfg)
     started = time.perf_counter()
     ensemble = Ensemble.load(settings.ckpt, settings)
-    postprocessing = from_setting(settings.postprocessing, ensemble.checkpoints, ensemble.labels)
+    postprocessing = from_setting(settings.postprocessing, ensemble.checkpoints, ensemble.label_spec.outputs)
     cases = find_cases(settings.input, settings.split, ensemble.in_channels, ensemble.trained_on)
     output = Path(settings.output).expanduser()
     check_output(cases, output)
@@ -180,7 +193,7 @@ def evaluate(cfg: EvaluateConfig | Mapping[str, Any] | DictConfig) -> Evaluation
         "num_cases": len(cases),
         "num_predicted": len(cases) - len(result.failed),
         "num_scored": len(scored),
-        **(summarize(result.rows, net.labels) if scored else {}),
+        **(summarize(result.rows, ensemble.label_spec.outputs) if scored else {}),
         "failed": result.failed,
         "settings": {k: v for k, v in asdict(settings).items() if k not in ("ckpt", "input", "progress")},
         "seconds": round(time.perf_counter() - started, 2),

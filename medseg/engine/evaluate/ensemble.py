@@ -1,4 +1,5 @@
-"""Ensembles: several checkpoints predict each case, and their softmax probabilities are averaged on its own grid.
+"""Ensembles: several checkpoints predict each case, and their probabilities (softmax classes, or sigmoid regions) are
+averaged on its own grid.
 
 ``ckpt`` names the models: a checkpoint file, a training run folder (its ``checkpoints/best.pt``), a multirun
 folder (the ``checkpoints/best.pt`` of every job whose ``metrics.json`` says completed: the folds of a
@@ -7,7 +8,8 @@ normalisation) and its probabilities are taken back to the input's grid before t
 with different planned spacings, and 2D with 3D models, combine correctly. Models with the same preprocessing share
 the preprocessed case.
 
-The models must predict the same classes from the same channels: same class indices and names, same channel names.
+The models must predict the same outputs from the same channels: same classes (indices, names, label values, ignore
+label) and regions, same channel names.
 A multirun folder must hold the folds (and seeds) of one configuration.
 """
 
@@ -20,6 +22,7 @@ from pathlib import Path
 from monai.transforms import Compose
 
 from medseg.config import DataConfig, EvaluateConfig
+from medseg.data.labels import LabelSpec
 from medseg.engine.evaluate.cases import Case
 from medseg.engine.evaluate.model import EvalModel, load_model
 from medseg.engine.evaluate.predict import Prediction, Predictor
@@ -78,7 +81,7 @@ def check_compatible(nets: Sequence[EvalModel]) -> None:
     """
     first = nets[0]
     for net in nets[1:]:
-        for what, mine, theirs in (("classes", first.labels, net.labels),
+        for what, mine, theirs in (("classes", first.label_spec.as_dict(), net.label_spec.as_dict()),
                                    ("channels", first.channel_names, net.channel_names)):
             if mine != theirs:
                 raise CheckpointError(
@@ -123,6 +126,11 @@ class Ensemble:
         return self.nets[0].labels
 
     @property
+    def label_spec(self) -> LabelSpec:
+        """The models' classes, ignore label and regions (:mod:`medseg.data.labels`)."""
+        return self.nets[0].label_spec
+
+    @property
     def in_channels(self) -> int:
         return self.nets[0].in_channels
 
@@ -132,7 +140,7 @@ class Ensemble:
         return self.nets[0].data if len(self.nets) == 1 else None
 
     def predict(self, case: Case, on_model: Callable[[], object] = lambda: None) -> Prediction:
-        """The mean of the models' class probabilities on the case's grid; ``on_model()`` after each model.
+        """The mean of the models' probabilities on the case's grid; ``on_model()`` after each model.
 
         The sliding windows of a single model show a progress bar when ``settings.progress`` is set.
 
@@ -153,4 +161,4 @@ class Ensemble:
                 total += prediction.probabilities
             on_model()
         assert total is not None
-        return Prediction(total / len(self.predictors), prediction.affine)
+        return Prediction(total / len(self.predictors), prediction.affine, prediction.label_spec)

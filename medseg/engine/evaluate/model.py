@@ -11,6 +11,7 @@ from monai.transforms import Compose
 from torch import nn
 
 from medseg.config import DataConfig, TrainConfig, to_typed
+from medseg.data.labels import LabelSpec
 from medseg.data.planning import unset_keys
 from medseg.data.transforms import Window, eval_transforms, window
 from medseg.engine.checkpoint import load_checkpoint, load_model_state
@@ -32,6 +33,13 @@ class EvalModel:
     channel_names: list[str]
     checkpoint: Path | None = None
     """The file it was loaded from."""
+    label_spec: LabelSpec | None = None
+    """The classes' label values, ignore label and regions (:mod:`medseg.data.labels`); None: :meth:`LabelSpec.plain`
+    of ``labels``."""
+
+    def __post_init__(self) -> None:
+        if self.label_spec is None:
+            self.label_spec = LabelSpec.plain(self.labels)
 
     @property
     def preprocessing(self) -> Compose:
@@ -63,7 +71,7 @@ def load_model(path: str | Path, device: torch.device | str = "cpu") -> EvalMode
     state = load_checkpoint(path, map_location="cpu")
     try:
         cfg = to_typed(TrainConfig, state["config"])
-        labels = {int(k): str(v) for k, v in state["dataset"]["labels"].items()}
+        spec = LabelSpec.from_dict(state["dataset"])
         channel_names = [str(c) for c in state["dataset"]["channel_names"]]
     except (KeyError, TypeError, ValueError, AttributeError) as err:
         raise CheckpointError(f"checkpoint {path} lacks the config or dataset description evaluation needs "
@@ -73,9 +81,9 @@ def load_model(path: str | Path, device: torch.device | str = "cpu") -> EvalMode
         raise CheckpointError(f"checkpoint {path} has no resolved {', '.join(unset)}")
     view = window(cfg.data, cfg.model.spatial_dims)
     try:
-        model = build_model(cfg.model, len(channel_names), len(labels), view.net_patch)
+        model = build_model(cfg.model, len(channel_names), spec.num_outputs, view.net_patch)
     except (KeyError, TypeError, ValueError) as err:
         raise CheckpointError(f"checkpoint {path}: cannot rebuild its model ({type(err).__name__}: {err})") from None
     load_model_state(model, state["model"], path)
-    return EvalModel(model.to(device).eval(), cfg.data, cfg.model.spatial_dims, view, labels, channel_names,
-                     Path(path))
+    return EvalModel(model.to(device).eval(), cfg.data, cfg.model.spatial_dims, view, spec.labels, channel_names,
+                     Path(path), spec)

@@ -1,4 +1,5 @@
-"""What evaluation writes per case into ``output/``: the label map (NIfTI on the input's grid) and probabilities."""
+"""What evaluation writes per case into ``output/``: the label map (NIfTI on the input's grid), probabilities and
+output masks."""
 
 from __future__ import annotations
 
@@ -31,6 +32,23 @@ def write_probabilities(output: Path, case: Case, prediction: Prediction) -> Pat
     """Write ``output/<case>.npz`` with float16 ``probabilities`` ``(C, X, Y, Z)`` (the label map's grid)."""
     half = prediction.probabilities.astype(np.float16)
     return atomic_write(output / f"{case.case}.npz", lambda handle: np.savez_compressed(handle, probabilities=half))
+
+
+def masks_path(output: Path, case: str) -> Path:
+    """Where a case's output masks go: ``output/<case>.masks.npz``."""
+    return output / f"{case}.masks.npz"
+
+
+def write_masks(output: Path, case: Case, masks: np.ndarray) -> Path:
+    """Write ``output/<case>.masks.npz`` with the bool ``masks`` ``(R, X, Y, Z)`` of the outputs (the label map's grid):
+    what a region-based label map does not hold where regions disagree with their nesting."""
+    return atomic_write(masks_path(output, case.case), lambda handle: np.savez_compressed(handle, masks=masks))
+
+
+def read_masks(output: Path, case: str) -> np.ndarray:
+    """The masks :func:`write_masks` wrote for ``case`` into ``output``."""
+    with np.load(masks_path(output, case)) as stored:
+        return stored["masks"]
 
 
 def check_output(cases: Sequence[Case], output: Path) -> None:

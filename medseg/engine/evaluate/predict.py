@@ -1,9 +1,9 @@
 """Whole-case prediction in the original geometry: preprocess, sliding windows (+ mirroring TTA), and back.
 
 The case goes through :func:`medseg.data.transforms.eval_transforms` (read in RAS, resample, normalise), is
-predicted by :func:`medseg.engine.inference.predict_volume`, and its class probabilities are resampled back to
-the original voxel grid with MONAI's ``Invertd`` (linear interpolation), then reordered from RAS to the image
-file's own axis order (:func:`medseg.data.reading.from_ras`).
+predicted by :func:`medseg.engine.inference.predict_volume`, and its probabilities (softmax classes, or sigmoid
+regions) are resampled back to the original voxel grid with MONAI's ``Invertd`` (linear interpolation), then
+reordered from RAS to the image file's own axis order (:func:`medseg.data.reading.from_ras`).
 """
 
 from __future__ import annotations
@@ -17,6 +17,7 @@ from monai.data import MetaTensor
 from monai.transforms import Compose, Invertd
 
 from medseg.config import EvaluateConfig
+from medseg.data.labels import LabelSpec
 from medseg.data.reading import from_ras, source_name
 from medseg.data.transforms import IMAGE
 from medseg.engine.device import amp_dtype, resolve_device
@@ -38,17 +39,20 @@ class Prediction:
     """A case's prediction on its first image file's voxel grid."""
 
     probabilities: np.ndarray
-    """(C, X, Y, Z) float32 class probabilities, spatial axes in the file's own order."""
+    """(C, X, Y, Z) float32 class probabilities (softmax), or one sigmoid per region; spatial axes in the file's own
+    order."""
     affine: np.ndarray
     """(4, 4) the image file's voxel-to-world (RAS mm) affine."""
+    label_spec: LabelSpec
+    """What the channels of ``probabilities`` are, and the label values to write."""
+
+    def masks(self) -> np.ndarray:
+        """(R, X, Y, Z) bool, one mask per output (:meth:`LabelSpec.prediction_masks`)."""
+        return self.label_spec.prediction_masks(self.probabilities)
 
     def label_map(self) -> np.ndarray:
-        """(X, Y, Z) the most probable class of each voxel, uint8 (uint16 beyond 256 classes)."""
-        return self.probabilities.argmax(0).astype(label_dtype(len(self.probabilities)))
-
-
-def label_dtype(num_classes: int) -> type[np.integer]:
-    return np.uint8 if num_classes <= 256 else np.uint16
+        """(X, Y, Z) the predicted label map in the dataset's label values (:meth:`LabelSpec.label_map`)."""
+        return self.label_spec.label_map(self.masks())
 
 
 class Predictor:
@@ -98,10 +102,20 @@ class Predictor:
             self.net.model, image, self.net.window.roi_size, self.net.spatial_dims, self.net.window.slice_axis,
             sw_batch_size=self.settings.sw_batch_size, overlap=self.settings.overlap, device=self.device,
             sw_device=self.sw_device, amp_dtype=self.amp_dtype, mirror_axes=self.mirror_axes, progress=progress,
+            activation=self.net.label_spec.activation,
         )
+        return Prediction(self.to_original(data, probs[0]), original_affine(data), self.net.label_spec)
+
+    def to_original(self, data: dict[str, Any], maps: torch.Tensor) -> np.ndarray:
+        """``(K, X', Y', Z')`` maps on the preprocessed grid of ``data`` (:meth:`preprocess`) -> float32
+        ``(K, X, Y, Z)`` on the image file's voxel grid, in its own axis order: the preprocessing inverted with linear
+        interpolation, as class probabilities are."""
         # a MetaTensor, so that Invertd takes the image's applied operations (it skips plain tensors)
-        inverted = self.inverter({**data, PRED: MetaTensor(probs[0].detach().cpu())})[PRED]  # (C, X, Y, Z), RAS order
+        inverted = self.inverter({**data, PRED: MetaTensor(maps.detach().cpu())})[PRED]  # (K, X, Y, Z), RAS order
         ras = (inverted.as_tensor() if isinstance(inverted, MetaTensor) else torch.as_tensor(inverted)).float()
-        file_affine = np.asarray(data[IMAGE].meta["original_affine"], dtype=np.float64)
-        probabilities = np.moveaxis(from_ras(np.moveaxis(ras.numpy(), 0, -1), file_affine), -1, 0)
-        return Prediction(probabilities, file_affine)
+        return np.moveaxis(from_ras(np.moveaxis(ras.numpy(), 0, -1), original_affine(data)), -1, 0)
+
+
+def original_affine(data: dict[str, Any]) -> np.ndarray:
+    """``(4, 4)`` the image file's own voxel-to-world affine of a preprocessed case (:meth:`Predictor.preprocess`)."""
+    return np.asarray(data[IMAGE].meta["original_affine"], dtype=np.float64)

@@ -1,6 +1,8 @@
 """Scoring predictions against labels in the original geometry: metric rows, ``metrics.csv``, means, the table.
 
-Every foreground class of a case is scored with the label's own voxel spacing (:mod:`medseg.engine.metrics`).
+Every output of a case (foreground class, or region) is scored with the label's own voxel spacing
+(:mod:`medseg.engine.metrics`): its predicted mask against the voxels of the label that hold its values, both without
+the voxels of the ignore label.
 """
 
 from __future__ import annotations
@@ -14,9 +16,10 @@ from typing import Any
 
 import numpy as np
 
+from medseg.data.labels import LabelSpec, member_masks
 from medseg.data.reading import drop_trailing_singletons, read_file
 from medseg.data.verify import affine_difference
-from medseg.engine.metrics import METRIC_NAMES, ClassMetrics, aggregate, case_metrics, voxel_spacing
+from medseg.engine.metrics import METRIC_NAMES, ClassMetrics, aggregate, class_metrics, voxel_spacing
 from medseg.engine.report import text_table
 from medseg.errors import DatasetError
 from medseg.io import atomic_write_text
@@ -44,13 +47,25 @@ def read_reference(path: str, shape: tuple[int, ...], affine: np.ndarray,
 
 
 def score_case(case: str, prediction: np.ndarray, reference: np.ndarray, spacing: Sequence[float],
-               labels: Mapping[int, str], tolerance_mm: float) -> list[dict[str, Any]]:
-    """One metric row per foreground class of ``labels`` (index -> name) for ``prediction`` vs ``reference``."""
+               labels: Mapping[int, str] | LabelSpec, tolerance_mm: float) -> list[dict[str, Any]]:
+    """One metric row per output of ``labels`` (class index -> name for classes ``0..K-1``, or a :class:`LabelSpec`)
+    for a written label map ``prediction`` against ``reference``, both (X, Y, Z) in the dataset's label values: each
+    output's prediction is the voxels that hold its values (:func:`score_masks`)."""
+    spec = labels if isinstance(labels, LabelSpec) else LabelSpec.plain(labels)
+    return score_masks(case, member_masks(prediction, spec.output_values), reference, spacing, spec, tolerance_mm)
+
+
+def score_masks(case: str, masks: np.ndarray, reference: np.ndarray, spacing: Sequence[float],
+                labels: LabelSpec, tolerance_mm: float) -> list[dict[str, Any]]:
+    """One metric row per output of ``labels`` for the predicted ``masks`` (R, X, Y, Z) against ``reference`` (X, Y, Z)
+    in the dataset's label values; ``class_index`` is the output number (from 1)."""
+    references = member_masks(reference, labels.output_values)
+    valid = None if labels.ignore_value is None else reference != labels.ignore_value
     rows = []
-    for index, metrics in case_metrics(prediction, reference, range(1, len(labels)), spacing, tolerance_mm).items():
-        values = metrics.as_dict()
+    for (index, name), mask, ref in zip(labels.outputs.items(), masks, references):
+        values = class_metrics(mask if valid is None else mask & valid, ref, spacing, tolerance_mm).as_dict()
         flags = values.pop("flag")
-        rows.append({"case": case, "class_index": index, "class_name": labels[index], **values, "flags": flags})
+        rows.append({"case": case, "class_index": index, "class_name": name, **values, "flags": flags})
     return rows
 
 
@@ -75,7 +90,8 @@ def json_safe(value: Any) -> Any:
 
 
 def summarize(rows: Sequence[Mapping[str, Any]], labels: Mapping[int, str]) -> dict[str, Any]:
-    """Per-class and foreground means of metric rows (see :func:`medseg.engine.metrics.aggregate`)."""
+    """Per-output and foreground means of metric rows (see :func:`medseg.engine.metrics.aggregate`); ``labels``:
+    output number -> name (:attr:`LabelSpec.outputs`; a background entry 0 is left out)."""
     per_class: dict[str, list[ClassMetrics]] = {labels[i]: [] for i in sorted(labels) if i > 0}
     for row in rows:
         per_class[row["class_name"]].append(ClassMetrics(

@@ -78,7 +78,7 @@ def export(cfg: ExportConfig | Mapping[str, Any] | DictConfig) -> ExportResult:
 
     Raises:
         ConfigError: a bad setting, a format whose exporter or runtime is not installed, an ``output`` that holds
-            other files, or a postprocessing file for other classes.
+            other files, a postprocessing file for other classes, or a checkpoint of regions or gapped label values.
         CheckpointError: a missing or foreign checkpoint.
         ExportError: the network cannot be exported, or its export computes something else.
     """
@@ -88,6 +88,11 @@ def export(cfg: ExportConfig | Mapping[str, Any] | DictConfig) -> ExportResult:
     output = Path(settings.output).expanduser()
     check_output(output)
     net = load_model(settings.ckpt)
+    labels = net.label_spec
+    if labels.region_based or labels.label_values != list(range(labels.num_classes)):
+        kind = "regions" if labels.region_based else "label values with gaps"
+        raise ConfigError(f"ckpt={settings.ckpt} predicts {kind}; preprocessing.json describes softmax classes 0..K-1 "
+                          f"only, so export a checkpoint of such classes, or predict with scripts/evaluate.py")
     if settings.postprocessing:
         load_postprocessing(settings.postprocessing, net.labels)  # refuses a file for other classes
     kind = EXPORT_FORMATS[settings.format]

@@ -1,0 +1,133 @@
+"""nnU-Net v2's side of ``benchmark.py peers``, run in its own process: plan, preprocess, train for a budget, predict.
+
+``python -m medseg.benchmark.nnunet_peer <dataset id> <configuration> <fold> <budget seconds> <result.json>``, with
+``nnUNet_raw``, ``nnUNet_preprocessed`` and ``nnUNet_results`` set by :mod:`medseg.benchmark.peers` (nnU-Net reads
+them when it is imported). Everything is nnU-Net's default (planner, preprocessor, network, augmentation, loss,
+deep supervision, poly schedule, mirroring at prediction) except the length of training, which
+:class:`BudgetTrainer` sets from the budget with the rule medseg's ``trainer.max_minutes`` uses
+(:class:`medseg.engine.budget.TimeBudget`), and its number of iterations per epoch: nnU-Net's 250 (and 50
+validation iterations), or fewer when the first epoch would take more than a tenth of the budget.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+import torch
+
+MIN_EPOCHS = 10
+"""The first epoch may take at most ``budget / MIN_EPOCHS``: its iterations set every epoch's."""
+
+
+def budget_trainer(seconds: float) -> type:
+    """nnU-Net's default trainer, trained for ``seconds`` of wall clock (validation included)."""
+    from nnunetv2.training.nnUNetTrainer.nnUNetTrainer import nnUNetTrainer
+
+    from medseg.engine.budget import TimeBudget
+
+    class BudgetTrainer(nnUNetTrainer):
+        """``run_training`` of nnU-Net with the epochs and iterations per epoch taken from the budget."""
+
+        budget = TimeBudget(seconds, max_epochs=1000)
+
+        def run_training(self) -> None:
+            self.on_train_start()
+            self.steps = 0
+            started = time.perf_counter()
+            self.budget_epoch(first=True)
+            trained = self.train_seconds
+            first = time.perf_counter() - started
+            self.num_epochs = self.budget.horizon(first, trained, first - trained, val_every=1)
+            self.lr_scheduler.max_steps = self.num_epochs  # the poly schedule spans the epochs that fit
+            while self.current_epoch < self.num_epochs and not self.budget.spent(
+                    time.perf_counter() - started, self.current_epoch):
+                self.budget_epoch(first=False)
+            self.budget_seconds_used = time.perf_counter() - started
+            self.on_train_end()
+
+        def budget_epoch(self, first: bool) -> None:
+            """One nnU-Net epoch; the first stops early at a tenth of the budget and fixes the iterations."""
+            self.on_epoch_start()
+            self.on_train_epoch_start()
+            outputs, started = [], time.perf_counter()
+            for _ in range(self.num_iterations_per_epoch):
+                outputs.append(self.train_step(next(self.dataloader_train)))
+                self.steps += 1
+                if first and time.perf_counter() - started > self.budget.seconds / MIN_EPOCHS:
+                    break
+            if first:
+                self.num_iterations_per_epoch = len(outputs)
+                self.num_val_iterations_per_epoch = max(1, round(50 * len(outputs) / 250))
+            self.on_train_epoch_end(outputs)
+            self.train_seconds = time.perf_counter() - started
+            with torch.no_grad():
+                self.on_validation_epoch_start()
+                val_outputs = [self.validation_step(next(self.dataloader_val))
+                               for _ in range(self.num_val_iterations_per_epoch)]
+                self.on_validation_epoch_end(val_outputs)
+            self.on_epoch_end()
+
+    return BudgetTrainer
+
+
+def run(dataset_id: int, configuration: str, fold: int, seconds: float) -> dict[str, Any]:
+    """Plan, preprocess, train and predict the fold's validation cases; the timings, steps and plan."""
+    from batchgenerators.utilities.file_and_folder_operations import load_json
+    from nnunetv2.experiment_planning.plan_and_preprocess_api import (
+        extract_fingerprints,
+        plan_experiments,
+        preprocess,
+    )
+    from nnunetv2.paths import nnUNet_preprocessed
+    from nnunetv2.utilities.dataset_name_id_conversion import maybe_convert_to_dataset_name
+
+    timings: dict[str, float] = {}
+    started = time.perf_counter()
+    extract_fingerprints([dataset_id], check_dataset_integrity=True, show_progress_bar=False)
+    plan_experiments([dataset_id])
+    timings["planning"] = time.perf_counter() - started
+    started = time.perf_counter()
+    preprocess([dataset_id], configurations=[configuration], num_processes=[2], show_progress_bar=False)
+    timings["preprocessing"] = time.perf_counter() - started
+
+    name = maybe_convert_to_dataset_name(dataset_id)
+    folder = Path(nnUNet_preprocessed) / name
+    plans, dataset_json = load_json(str(folder / "nnUNetPlans.json")), load_json(str(folder / "dataset.json"))
+    device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    plans["continue_training"] = False  # as nnU-Net's run_training sets it for a new run
+    trainer = budget_trainer(seconds)(plans=plans, configuration=configuration, fold=fold, dataset_json=dataset_json,
+                                      device=device)
+    started = time.perf_counter()
+    trainer.run_training()
+    timings["training"] = time.perf_counter() - started
+    started = time.perf_counter()
+    trainer.perform_actual_validation(save_probabilities=False)
+    timings["prediction"] = time.perf_counter() - started
+    validation = Path(trainer.output_folder) / "validation"
+    return {
+        "timings": timings,
+        "budget_seconds_used": trainer.budget_seconds_used,
+        "epochs": trainer.current_epoch,
+        "iterations_per_epoch": trainer.num_iterations_per_epoch,
+        "steps": trainer.steps,
+        "batch_size": trainer.batch_size,
+        "plans": plans["configurations"][configuration],
+        "predictions": str(validation),
+        "nnunet_summary": load_json(str(validation / "summary.json")),
+        "peak_gpu_mb": torch.cuda.max_memory_allocated() / 2**20 if device.type == "cuda" else None,
+    }
+
+
+def main(argv: list[str]) -> int:
+    dataset_id, configuration, fold, seconds, result = argv
+    report = run(int(dataset_id), configuration, int(fold), float(seconds))
+    Path(result).write_text(json.dumps(report, indent=2, default=str))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))

@@ -1,0 +1,440 @@
+"""``benchmark.py peers``: medseg against nnU-Net v2 on the same data, cases, machine and wall-clock budget.
+
+``python scripts/benchmark.py peers data.root=<MSD or nnU-Net v2 folder> [data.format=nnunet] budget_minutes=N``
+
+Systems (``systems=nnunet,medseg,medseg_masa``; each in its own process, one after the other):
+
+* ``nnunet``: nnU-Net v2 in its default configuration (``3d_fullres``): fingerprint, plan, preprocess, train for the
+  budget (:mod:`medseg.benchmark.nnunet_peer`), predict the validation cases with its own predictor (mirroring,
+  Gaussian tiles), score them with its own evaluator;
+* ``medseg``: ``scripts/train.py`` with the planned defaults of ``data=msd|nnunet`` and ``trainer.max_minutes``,
+  then ``scripts/evaluate.py`` on the validation cases; ``medseg_masa``: the same with ``model.bottleneck=masa``.
+
+Both train on medseg's split of fold ``data.fold`` (written as nnU-Net's ``splits_final.json``) and are scored by
+medseg's evaluation in the original geometry; nnU-Net's Dice is cross-checked against its own evaluator. The report
+(``peers.md`` / ``peers.json`` under ``--out``) gives Dice and HD95 per class, the wall time of each stage, step
+time, peak RAM of the process tree (workers included), the optimiser steps in the budget, the plans side by side,
+and how soon medseg's validation Dice (during training) reached nnU-Net's final Dice.
+
+nnU-Net is an optional extra: ``pip install -e ".[peers]"``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib.util
+import json
+import logging
+import os
+import subprocess
+import sys
+import threading
+import time
+from collections.abc import Mapping, Sequence
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from medseg.benchmark import write_report
+from medseg.engine.report import markdown_table, text_table
+
+log = logging.getLogger("medseg")
+
+REPO = Path(__file__).resolve().parents[2]
+NNUNET_DATASET_ID = 990
+"""The id of the nnU-Net dataset the benchmark writes (inside its own nnU-Net folders under ``--out``)."""
+NNUNET_CONFIGURATION = "3d_fullres"
+SYSTEMS: dict[str, tuple[str, ...] | None] = {
+    "nnunet": None,
+    "medseg": (),
+    "medseg_masa": ("model.bottleneck=masa",),
+}
+"""System name -> medseg overrides (None: nnU-Net)."""
+MEDSEG_COMMON = ("trainer.progress=false", "trainer.max_epochs=100000")
+"""Every medseg run: the budget alone ends training."""
+DICE_AGREEMENT = 1e-3
+"""nnU-Net's own Dice per class must agree with medseg's scoring of the same predictions to this."""
+INSTALL_HINT = 'nnU-Net v2 is not installed: pip install -e ".[peers]" (the optional extra pins nnunetv2)'
+
+
+# --- measuring a process tree -------------------------------------------------------------------
+
+
+def _children(pid: int) -> list[int]:
+    try:
+        tasks = Path(f"/proc/{pid}/task").iterdir()
+        return [int(c) for task in tasks for c in (task / "children").read_text().split()]
+    except OSError:
+        return []
+
+
+def tree_rss_bytes(pid: int) -> int:
+    """Resident memory of ``pid`` and all its descendants (Linux ``/proc``; 0 where it is not readable)."""
+    total, stack = 0, [pid]
+    while stack:
+        current = stack.pop()
+        try:
+            for line in Path(f"/proc/{current}/status").read_text().splitlines():
+                if line.startswith("VmRSS:"):
+                    total += int(line.split()[1]) * 1024
+        except OSError:
+            continue
+        stack.extend(_children(current))
+    return total
+
+
+@dataclass
+class Command:
+    """One command run as a process tree: its wall time and peak resident memory (sampled every 0.5 s)."""
+
+    argv: list[str]
+    log_file: Path
+    env: dict[str, str] = field(default_factory=dict)
+    seconds: float = 0.0
+    peak_rss_bytes: int = 0
+
+    def run(self) -> None:
+        self.log_file.parent.mkdir(parents=True, exist_ok=True)
+        started = time.perf_counter()
+        with self.log_file.open("w") as out:
+            process = subprocess.Popen(self.argv, stdout=out, stderr=subprocess.STDOUT, cwd=REPO,
+                                       env={**os.environ, "PYTHONUNBUFFERED": "1", **self.env})
+            done = threading.Event()
+
+            def sample() -> None:
+                while not done.wait(0.5):
+                    self.peak_rss_bytes = max(self.peak_rss_bytes, tree_rss_bytes(process.pid))
+
+            sampler = threading.Thread(target=sample, daemon=True)
+            sampler.start()
+            code = process.wait()
+            done.set()
+            sampler.join()
+        self.seconds = time.perf_counter() - started
+        if code != 0:
+            tail = "\n".join(self.log_file.read_text().splitlines()[-15:])
+            raise RuntimeError(f"{' '.join(self.argv[:3])} ... failed (exit {code}); log {self.log_file}:\n{tail}")
+
+
+# --- the dataset in nnU-Net's layout -----------------------------------------------------------
+
+
+def _nifti_channels(image: str | Sequence[str], case: str, folder: Path) -> None:
+    """Link (or, for a 4D MSD image, split) one case's channels as ``<case>_<XXXX>.nii.gz`` into ``folder``."""
+    import nibabel as nib
+
+    files = [image] if isinstance(image, str) else list(image)
+    if len(files) > 1 or nib.load(files[0]).ndim == 3:
+        for channel, path in enumerate(files):
+            (folder / f"{case}_{channel:04d}.nii.gz").symlink_to(Path(path).resolve())
+        return
+    volume = nib.load(files[0])
+    data = np.asanyarray(volume.dataobj)
+    for channel in range(data.shape[3]):
+        nib.save(nib.Nifti1Image(data[..., channel], volume.affine, volume.header),
+                 folder / f"{case}_{channel:04d}.nii.gz")
+
+
+def write_nnunet_raw(info: Any, raw: Path) -> Path:
+    """The training cases of a medseg dataset as nnU-Net v2 raw data (links to the NIfTI files); its folder."""
+    folder = raw / f"Dataset{NNUNET_DATASET_ID:03d}_{info.name.replace(' ', '')[:40] or 'Peers'}"
+    for sub in ("imagesTr", "labelsTr"):
+        (folder / sub).mkdir(parents=True, exist_ok=True)
+    for entry in info.training:
+        if not str(entry["label"]).endswith(".nii.gz"):
+            raise ValueError(f"{entry['label']}: the peers benchmark takes .nii.gz datasets")
+        _nifti_channels(entry["image"], entry["case"], folder / "imagesTr")
+        (folder / "labelsTr" / f"{entry['case']}.nii.gz").symlink_to(Path(entry["label"]).resolve())
+    spec = info.label_spec
+    labels: dict[str, Any] = {"background": 0}
+    if spec.region_based:  # nnU-Net v2's region syntax
+        labels.update(zip(spec.output_names, spec.output_values))
+    else:
+        labels.update((name, value) for name, value in zip(spec.output_names, spec.label_values[1:]))
+    if spec.ignore_value is not None:
+        labels["ignore"] = spec.ignore_value
+    meta = {
+        "channel_names": {str(i): name for i, name in enumerate(info.channel_names)},
+        "labels": labels,
+        **({"regions_class_order": spec.written_values} if spec.region_based else {}),
+        "numTraining": len(info.training),
+        "file_ending": ".nii.gz",
+    }
+    (folder / "dataset.json").write_text(json.dumps(meta, indent=2))
+    return folder
+
+
+# --- the systems ---------------------------------------------------------------------------------
+
+
+@dataclass
+class SystemResult:
+    """One system's run: scores in the original geometry, time per stage, steps, memory and plan."""
+
+    system: str
+    dice: dict[str, float]
+    hd95_mm: dict[str, float]
+    mean_dice: float
+    seconds: dict[str, float]
+    steps: int
+    step_seconds: float
+    peak_ram_gb: float
+    plan: dict[str, Any]
+    curve: list[tuple[float, float]] = field(default_factory=list)
+    """medseg: (training seconds so far, validation Dice during training) per validated epoch."""
+    notes: list[str] = field(default_factory=list)
+
+
+def _scores(summary: Mapping[str, Any]) -> tuple[dict[str, float], dict[str, float], float]:
+    classes = summary["classes"]
+    return ({name: m["dice"] for name, m in classes.items()}, {name: m["hd95_mm"] for name, m in classes.items()},
+            summary["foreground_mean"]["dice"])
+
+
+def score_folder(info: Any, cases: Sequence[Mapping[str, Any]], predictions: Path) -> dict[str, Any]:
+    """medseg's scoring of ``<case>.nii.gz`` predictions against the cases' labels, in the original geometry."""
+    from medseg.data.reading import drop_trailing_singletons, read_file
+    from medseg.engine.evaluate.scoring import read_reference, score_case, summarize
+
+    rows = []
+    for entry in cases:
+        prediction, affine = read_file(str(predictions / f"{entry['case']}.nii.gz"))
+        prediction = np.rint(drop_trailing_singletons(prediction)).astype(np.int64)
+        reference, spacing = read_reference(str(entry["label"]), prediction.shape, affine, str(entry["image"]))
+        rows.extend(score_case(entry["case"], prediction, reference, spacing, info.label_spec, tolerance_mm=1.0))
+    return summarize(rows, info.label_spec.outputs)
+
+
+def nnunet_dice_check(summary: Mapping[str, Any], medseg_dice: Mapping[str, float], spec: Any) -> list[str]:
+    """Notes on where nnU-Net's evaluator and medseg's scoring of the same predictions differ (Dice per output).
+
+    nnU-Net's ``summary.json`` keys a class by its value, a region by its values as a tuple (``"(1, 2, 3)"``).
+    """
+    notes = []
+    for name, values in zip(spec.output_names, spec.output_values):
+        key = str(tuple(values)) if spec.region_based else str(values[0])
+        theirs = summary["mean"].get(key, {}).get("Dice")
+        if theirs is None or abs(theirs - medseg_dice[name]) > DICE_AGREEMENT:
+            notes.append(f"{name}: nnU-Net's evaluator {theirs}, medseg {medseg_dice[name]:.4f}. nnU-Net leaves a "
+                         f"case out of a class's mean when both prediction and reference are empty (NaN); medseg "
+                         f"scores it 1.0")
+    if not notes:
+        notes.append(f"nnU-Net's own evaluator agrees with medseg's Dice per class to {DICE_AGREEMENT:g}")
+    return notes
+
+
+def run_nnunet(info: Any, val_cases: Sequence[Mapping[str, Any]], train_ids: list[str], val_ids: list[str],
+               out: Path, budget_s: float) -> SystemResult:
+    """nnU-Net v2 in its own folders under ``out/nnunet`` (see :mod:`medseg.benchmark.nnunet_peer`)."""
+    base = out / "nnunet"
+    folders = {name: base / name for name in ("nnUNet_raw", "nnUNet_preprocessed", "nnUNet_results")}
+    raw = write_nnunet_raw(info, folders["nnUNet_raw"])
+    splits = folders["nnUNet_preprocessed"] / raw.name / "splits_final.json"
+    splits.parent.mkdir(parents=True, exist_ok=True)
+    splits.write_text(json.dumps([{"train": train_ids, "val": val_ids}]))  # fold 0 = medseg's fold
+    result_file = base / "result.json"
+    command = Command([sys.executable, "-m", "medseg.benchmark.nnunet_peer", str(NNUNET_DATASET_ID),
+                       NNUNET_CONFIGURATION, "0", str(budget_s), str(result_file)], base / "nnunet.log",
+                      {name: str(path) for name, path in folders.items()})
+    command.run()
+    report = json.loads(result_file.read_text())
+    summary = score_folder(info, val_cases, Path(report["predictions"]))
+    dice, hd95, mean = _scores(summary)
+    plans = report["plans"]
+    return SystemResult(
+        system="nnunet", dice=dice, hd95_mm=hd95, mean_dice=mean,
+        seconds={**report["timings"], "total": command.seconds}, steps=report["steps"],
+        step_seconds=report["budget_seconds_used"] / max(report["steps"], 1),
+        peak_ram_gb=command.peak_rss_bytes / 2**30,
+        plan={"target spacing (mm)": plans["spacing"], "patch size": plans["patch_size"],
+              "pooling per axis": plans["architecture"]["arch_kwargs"]["strides"][1:],
+              "features per stage": plans["architecture"]["arch_kwargs"]["features_per_stage"],
+              "normalisation": plans["normalization_schemes"], "batch size (patches)": plans["batch_size"],
+              "epochs x iterations": f"{report['epochs']} x {report['iterations_per_epoch']}"},
+        notes=nnunet_dice_check(report["nnunet_summary"], dice, info.label_spec),
+    )
+
+
+def run_medseg(system: str, overrides: Sequence[str], data_overrides: Sequence[str], out: Path,
+               budget_s: float) -> SystemResult:
+    """``scripts/train.py`` for the budget, then ``scripts/evaluate.py`` on the fold's validation cases."""
+    from medseg.engine.checkpoint import load_checkpoint
+
+    run_dir = out / system
+    train = Command([sys.executable, "scripts/train.py", *data_overrides, *MEDSEG_COMMON, *overrides,
+                     f"trainer.max_minutes={budget_s / 60.0}", f"hydra.run.dir={run_dir}"], run_dir / "train.log")
+    train.run()
+    metrics = json.loads((run_dir / "metrics.json").read_text())
+    root = next(o.split("=", 1)[1] for o in data_overrides if o.startswith("data.root="))
+    evaluate = Command([sys.executable, "scripts/evaluate.py", f"ckpt={run_dir / 'checkpoints' / 'best.pt'}",
+                        f"input={Path(root) / 'dataset.json'}", "split=validation", f"output={run_dir / 'predictions'}",
+                        "progress=false"], run_dir / "evaluate.log")
+    evaluate.run()
+    dice, hd95, mean = _scores(json.loads((run_dir / "predictions" / "summary.json").read_text()))
+    cfg = load_checkpoint(run_dir / "checkpoints" / "best.pt")["config"]
+    steps = sum(record.get("steps", 0) for record in metrics["history"])
+    planning = train.seconds - metrics["train_seconds"]
+    return SystemResult(
+        system=system, dice=dice, hd95_mm=hd95, mean_dice=mean,
+        seconds={"planning + preprocessing": planning, "training": metrics["train_seconds"],
+                 "prediction": evaluate.seconds, "total": train.seconds + evaluate.seconds},
+        steps=steps, step_seconds=metrics["train_seconds"] / max(steps, 1),
+        peak_ram_gb=train.peak_rss_bytes / 2**30,
+        plan={"target spacing (mm)": cfg["data"]["spacing"], "patch size": cfg["data"]["patch_size"],
+              "pooling per axis": cfg["model"]["strides"], "features per stage": cfg["model"]["channels"],
+              "normalisation": cfg["data"]["normalization"],
+              "batch size (patches)": cfg["trainer"]["batch_size"] * (cfg["data"]["samples_per_volume"] or 1),
+              "epochs x iterations": f"{metrics['epochs']} x {metrics['history'][0].get('steps', '?')}"},
+        curve=[(r["train_seconds"], r["val_dice"]) for r in metrics["history"] if "val_dice" in r],
+    )
+
+
+# --- the report ----------------------------------------------------------------------------------
+
+
+def seconds_to_reach(curve: Sequence[tuple[float, float]], dice: float) -> float | None:
+    """The training seconds after which the validation Dice during training first reached ``dice`` (None: never)."""
+    return next((seconds for seconds, value in curve if value >= dice), None)
+
+
+PLAN_REASONS = {
+    "target spacing (mm)": "both take the median spacing, except along an axis much thicker than the others",
+    "patch size": "nnU-Net fits the patch to a GPU memory target of 8 GB; medseg to `plan.memory_gb` (on the CPU a "
+                  "small budget)",
+    "pooling per axis": "both pool an axis until its feature map is about 4 voxels; the patch sets how often",
+    "features per stage": "nnU-Net plans 32 features doubling to 320 per stage; medseg keeps `model.channels` unless "
+                          "it is null",
+    "normalisation": "both pick CT (clip to the foreground's 0.5-99.5 percentiles, global z-score) or per-image "
+                     "z-score from the modality",
+    "batch size (patches)": "nnU-Net's batch follows its memory target; medseg's is `trainer.batch_size` x "
+                            "`data.samples_per_volume`",
+    "epochs x iterations": "nnU-Net's epoch is a fixed number of iterations (250, fewer for short budgets); medseg's "
+                           "is one pass over the training cases",
+}
+
+
+def plan_differences(results: Sequence[SystemResult]) -> list[str]:
+    """One sentence for each plan entry that differs between nnU-Net and medseg's default."""
+    by_system = {r.system: r for r in results}
+    if "nnunet" not in by_system or "medseg" not in by_system:
+        return []
+    theirs, mine = by_system["nnunet"].plan, by_system["medseg"].plan
+    return [f"**{key}**: nnU-Net {theirs[key]}, medseg {mine[key]}; {PLAN_REASONS[key]}."
+            for key in theirs if str(theirs[key]) != str(mine.get(key))]
+
+
+def report_tables(results: Sequence[SystemResult]) -> tuple[tuple[list[str], list[list[Any]]], ...]:
+    """(scores, costs, plans) as (header, rows) tables."""
+    classes = list(results[0].dice)
+    scores = (["system", "mean Dice", *[f"Dice {c}" for c in classes], *[f"HD95 {c} (mm)" for c in classes]],
+              [[r.system, r.mean_dice, *[r.dice[c] for c in classes], *[r.hd95_mm[c] for c in classes]]
+               for r in results])
+    stages = sorted({stage for r in results for stage in r.seconds if stage != "total"})
+    costs = (["system", *[f"{s} (s)" for s in stages], "total (s)", "optimiser steps", "s/step", "peak RAM (GB)"],
+             [[r.system, *[r.seconds.get(s) for s in stages], r.seconds["total"], r.steps, r.step_seconds,
+               r.peak_ram_gb] for r in results])
+    keys = list(PLAN_REASONS)
+    plans = (["plan", *[r.system for r in results]], [[k, *[str(r.plan.get(k)) for r in results]] for k in keys])
+    return scores, costs, plans
+
+
+def to_markdown(meta: Mapping[str, Any], results: Sequence[SystemResult]) -> str:
+    scores, costs, plans = report_tables(results)
+    lines = [f"# medseg vs nnU-Net v2: {meta['dataset']}, fold {meta['fold']}, {meta['budget_minutes']:g} min of "
+             f"training each", "", f"{meta['machine']}; {meta['num_train']} training and {meta['num_val']} "
+             f"validation cases; scored by medseg in the original geometry.", "", "## Scores", "",
+             markdown_table(*scores, missing="n/a"), "", "## Cost", "",
+             markdown_table(*costs, missing="n/a"), "", "## Plans", "",
+             markdown_table(*plans), ""]
+    lines += [f"- {sentence}" for sentence in plan_differences(results)]
+    nnunet = next((r for r in results if r.system == "nnunet"), None)
+    if nnunet is not None:
+        lines += ["", "## Notes", ""]
+        lines += [f"- nnU-Net: {note}" for note in nnunet.notes]
+        for r in results:
+            if r.curve:
+                reached = seconds_to_reach(r.curve, nnunet.mean_dice)
+                lines.append(f"- {r.system}: validation Dice during training reached nnU-Net's final "
+                             f"{nnunet.mean_dice:.4f} " + (f"after {reached:.0f} s of training" if reached is not None
+                                                           else "not within the budget"))
+    return "\n".join(lines) + "\n"
+
+
+def parse_overrides(items: Sequence[str]) -> tuple[dict[str, str], list[str]]:
+    """``key=value`` arguments: the benchmark's own (``budget_minutes``, ``systems``) and medseg's ``data.*``."""
+    own, data = {}, []
+    for item in items:
+        key, sep, value = item.partition("=")
+        if not sep:
+            raise SystemExit(f"error: expected key=value, got {item!r}")
+        if key in ("budget_minutes", "systems"):
+            own[key] = value
+        elif key.startswith("data."):
+            data.append(item)
+        else:
+            raise SystemExit(f"error: unknown argument {key!r}; expected budget_minutes=, systems= or data.*=")
+    return own, data
+
+
+def run(args: argparse.Namespace) -> int:
+    """Run every system on the same fold and budget; print and write ``peers.md`` / ``peers.json``."""
+    if not logging.getLogger().handlers:
+        logging.basicConfig(level=logging.INFO, format="[%(asctime)s] %(message)s")
+    own, data_overrides = parse_overrides(args.overrides)
+    systems = own.get("systems", ",".join(SYSTEMS)).split(",")
+    unknown = [s for s in systems if s not in SYSTEMS]
+    if unknown:
+        raise SystemExit(f"error: systems={','.join(unknown)}: expected some of {','.join(SYSTEMS)}")
+    if "nnunet" in systems and importlib.util.find_spec("nnunetv2") is None:
+        raise SystemExit(f"error: {INSTALL_HINT}")
+    if not any(o.startswith("data.root=") for o in data_overrides):
+        raise SystemExit("error: data.root=<MSD or nnU-Net v2 folder> is required")
+    budget_s = 60.0 * float(own.get("budget_minutes", "10"))
+
+    import torch
+
+    from medseg.benchmark.models import compose_train_config, machine
+    from medseg.config import validate_config
+    from medseg.data.datalist import dataset_cache_dir, dataset_from_config, split_cases, splits_path
+
+    data_format = next((o.split("=", 1)[1] for o in data_overrides if o.startswith("data.format=")), "msd")
+    data_overrides = [f"data={data_format}", *(o for o in data_overrides if not o.startswith("data.format="))]
+    data = validate_config(compose_train_config([*data_overrides, f"output_dir={args.out}"])).data
+    if data.fold == "all":
+        raise SystemExit("error: data.fold=all has no held-out cases to score; choose a fold")
+    info = dataset_from_config(data)
+    train_cases, val_cases = split_cases(info, data.fold, data.num_folds, data.split_seed,
+                                         splits_path(dataset_cache_dir(data.root, data.cache_dir), data))
+    out = args.out
+    results = []
+    for system in systems:
+        log.info("peers: %s for %.0f s of training", system, budget_s)
+        overrides = SYSTEMS[system]
+        if overrides is None:
+            results.append(run_nnunet(info, val_cases, [c["case"] for c in train_cases],
+                                      [c["case"] for c in val_cases], out, budget_s))
+        else:
+            results.append(run_medseg(system, overrides, data_overrides, out, budget_s))
+    device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    meta = {"dataset": str(data.root), "fold": data.fold, "budget_minutes": budget_s / 60.0,
+            "machine": machine(device), "torch": torch.__version__, "num_train": len(train_cases),
+            "num_val": len(val_cases)}
+    markdown = to_markdown(meta, results)
+    for table in report_tables(results):
+        print(text_table(*table))
+    write_report(out, "peers", markdown, {"meta": meta, "results": [asdict(r) for r in results]})
+    print(f"\nreport: {out / 'peers.md'}")
+    return 0
+
+
+def add_subcommand(subparsers: argparse._SubParsersAction) -> None:
+    """Register ``peers`` with :func:`medseg.benchmark.build_parser`."""
+    parser = subparsers.add_parser("peers", help="medseg vs nnU-Net v2 on the same data, cases and budget",
+                                   description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("overrides", nargs="*", help="data.root=..., data.format=msd|nnunet, data.fold=0, "
+                                                     "budget_minutes=10, systems=nnunet,medseg,medseg_masa")
+    parser.add_argument("--out", type=Path, default=Path("outputs/benchmark/peers"),
+                        help="runs, nnU-Net's folders, peers.md and peers.json go here")
+    parser.set_defaults(func=run)

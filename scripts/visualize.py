@@ -1,0 +1,26 @@
+"""See what the attention does: `python scripts/visualize.py ckpt=RUN/checkpoints/best.pt input=VOLUME voxel=[i,j,k]`.
+
+Writes, into ``output``, the attention maps of one query voxel (``voxel`` indices of the file, or ``world`` mm; by
+default the centre of the predicted foreground) in every attention slot and block of the checkpoint's network:
+``attention.json`` (mean attention distance in mm, entropy, gamma per head), PNG montages and 4D NIfTI maps on the
+input's grid. Exit code 1 with one line for a bad checkpoint, input, point, slot or block.
+"""
+
+import hydra
+from omegaconf import DictConfig
+
+from medseg.cli import one_line_errors, run
+from medseg.config import VisualizeConfig
+
+
+@hydra.main(version_base="1.3", config_path="../configs", config_name="visualize")
+@one_line_errors
+def main(cfg: DictConfig) -> None:
+    """Hydra entry point: visualize."""
+    from medseg.engine.visualize import visualize_cli  # torch and MONAI load only when a job runs
+
+    visualize_cli(cfg)
+
+
+if __name__ == "__main__":
+    run(main, VisualizeConfig)

@@ -1,0 +1,115 @@
+"""``benchmark.py peers``: nnU-Net's layout of a medseg dataset, the report, the process-tree memory, and (slow, with
+the ``peers`` extra) a one-minute run of every system on a tiny dataset."""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import nibabel as nib
+import numpy as np
+import pytest
+
+from medseg.benchmark import main
+from medseg.benchmark.peers import (
+    SystemResult,
+    plan_differences,
+    seconds_to_reach,
+    to_markdown,
+    tree_rss_bytes,
+    write_nnunet_raw,
+)
+from medseg.data.datalist import load_dataset
+
+
+def test_tree_rss_counts_the_children(tmp_path: Path) -> None:
+    alone = tree_rss_bytes(os.getpid())
+    assert alone > 10 * 2**20  # this interpreter with torch loaded
+    child = subprocess.Popen([sys.executable, "-c", "import time; x = bytearray(200 * 2**20); time.sleep(30)"])
+    try:
+        for _ in range(100):  # until the child has touched its 200 MB
+            if tree_rss_bytes(os.getpid()) - alone > 150 * 2**20:
+                break
+            time.sleep(0.1)
+        assert tree_rss_bytes(os.getpid()) - alone > 150 * 2**20
+    finally:
+        child.kill()
+        child.wait()
+
+
+def test_nnunet_layout_links_every_case_and_splits_4d_images(tmp_path: Path, tiny_demo_root: Path) -> None:
+    info = load_dataset(tiny_demo_root)
+    folder = write_nnunet_raw(info, tmp_path / "raw")
+    meta = json.loads((folder / "dataset.json").read_text())
+    assert meta["numTraining"] == len(info.training) and meta["file_ending"] == ".nii.gz"
+    assert meta["labels"] == {name: value for value, name in info.labels.items()}
+    case = info.training[0]
+    image = folder / "imagesTr" / f"{case['case']}_0000.nii.gz"
+    assert image.is_symlink() and image.resolve() == Path(case["image"]).resolve()
+    assert (folder / "labelsTr" / f"{case['case']}.nii.gz").resolve() == Path(case["label"]).resolve()
+
+    # a two-channel MSD case is one 4D file: nnU-Net wants one file per channel
+    msd = tmp_path / "msd"
+    (msd / "imagesTr").mkdir(parents=True)
+    (msd / "labelsTr").mkdir()
+    volume, affine = np.stack([np.full((4, 5, 6), c, np.float32) for c in (1.0, 2.0)], axis=-1), np.diag([2.0, 1, 1, 1])
+    nib.save(nib.Nifti1Image(volume, affine), msd / "imagesTr" / "a.nii.gz")
+    nib.save(nib.Nifti1Image(np.zeros((4, 5, 6), np.uint8), affine), msd / "labelsTr" / "a.nii.gz")
+    (msd / "dataset.json").write_text(json.dumps({
+        "name": "two", "modality": {"0": "T1", "1": "T2"}, "labels": {"0": "background", "1": "x"},
+        "training": [{"image": "./imagesTr/a.nii.gz", "label": "./labelsTr/a.nii.gz"}], "test": []}))
+    folder = write_nnunet_raw(load_dataset(msd), tmp_path / "raw2")
+    for channel, value in enumerate((1.0, 2.0)):
+        split = nib.load(folder / "imagesTr" / f"a_{channel:04d}.nii.gz")
+        assert split.shape == (4, 5, 6) and np.all(np.asarray(split.dataobj) == value)
+
+
+def _result(system: str, dice: float, patch: list[int], curve: list[tuple[float, float]] | None = None) -> SystemResult:
+    return SystemResult(
+        system=system, dice={"organ": dice}, hd95_mm={"organ": 2.0}, mean_dice=dice,
+        seconds={"training": 60.0, "total": 90.0}, steps=10, step_seconds=6.0, peak_ram_gb=1.5,
+        plan={"target spacing (mm)": [1, 1, 1], "patch size": patch, "pooling per axis": [[2, 2, 2]],
+              "features per stage": [32, 64], "normalisation": "zscore", "batch size (patches)": 2,
+              "epochs x iterations": "5 x 2"},
+        curve=curve or [])
+
+
+def test_report_names_each_plan_difference_and_the_time_to_reach_nnunet() -> None:
+    nnunet = _result("nnunet", 0.80, [64, 64, 64])
+    medseg = _result("medseg", 0.85, [48, 48, 48], curve=[(10.0, 0.5), (20.0, 0.81), (30.0, 0.85)])
+    (sentence,) = plan_differences([nnunet, medseg])
+    assert sentence.startswith("**patch size**: nnU-Net [64, 64, 64], medseg [48, 48, 48]")
+    assert seconds_to_reach(medseg.curve, 0.80) == 20.0
+    assert seconds_to_reach(medseg.curve, 0.9) is None
+    markdown = to_markdown({"dataset": "d", "fold": 0, "budget_minutes": 1.0, "machine": "m", "num_train": 6,
+                            "num_val": 2}, [nnunet, medseg])
+    assert "| medseg | 0.85" in markdown
+    assert "medseg: validation Dice during training reached nnU-Net's final 0.8000 after 20 s" in markdown
+
+
+def test_bad_arguments_stop_with_one_line(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    with pytest.raises(SystemExit, match="unknown argument 'model.bottleneck'"):
+        main(["peers", "model.bottleneck=masa", "--out", str(tmp_path)])
+    with pytest.raises(SystemExit, match="systems=foo"):
+        main(["peers", "data.root=x", "systems=foo", "--out", str(tmp_path)])
+    monkeypatch.setattr(importlib.util, "find_spec", lambda name, *a: None)
+    with pytest.raises(SystemExit, match=r'pip install -e "\.\[peers\]"'):
+        main(["peers", "data.root=x", "--out", str(tmp_path)])
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(importlib.util.find_spec("nnunetv2") is None, reason="needs the peers extra (nnunetv2)")
+def test_one_minute_of_every_system_on_a_tiny_dataset(tmp_path: Path, tiny_demo_root: Path) -> None:
+    assert main(["peers", f"data.root={tiny_demo_root}", "budget_minutes=1", "--out", str(tmp_path)]) == 0
+    report = json.loads((tmp_path / "peers.json").read_text())
+    systems = {r["system"]: r for r in report["results"]}
+    assert set(systems) == {"nnunet", "medseg", "medseg_masa"}
+    for result in systems.values():
+        assert 0.0 <= result["mean_dice"] <= 1.0 and result["steps"] > 0 and result["peak_ram_gb"] > 0.1
+        assert result["seconds"]["training"] < 60.0 * 1.5  # the budget, give or take the last epoch
+    assert "nnU-Net: nnU-Net's own evaluator" in (tmp_path / "peers.md").read_text()
