@@ -5,8 +5,9 @@
 them when it is imported). Everything is nnU-Net's default (planner, preprocessor, network, augmentation, loss,
 deep supervision, poly schedule, mirroring at prediction) except the length of training, which
 :class:`BudgetTrainer` sets from the budget with the rule medseg's ``trainer.max_minutes`` uses
-(:class:`medseg.engine.budget.TimeBudget`), and its number of iterations per epoch: nnU-Net's 250 (and 50
-validation iterations), or fewer when the first epoch would take more than a tenth of the budget.
+(:class:`medseg.engine.budget.TimeBudget`), timed on its second epoch (the first waits for nnU-Net's augmentation
+processes to start), and its number of iterations per epoch: nnU-Net's 250 (and 50 validation iterations), or
+fewer when the first epoch would take more than a tenth of the budget.
 """
 
 from __future__ import annotations
@@ -39,9 +40,11 @@ def budget_trainer(seconds: float) -> type:
             self.steps = 0
             started = time.perf_counter()
             self.budget_epoch(first=True)
-            trained = self.train_seconds
-            first = time.perf_counter() - started
-            self.num_epochs = self.budget.horizon(first, trained, first - trained, val_every=1)
+            second = time.perf_counter()
+            self.budget_epoch(first=False)  # the first waits for the augmentation workers: the second sets the pace
+            epoch = time.perf_counter() - second
+            self.num_epochs = self.budget.horizon(time.perf_counter() - started, self.train_seconds,
+                                                  epoch - self.train_seconds, val_every=1, epochs_done=2)
             self.lr_scheduler.max_steps = self.num_epochs  # the poly schedule spans the epochs that fit
             while self.current_epoch < self.num_epochs and not self.budget.spent(
                     time.perf_counter() - started, self.current_epoch):

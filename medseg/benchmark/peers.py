@@ -13,7 +13,8 @@ Systems (``systems=nnunet,medseg,medseg_masa``; each in its own process, one aft
 Both train on medseg's split of fold ``data.fold`` (written as nnU-Net's ``splits_final.json``) and are scored by
 medseg's evaluation in the original geometry; nnU-Net's Dice is cross-checked against its own evaluator. The report
 (``peers.md`` / ``peers.json`` under ``--out``) gives Dice and HD95 per class, the wall time of each stage, step
-time, peak RAM of the process tree (workers included), the optimiser steps in the budget, the plans side by side,
+time, peak RAM of the process tree (the resident sets of the process and its workers summed: an upper bound, the
+same measure for every system), the optimiser steps in the budget, the plans side by side,
 and how soon medseg's validation Dice (during training) reached nnU-Net's final Dice.
 
 nnU-Net is an optional extra: ``pip install -e ".[peers]"``.
@@ -62,26 +63,22 @@ INSTALL_HINT = 'nnU-Net v2 is not installed: pip install -e ".[peers]" (the opti
 # --- measuring a process tree -------------------------------------------------------------------
 
 
-def _children(pid: int) -> list[int]:
-    try:
-        tasks = Path(f"/proc/{pid}/task").iterdir()
-        return [int(c) for task in tasks for c in (task / "children").read_text().split()]
-    except OSError:
-        return []
-
-
 def tree_rss_bytes(pid: int) -> int:
-    """Resident memory of ``pid`` and all its descendants (Linux ``/proc``; 0 where it is not readable)."""
-    total, stack = 0, [pid]
-    while stack:
-        current = stack.pop()
+    """Resident memory of ``pid`` and all its descendants, summed (Linux ``/proc``; 0 where it is not readable).
+
+    An upper bound: a forked worker's resident set counts the pages it shares with its parent again (training's
+    own ``peak_ram_mb``, :class:`medseg.engine.ram.PeakRam`, counts only what a worker adds). It is the one measure
+    that applies to any system's process tree alike, so the comparison uses it for all.
+    """
+    from medseg.engine.ram import child_pids
+
+    total = 0
+    for process in (pid, *child_pids(pid)):
         try:
-            for line in Path(f"/proc/{current}/status").read_text().splitlines():
-                if line.startswith("VmRSS:"):
-                    total += int(line.split()[1]) * 1024
+            status = Path(f"/proc/{process}/status").read_text()
         except OSError:
             continue
-        stack.extend(_children(current))
+        total += sum(int(line.split()[1]) * 1024 for line in status.splitlines() if line.startswith("VmRSS:"))
     return total
 
 
@@ -225,8 +222,20 @@ def nnunet_dice_check(summary: Mapping[str, Any], medseg_dice: Mapping[str, floa
     return notes
 
 
-def run_nnunet(info: Any, val_cases: Sequence[Mapping[str, Any]], train_ids: list[str], val_ids: list[str],
-               out: Path, budget_s: float) -> SystemResult:
+MEASURED = "measured.json"
+"""Each system's folder keeps its commands' wall time and peak RAM here, so ``--collect`` can rebuild the report."""
+
+
+def _record(folder: Path, **commands: Command) -> None:
+    (folder / MEASURED).write_text(json.dumps(
+        {name: {"seconds": c.seconds, "peak_rss_bytes": c.peak_rss_bytes} for name, c in commands.items()}))
+
+
+def _measured(folder: Path) -> dict[str, dict[str, float]]:
+    return json.loads((folder / MEASURED).read_text())
+
+
+def train_nnunet(info: Any, train_ids: list[str], val_ids: list[str], out: Path, budget_s: float) -> None:
     """nnU-Net v2 in its own folders under ``out/nnunet`` (see :mod:`medseg.benchmark.nnunet_peer`)."""
     base = out / "nnunet"
     folders = {name: base / name for name in ("nnUNet_raw", "nnUNet_preprocessed", "nnUNet_results")}
@@ -234,59 +243,92 @@ def run_nnunet(info: Any, val_cases: Sequence[Mapping[str, Any]], train_ids: lis
     splits = folders["nnUNet_preprocessed"] / raw.name / "splits_final.json"
     splits.parent.mkdir(parents=True, exist_ok=True)
     splits.write_text(json.dumps([{"train": train_ids, "val": val_ids}]))  # fold 0 = medseg's fold
-    result_file = base / "result.json"
     command = Command([sys.executable, "-m", "medseg.benchmark.nnunet_peer", str(NNUNET_DATASET_ID),
-                       NNUNET_CONFIGURATION, "0", str(budget_s), str(result_file)], base / "nnunet.log",
+                       NNUNET_CONFIGURATION, "0", str(budget_s), str(base / "result.json")], base / "nnunet.log",
                       {name: str(path) for name, path in folders.items()})
     command.run()
-    report = json.loads(result_file.read_text())
-    summary = score_folder(info, val_cases, Path(report["predictions"]))
-    dice, hd95, mean = _scores(summary)
-    plans = report["plans"]
+    _record(base, nnunet=command)
+
+
+NNUNET_NORMALIZATION = {"ZScoreNormalization": "zscore", "CTNormalization": "ct", "NoNormalization": "none"}
+"""nnU-Net's normalisation classes by medseg's names for the same scheme."""
+
+
+def nnunet_plan(plans: Mapping[str, Any], report: Mapping[str, Any]) -> dict[str, Any]:
+    """nnU-Net's plan in medseg's terms: axes in the image's (x, y, z) order, where nnU-Net lists (z, y, x)."""
+    arch = plans["architecture"]["arch_kwargs"]
+    return {"target spacing (mm)": [round(v, 3) for v in plans["spacing"][::-1]],
+            "patch size": plans["patch_size"][::-1],
+            "pooling per axis": [stride[::-1] for stride in arch["strides"][1:]],
+            "features per stage": arch["features_per_stage"],
+            "normalisation": [NNUNET_NORMALIZATION.get(n, n) for n in plans["normalization_schemes"]],
+            "batch size (patches)": plans["batch_size"],
+            "epochs x iterations": f"{report['epochs']} x {report['iterations_per_epoch']}"}
+
+
+def collect_nnunet(info: Any, val_cases: Sequence[Mapping[str, Any]], out: Path) -> SystemResult:
+    """nnU-Net's run under ``out/nnunet``, its predictions scored by medseg and cross-checked with its evaluator."""
+    base = out / "nnunet"
+    report, measured = json.loads((base / "result.json").read_text()), _measured(base)["nnunet"]
+    dice, hd95, mean = _scores(score_folder(info, val_cases, Path(report["predictions"])))
+    timings = report["timings"]
     return SystemResult(
         system="nnunet", dice=dice, hd95_mm=hd95, mean_dice=mean,
-        seconds={**report["timings"], "total": command.seconds}, steps=report["steps"],
-        step_seconds=report["budget_seconds_used"] / max(report["steps"], 1),
-        peak_ram_gb=command.peak_rss_bytes / 2**30,
-        plan={"target spacing (mm)": plans["spacing"], "patch size": plans["patch_size"],
-              "pooling per axis": plans["architecture"]["arch_kwargs"]["strides"][1:],
-              "features per stage": plans["architecture"]["arch_kwargs"]["features_per_stage"],
-              "normalisation": plans["normalization_schemes"], "batch size (patches)": plans["batch_size"],
-              "epochs x iterations": f"{report['epochs']} x {report['iterations_per_epoch']}"},
+        seconds={"planning + preprocessing": timings["planning"] + timings["preprocessing"],
+                 "training": timings["training"], "prediction": timings["prediction"],
+                 "total": measured["seconds"]},
+        steps=report["steps"], step_seconds=report["budget_seconds_used"] / max(report["steps"], 1),
+        peak_ram_gb=measured["peak_rss_bytes"] / 2**30, plan=nnunet_plan(report["plans"], report),
         notes=nnunet_dice_check(report["nnunet_summary"], dice, info.label_spec),
     )
 
 
-def run_medseg(system: str, overrides: Sequence[str], data_overrides: Sequence[str], out: Path,
-               budget_s: float) -> SystemResult:
+def train_medseg(system: str, overrides: Sequence[str], data_overrides: Sequence[str], out: Path,
+                 budget_s: float) -> None:
     """``scripts/train.py`` for the budget, then ``scripts/evaluate.py`` on the fold's validation cases."""
-    from medseg.engine.checkpoint import load_checkpoint
-
     run_dir = out / system
     train = Command([sys.executable, "scripts/train.py", *data_overrides, *MEDSEG_COMMON, *overrides,
                      f"trainer.max_minutes={budget_s / 60.0}", f"hydra.run.dir={run_dir}"], run_dir / "train.log")
     train.run()
-    metrics = json.loads((run_dir / "metrics.json").read_text())
     root = next(o.split("=", 1)[1] for o in data_overrides if o.startswith("data.root="))
     evaluate = Command([sys.executable, "scripts/evaluate.py", f"ckpt={run_dir / 'checkpoints' / 'best.pt'}",
                         f"input={Path(root) / 'dataset.json'}", "split=validation", f"output={run_dir / 'predictions'}",
                         "progress=false"], run_dir / "evaluate.log")
     evaluate.run()
+    _record(run_dir, train=train, evaluate=evaluate)
+
+
+def medseg_plan(cfg: Mapping[str, Any], metrics: Mapping[str, Any]) -> dict[str, Any]:
+    """A medseg run's resolved plan, as :func:`nnunet_plan` shows nnU-Net's."""
+    from medseg.config import DataConfig
+    from medseg.data.transforms import samples_per_volume
+
+    data, model = cfg["data"], cfg["model"]
+    normalization = data["normalization"]
+    per_volume = samples_per_volume(DataConfig(samples_per_volume=data["samples_per_volume"]), model["spatial_dims"])
+    return {"target spacing (mm)": [round(v, 3) for v in data["spacing"]], "patch size": data["patch_size"],
+            "pooling per axis": model["strides"], "features per stage": model["channels"],
+            "normalisation": [normalization["scheme"] if isinstance(normalization, Mapping) else normalization],
+            "batch size (patches)": cfg["trainer"]["batch_size"] * per_volume,
+            "epochs x iterations": f"{metrics['epochs']} x {metrics['history'][0].get('steps', '?')}"}
+
+
+def collect_medseg(system: str, out: Path) -> SystemResult:
+    """A medseg system's run under ``out/<system>``: its evaluation summary, metrics, plan and measurements."""
+    from medseg.engine.checkpoint import load_checkpoint
+
+    run_dir = out / system
+    metrics, measured = json.loads((run_dir / "metrics.json").read_text()), _measured(run_dir)
     dice, hd95, mean = _scores(json.loads((run_dir / "predictions" / "summary.json").read_text()))
-    cfg = load_checkpoint(run_dir / "checkpoints" / "best.pt")["config"]
     steps = sum(record.get("steps", 0) for record in metrics["history"])
-    planning = train.seconds - metrics["train_seconds"]
+    train_s, evaluate_s = measured["train"]["seconds"], measured["evaluate"]["seconds"]
     return SystemResult(
         system=system, dice=dice, hd95_mm=hd95, mean_dice=mean,
-        seconds={"planning + preprocessing": planning, "training": metrics["train_seconds"],
-                 "prediction": evaluate.seconds, "total": train.seconds + evaluate.seconds},
+        seconds={"planning + preprocessing": train_s - metrics["train_seconds"], "training": metrics["train_seconds"],
+                 "prediction": evaluate_s, "total": train_s + evaluate_s},
         steps=steps, step_seconds=metrics["train_seconds"] / max(steps, 1),
-        peak_ram_gb=train.peak_rss_bytes / 2**30,
-        plan={"target spacing (mm)": cfg["data"]["spacing"], "patch size": cfg["data"]["patch_size"],
-              "pooling per axis": cfg["model"]["strides"], "features per stage": cfg["model"]["channels"],
-              "normalisation": cfg["data"]["normalization"],
-              "batch size (patches)": cfg["trainer"]["batch_size"] * (cfg["data"]["samples_per_volume"] or 1),
-              "epochs x iterations": f"{metrics['epochs']} x {metrics['history'][0].get('steps', '?')}"},
+        peak_ram_gb=measured["train"]["peak_rss_bytes"] / 2**30,
+        plan=medseg_plan(load_checkpoint(run_dir / "checkpoints" / "best.pt")["config"], metrics),
         curve=[(r["train_seconds"], r["val_dice"]) for r in metrics["history"] if "val_dice" in r],
     )
 
@@ -331,8 +373,9 @@ def report_tables(results: Sequence[SystemResult]) -> tuple[tuple[list[str], lis
     scores = (["system", "mean Dice", *[f"Dice {c}" for c in classes], *[f"HD95 {c} (mm)" for c in classes]],
               [[r.system, r.mean_dice, *[r.dice[c] for c in classes], *[r.hd95_mm[c] for c in classes]]
                for r in results])
-    stages = sorted({stage for r in results for stage in r.seconds if stage != "total"})
-    costs = (["system", *[f"{s} (s)" for s in stages], "total (s)", "optimiser steps", "s/step", "peak RAM (GB)"],
+    stages = ["planning + preprocessing", "training", "prediction"]
+    costs = (["system", *[f"{s} (s)" for s in stages], "total (s)", "optimiser steps", "s/step",
+              "peak RAM, RSS sum (GB)"],
              [[r.system, *[r.seconds.get(s) for s in stages], r.seconds["total"], r.steps, r.step_seconds,
                r.peak_ram_gb] for r in results])
     keys = list(PLAN_REASONS)
@@ -408,15 +451,15 @@ def run(args: argparse.Namespace) -> int:
     train_cases, val_cases = split_cases(info, data.fold, data.num_folds, data.split_seed,
                                          splits_path(dataset_cache_dir(data.root, data.cache_dir), data))
     out = args.out
-    results = []
-    for system in systems:
+    for system in [] if args.collect else systems:
         log.info("peers: %s for %.0f s of training", system, budget_s)
         overrides = SYSTEMS[system]
         if overrides is None:
-            results.append(run_nnunet(info, val_cases, [c["case"] for c in train_cases],
-                                      [c["case"] for c in val_cases], out, budget_s))
+            train_nnunet(info, [c["case"] for c in train_cases], [c["case"] for c in val_cases], out, budget_s)
         else:
-            results.append(run_medseg(system, overrides, data_overrides, out, budget_s))
+            train_medseg(system, overrides, data_overrides, out, budget_s)
+    results = [collect_nnunet(info, val_cases, out) if SYSTEMS[system] is None else collect_medseg(system, out)
+               for system in systems]
     device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
     meta = {"dataset": str(data.root), "fold": data.fold, "budget_minutes": budget_s / 60.0,
             "machine": machine(device), "torch": torch.__version__, "num_train": len(train_cases),
@@ -437,4 +480,6 @@ def add_subcommand(subparsers: argparse._SubParsersAction) -> None:
                                                      "budget_minutes=10, systems=nnunet,medseg,medseg_masa")
     parser.add_argument("--out", type=Path, default=Path("outputs/benchmark/peers"),
                         help="runs, nnU-Net's folders, peers.md and peers.json go here")
+    parser.add_argument("--collect", action="store_true",
+                        help="train nothing: rebuild the report from the runs already under --out")
     parser.set_defaults(func=run)

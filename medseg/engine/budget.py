@@ -25,17 +25,20 @@ class TimeBudget:
     seconds: float
     max_epochs: int
 
-    def horizon(self, first_epoch: float, train_epoch: float, validation: float, val_every: int) -> int:
-        """Epochs the budget spans, decided after the first one.
+    def horizon(self, elapsed: float, train_epoch: float, validation: float, val_every: int,
+                epochs_done: int = 1) -> int:
+        """Epochs the budget spans, decided after ``epochs_done`` epochs.
 
         Args:
-            first_epoch: seconds of the first epoch, its validation included.
+            elapsed: seconds of the epochs done, their validations included.
             train_epoch: seconds of one epoch's training (without validation).
             validation: seconds of one validation.
             val_every: epochs between validations.
+            epochs_done: the epochs ``elapsed`` covers.
         """
         per_epoch = max(train_epoch + validation / max(val_every, 1), 1e-9)
-        return int(min(self.max_epochs, max(1, 1 + math.floor((self.seconds - first_epoch) / per_epoch))))
+        fit = epochs_done + math.floor((self.seconds - elapsed) / per_epoch)
+        return int(min(self.max_epochs, max(epochs_done, fit)))
 
     def spent(self, elapsed: float, epochs_done: int) -> bool:
         """Whether another epoch of the mean length so far would overrun the budget."""

@@ -309,6 +309,19 @@ def test_unet_map_is_the_row_of_the_query_token() -> None:
         torch.testing.assert_close(m.weights, row)
 
 
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+def test_maps_on_cuda_equal_the_cpu_maps() -> None:
+    model = small_unet().eval()
+    image, query = torch.randn(1, 1, 9, 11, 5), (5, 2, 4)
+    on_cpu = attention_maps(model, image, query, voxel_spacing=(0.5, 0.5, 2.0))
+    on_cuda = attention_maps(model.cuda(), image.cuda(), query, voxel_spacing=(0.5, 0.5, 2.0))
+    assert [(m.slot, m.block, m.grid, m.query) for m in on_cuda] == [(m.slot, m.block, m.grid, m.query) for m in on_cpu]
+    for gpu, cpu in zip(on_cuda, on_cpu):
+        assert gpu.weights.device.type == "cpu"  # maps come back on the CPU whatever the model's device
+        torch.testing.assert_close(gpu.weights, cpu.weights, rtol=1e-4, atol=1e-5)
+
+
 def test_token_position_clips_to_the_grid() -> None:
     assert token_position((7, 0, 9), (4, 4, 2), (2, 3, 4)) == (1, 0, 3)
 

@@ -18,6 +18,7 @@ import pytest
 from medseg.benchmark import main
 from medseg.benchmark.peers import (
     SystemResult,
+    nnunet_plan,
     plan_differences,
     seconds_to_reach,
     to_markdown,
@@ -92,6 +93,16 @@ def test_report_names_each_plan_difference_and_the_time_to_reach_nnunet() -> Non
     assert "medseg: validation Dice during training reached nnU-Net's final 0.8000 after 20 s" in markdown
 
 
+def test_nnunet_plan_in_medseg_terms() -> None:
+    plans = {"spacing": [5.0, 0.7, 0.7], "patch_size": [20, 160, 192], "normalization_schemes": ["CTNormalization"],
+             "batch_size": 2, "architecture": {"arch_kwargs": {"strides": [[1, 1, 1], [1, 2, 2], [2, 2, 2]],
+                                                               "features_per_stage": [32, 64, 128]}}}
+    plan = nnunet_plan(plans, {"epochs": 3, "iterations_per_epoch": 250})
+    assert plan["target spacing (mm)"] == [0.7, 0.7, 5.0] and plan["patch size"] == [192, 160, 20]  # (x, y, z)
+    assert plan["pooling per axis"] == [[2, 2, 1], [2, 2, 2]] and plan["normalisation"] == ["ct"]
+    assert plan["epochs x iterations"] == "3 x 250"
+
+
 def test_bad_arguments_stop_with_one_line(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     with pytest.raises(SystemExit, match="unknown argument 'model.bottleneck'"):
         main(["peers", "model.bottleneck=masa", "--out", str(tmp_path)])
@@ -107,6 +118,9 @@ def test_bad_arguments_stop_with_one_line(tmp_path: Path, monkeypatch: pytest.Mo
 def test_one_minute_of_every_system_on_a_tiny_dataset(tmp_path: Path, tiny_demo_root: Path) -> None:
     assert main(["peers", f"data.root={tiny_demo_root}", "budget_minutes=1", "--out", str(tmp_path)]) == 0
     report = json.loads((tmp_path / "peers.json").read_text())
+    (tmp_path / "peers.json").unlink()
+    assert main(["peers", f"data.root={tiny_demo_root}", "--collect", "--out", str(tmp_path)]) == 0
+    assert json.loads((tmp_path / "peers.json").read_text())["results"] == report["results"]  # rebuilt as it was
     systems = {r["system"]: r for r in report["results"]}
     assert set(systems) == {"nnunet", "medseg", "medseg_masa"}
     for result in systems.values():

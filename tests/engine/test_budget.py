@@ -21,9 +21,12 @@ from .runs import micro_config
 def test_horizon_counts_the_first_epoch_and_shares_validation_over_val_every() -> None:
     budget = TimeBudget(seconds=60.0, max_epochs=100)
     # first epoch 14 s (10 training + 4 validation); then 10 s + 4 s / 2 per epoch: 1 + floor(46 / 12) = 4
-    assert budget.horizon(first_epoch=14.0, train_epoch=10.0, validation=4.0, val_every=2) == 4
-    assert budget.horizon(first_epoch=90.0, train_epoch=80.0, validation=10.0, val_every=1) == 1
+    assert budget.horizon(elapsed=14.0, train_epoch=10.0, validation=4.0, val_every=2) == 4
+    assert budget.horizon(elapsed=90.0, train_epoch=80.0, validation=10.0, val_every=1) == 1
     assert TimeBudget(seconds=1e6, max_epochs=7).horizon(1.0, 1.0, 0.0, 1) == 7
+    # decided after two epochs (28 s): 2 + floor(32 / 12) = 4; never fewer than the epochs done
+    assert budget.horizon(elapsed=28.0, train_epoch=10.0, validation=4.0, val_every=2, epochs_done=2) == 4
+    assert budget.horizon(elapsed=70.0, train_epoch=10.0, validation=4.0, val_every=2, epochs_done=2) == 2
 
 
 def test_spent_when_another_mean_epoch_would_overrun() -> None:
