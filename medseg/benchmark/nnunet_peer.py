@@ -20,6 +20,8 @@ from typing import Any
 
 import torch
 
+from medseg.io import atomic_write_json
+
 MIN_EPOCHS = 10
 """The first epoch may take at most ``budget / MIN_EPOCHS``: its iterations set every epoch's."""
 
@@ -128,7 +130,7 @@ def run(dataset_id: int, configuration: str, fold: int, seconds: float) -> dict[
 def main(argv: list[str]) -> int:
     dataset_id, configuration, fold, seconds, result = argv
     report = run(int(dataset_id), configuration, int(fold), float(seconds))
-    Path(result).write_text(json.dumps(report, indent=2, default=str))
+    atomic_write_json(result, json.loads(json.dumps(report, default=str)))  # numpy values as text, as json writes
     return 0
 
 

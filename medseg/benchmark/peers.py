@@ -40,6 +40,7 @@ import numpy as np
 
 from medseg.benchmark import write_report
 from medseg.engine.report import markdown_table, text_table
+from medseg.io import atomic_write_json
 
 log = logging.getLogger("medseg")
 
@@ -159,7 +160,7 @@ def write_nnunet_raw(info: Any, raw: Path) -> Path:
         "numTraining": len(info.training),
         "file_ending": ".nii.gz",
     }
-    (folder / "dataset.json").write_text(json.dumps(meta, indent=2))
+    atomic_write_json(folder / "dataset.json", meta)
     return folder
 
 
@@ -227,8 +228,8 @@ MEASURED = "measured.json"
 
 
 def _record(folder: Path, **commands: Command) -> None:
-    (folder / MEASURED).write_text(json.dumps(
-        {name: {"seconds": c.seconds, "peak_rss_bytes": c.peak_rss_bytes} for name, c in commands.items()}))
+    atomic_write_json(folder / MEASURED, {name: {"seconds": c.seconds, "peak_rss_bytes": c.peak_rss_bytes}
+                                          for name, c in commands.items()})
 
 
 def _measured(folder: Path) -> dict[str, dict[str, float]]:
@@ -242,7 +243,7 @@ def train_nnunet(info: Any, train_ids: list[str], val_ids: list[str], out: Path,
     raw = write_nnunet_raw(info, folders["nnUNet_raw"])
     splits = folders["nnUNet_preprocessed"] / raw.name / "splits_final.json"
     splits.parent.mkdir(parents=True, exist_ok=True)
-    splits.write_text(json.dumps([{"train": train_ids, "val": val_ids}]))  # fold 0 = medseg's fold
+    atomic_write_json(splits, [{"train": train_ids, "val": val_ids}])  # fold 0 = medseg's fold
     command = Command([sys.executable, "-m", "medseg.benchmark.nnunet_peer", str(NNUNET_DATASET_ID),
                        NNUNET_CONFIGURATION, "0", str(budget_s), str(base / "result.json")], base / "nnunet.log",
                       {name: str(path) for name, path in folders.items()})
