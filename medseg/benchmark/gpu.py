@@ -15,7 +15,7 @@ own share counted from the start of the check, so time an earlier part leaves un
 ==========================  =====  =================================================================
 part                        share  what it runs
 ==========================  =====  =================================================================
-``gpu_tests``                 100  ``pytest -m gpu``: pass/fail of every CUDA test
+``gpu_tests``                  85  ``pytest -m gpu``: pass/fail of every CUDA test
 ``attention``                  70  MaSA (FlexAttention) vs flash SDPA without a mask and MaSA's SDPA-bias
                                    path at 16³, 24³, 32³ tokens, bf16, fwd+bwd: time, peak memory, max
                                    difference (target MaSA <= 1.5 x SDPA's time)
@@ -25,9 +25,10 @@ part                        share  what it runs
 ``evaluate_cuda``              25  ``evaluate.py`` of its checkpoint on the demo's validation cases on the GPU
 ``evaluate_cpu``               25  the same on the CPU; target: the Dice of both within 1e-3
 ``models_channels_first``      30  ``models`` for U-Net+MaSA with ``model.channels_last=false``
-``models_compiled``           105  ``models`` with ``trainer.compile=true``
-``planner``                     0  skipped until planning is device-aware (the planner's choice for an 80 GB
-                                   target on the tests' realistic CT)
+``planner``                    40  ``train.py`` on the demo with the network and patch planned for a 1 GB memory
+                                   budget (``model.channels=null``, 8 bf16 patches a step): the planner's
+                                   estimate beside the measured CUDA peak (target: the peak within the budget)
+``models_compiled``            80  ``models`` with ``trainer.compile=true``
 ==========================  =====  =================================================================
 
 ``--dry-run`` rehearses the same parts on the CPU in well under a minute: tiny sizes, a tiny demo
@@ -65,6 +66,7 @@ from medseg.benchmark import targets_markdown, write_report
 from medseg.benchmark.attention import Target, ratio, size_label
 from medseg.benchmark.wheels import INSTALL_PREFIX, WHEEL_DIR, describe, prepare_wheels
 from medseg.cli import one_line_errors
+from medseg.engine.checkpoint import load_checkpoint
 from medseg.engine.report import markdown_table
 from medseg.errors import MedsegError
 
@@ -216,6 +218,24 @@ def read_training(metrics: Mapping[str, Any]) -> Outcome:
     return outcome
 
 
+def read_planner(metrics: Mapping[str, Any], config: Mapping[str, Any], budget_mib: float) -> Outcome:
+    """The planned network and patch (``config``, the checkpoint's resolved one), the planner's estimate of a
+    training step, the measured peak and their ratio. The target (the peak within ``budget_mib``) is CUDA-only: on
+    the CPU ``peak_memory_mb`` is the process's resident peak, runtime included."""
+    estimate, peak = metrics.get("estimated_memory_mb"), metrics.get("peak_memory_mb")
+    on_cuda = str(config["trainer"]["device"]).startswith("cuda")
+    outcome = Outcome({"patch_size": config["data"]["patch_size"], "channels": config["model"]["channels"],
+                       "strides": config["model"]["strides"], "budget_mib": budget_mib,
+                       "estimated_mib": estimate, "peak_mib": peak, "estimate_over_peak": ratio(estimate, peak)},
+                      [Target(f"measured training peak within the {budget_mib:.0f} MiB budget the plan was fit to",
+                              peak, "<=", budget_mib)] if on_cuda else [])
+    if metrics.get("status") != "completed":
+        outcome.status, outcome.note = "failed", f"metrics.json status: {metrics.get('status')}"
+    elif not on_cuda:
+        outcome.note = f"budget target: {NO_CUDA}"
+    return outcome
+
+
 def class_dice(summary: Mapping[str, Any]) -> dict[str, float]:
     """Mean Dice per foreground class from an evaluation's ``summary.json``."""
     return {name: values["dice"] for name, values in summary.get("classes", {}).items()}
@@ -272,12 +292,16 @@ def plan(work: Path, dry_run: bool) -> list[Part]:
     if dry_run:
         sizes = ["--patch", "16", "16", "16", "--batch", "1", "--reps", "1", "--precision", "bf16"]
         networks, small = ["unet+masa"], ["model.channels=[8,16]", "model.strides=[2]"]
-        demo = ["data.num_cases=8", "data.patch_size=[32,32,16]", "data.samples_per_volume=1",
+        cases = ["data.num_cases=8"]
+        demo = [*cases, "data.patch_size=[32,32,16]", "data.samples_per_volume=1",
                 "model.channels=[8,16]", "model.strides=[2]", "trainer.max_epochs=1", "trainer.val_every=1"]
+        memory_gb, planned = 0.2, [*cases, "trainer.batch_size=1", "data.samples_per_volume=1",
+                                   "trainer.max_epochs=1", "trainer.val_every=1"]
     else:
         sizes, small = ["--gpu-sizes", "--batch", "2", "--max-seconds", "15"], []
         networks = ["unet+masa", "monai_swinunetr"]
         demo = ["trainer.max_epochs=6", "trainer.val_every=6"]
+        memory_gb, planned = 1.0, ["trainer.batch_size=4", "trainer.max_epochs=2", "trainer.val_every=2"]
     data_root = work / "data" / "demo3d"
     checkpoint = work / "demo_train" / "checkpoints" / "best.pt"
 
@@ -302,13 +326,17 @@ def plan(work: Path, dry_run: bool) -> list[Part]:
         return Part(name, f"evaluate.py of the demo checkpoint on its validation cases, device={on}", share_s,
                     command, read_written(out / "summary.json", read), requires=checkpoint)
 
+    def read_planned(metrics: dict[str, Any]) -> Outcome:
+        config = load_checkpoint(work / "planner" / "checkpoints" / "last.pt")["config"]
+        return read_planner(metrics, config, memory_gb * 1024)
+
     compiled_what = "U-Net+MaSA vs SwinUNETR training step, trainer.compile=true"
-    compiled = (Part("models_compiled", compiled_what, 105, None,
+    compiled = (Part("models_compiled", compiled_what, 80, None,
                      note="compiling on the CPU takes minutes: runs on CUDA only") if dry_run
-                else models("models_compiled", networks, ["trainer.compile=true"], compiled_what, 105, True))
+                else models("models_compiled", networks, ["trainer.compile=true"], compiled_what, 80, True))
     junit = work / "gpu_tests.xml"
     return [
-        Part("gpu_tests", "pytest -m gpu: every CUDA test", 100,
+        Part("gpu_tests", "pytest -m gpu: every CUDA test", 85,
              [python, "-m", "pytest", "-m", "gpu", "-v", "-p", "no:cacheprovider", f"--junitxml={junit}",
               str(REPO / "tests")],
              read_written(junit, read_pytest, load=Path)),
@@ -328,9 +356,13 @@ def plan(work: Path, dry_run: bool) -> list[Part]:
         evaluation("evaluate_cpu", "cpu", 25, reference="evaluate_cuda"),
         models("models_channels_first", ["unet+masa"], ["model.channels_last=false"],
                "U-Net+MaSA training step, model.channels_last=false", 30),
+        Part("planner", "train.py on the demo, network and patch planned for a memory budget: estimate vs peak", 40,
+             [python, str(REPO / "scripts" / "train.py"), "model.channels=null", "model.strides=null",
+              "data.patch_size=null", "trainer.precision=bf16", f"trainer.device={device}", f"data.root={data_root}",
+              "trainer.progress=false", "trainer.check_data=false", f"plan.memory_gb={memory_gb:g}", *planned,
+              f"hydra.run.dir={work / 'planner'}"],
+             read_written(work / "planner" / "metrics.json", read_planned), requires=data_root / "dataset.json"),
         compiled,
-        Part("planner", "the planner's choice for an 80 GB GPU memory target on the tests' realistic CT", 0, None,
-             note="planning is not device-aware yet (it takes no GPU memory target)"),
     ]
 
 

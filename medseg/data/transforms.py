@@ -161,12 +161,19 @@ def train_transforms(data: DataConfig, spatial_dims: int, labels: LabelSpec | No
     """The training chain; ``data`` must have ``spacing``, ``patch_size`` and ``normalization`` resolved.
 
     With ``labels``, the label becomes the loss's target: class indices (``(1, *patch)``) or, for regions, one
-    channel per region (``(R, *patch)``), :data:`~medseg.data.labels.IGNORE_INDEX` at ignore voxels.
+    channel per region (``(R, *patch)``), :data:`~medseg.data.labels.IGNORE_INDEX` at ignore voxels. It is
+    :func:`preprocessing` followed by :func:`patch_sampling`.
     """
+    return mt.Compose([*preprocessing(data.spacing, data.normalization, labels=labels),
+                       *patch_sampling(data, spatial_dims, labels)])
+
+
+def patch_sampling(data: DataConfig, spatial_dims: int, labels: LabelSpec | None = None) -> list[mt.Transform]:
+    """The training chain after :func:`preprocessing`: pad to the crop, sample ``samples_per_volume`` patches,
+    augment, and make the loss's target. Takes a preprocessed case (as :func:`eval_transforms` leaves it)."""
     view = window(data, spatial_dims)
     crop = view.roi_size
     chain: list[mt.Transform] = [
-        *preprocessing(data.spacing, data.normalization, labels=labels),
         mt.SpatialPadd(keys=[IMAGE, LABEL], spatial_size=crop),
         RandCropByPosNegForegroundd(
             keys=[IMAGE, LABEL], label_key=LABEL, spatial_size=crop, pos=data.pos_fraction,
@@ -177,9 +184,8 @@ def train_transforms(data: DataConfig, spatial_dims: int, labels: LabelSpec | No
         chain.append(mt.SqueezeDimd(keys=[IMAGE, LABEL], dim=view.slice_axis + 1))
     if data.augment:
         chain += augmentations(view.net_patch)
-    chain += [*(target_transforms(labels, LABEL) if labels is not None else []),
-              mt.EnsureTyped(keys=[IMAGE, LABEL], dtype=torch.float32, track_meta=False)]
-    return mt.Compose(chain)
+    return [*chain, *(target_transforms(labels, LABEL) if labels is not None else []),
+            mt.EnsureTyped(keys=[IMAGE, LABEL], dtype=torch.float32, track_meta=False)]
 
 
 def augmentations(patch: Sequence[int]) -> list[mt.Transform]:

@@ -10,6 +10,7 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
+import monai.transforms as mt
 from monai.data import CacheDataset, DataLoader, Dataset, PersistentDataset, partition_dataset
 
 from medseg.config import DataConfig, TrainConfig
@@ -23,7 +24,7 @@ from medseg.data.planning import (
     plannable_values,
     unset_keys,
 )
-from medseg.data.transforms import Window, eval_transforms, train_transforms, window
+from medseg.data.transforms import Window, eval_transforms, patch_sampling, train_transforms, window
 from medseg.engine.checkpoint import load_checkpoint
 from medseg.engine.device import resolve_device
 from medseg.engine.launch import DistInfo
@@ -169,8 +170,10 @@ def prepare_data(cfg: TrainConfig, info: DatasetInfo, plan: Plan, output_dir: Pa
         val_cases = partition_dataset(val_cases, num_partitions=dist.world_size)[dist.rank]
 
     view = window(data, spatial_dims)
+    shared = [c["case"] for c in train_cases] == [c["case"] for c in val_cases]
     on_cpu = resolve_device(cfg.trainer.device).type == "cpu"
-    needed = estimate_training_ram(plan.dataset_bytes, len(info.training), len(train_cases) + len(val_cases),
+    needed = estimate_training_ram(plan.dataset_bytes, len(info.training),
+                                   len(val_cases) if shared else len(train_cases) + len(val_cases),
                                    info.in_channels, info.num_outputs, data.num_workers,
                                    plan.memory.total if on_cpu and plan.memory is not None else 0)
     cache, reason = choose_cache(data.cache, needed, available_ram_bytes())
@@ -180,8 +183,12 @@ def prepare_data(cfg: TrainConfig, info: DatasetInfo, plan: Plan, output_dir: Pa
         log.info("data: %d training / %d validation cases%s; cache=%s (%s)%s", len(train_cases), len(val_cases),
                  per_rank, cache, reason, f"; preprocessed cases in {train_dir.parent}" if cache == "disk" else "")
     make = CACHE_MODES[cache]
-    train_ds = make(train_cases, train_transforms(data, spatial_dims, info.label_spec), train_dir, data.num_workers)
     val_ds = make(val_cases, eval_transforms(data, labels=info.label_spec), val_dir, data.num_workers)
+    if shared:  # data.fold=all in one process: train on the validation cache, each case preprocessed and held once
+        train_ds = Dataset(val_ds, mt.Compose(patch_sampling(data, spatial_dims, info.label_spec)))
+    else:
+        train_ds = make(train_cases, train_transforms(data, spatial_dims, info.label_spec), train_dir,
+                        data.num_workers)
     batch = cfg.trainer.batch_size
     loader = DataLoader(train_ds, batch_size=batch, shuffle=True, num_workers=data.num_workers,
                         drop_last=len(train_ds) > batch)

@@ -4,8 +4,9 @@ Where a run's RAM goes with ``data.cache=memory`` (README "Caching"):
 
 * the **runtime**: the interpreter, torch, MONAI and Hydra (:data:`RUNTIME_BYTES`);
 * the **cache**: every case a process trains or validates on, its images float32 and its label int8
-  (:class:`medseg.data.transforms.CompactLabeld`); a case in both the training and the validation list
-  (``data.fold=all``) is held twice;
+  (:class:`medseg.data.transforms.CompactLabeld`); with ``data.fold=all`` in one process training samples its
+  patches from the validation cache, so each case is held once (under DDP a rank's training and validation shares
+  differ, and both are held);
 * the larger of two **transients**: caching, where each of ``data.num_workers`` threads resamples a case
   (:data:`CACHING_TRANSIENT`: the voxels as read, their float32 copy, MONAI's sampling grid of 12 bytes a voxel,
   the output), and validating a whole volume (:data:`VALIDATION_MAPS`, :data:`VALIDATION_BYTES`: the
@@ -84,7 +85,8 @@ def estimate_training_ram(dataset_bytes: int, num_cases: int, cached_cases: int,
         dataset_bytes: the resampled dataset as float32 images and labels
             (:attr:`medseg.data.planning.Plan.dataset_bytes`).
         num_cases: the cases ``dataset_bytes`` covers.
-        cached_cases: the cases this process caches: its training plus its validation cases.
+        cached_cases: the cases this process caches: its training plus its validation cases, or the validation
+            cases alone when it trains on them too (``data.fold=all``).
         channels: image channels.
         outputs: the network's outputs (classes with background, or regions).
         workers: ``data.num_workers``, the threads that cache; 0 counts as 1.

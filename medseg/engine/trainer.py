@@ -432,5 +432,7 @@ class Trainer:
                  ["parameters", f"{metrics['params']:,}"], ["peak memory (MB)", f"{metrics['peak_memory_mb']:.0f}"]]
         if "peak_ram_mb" in metrics:  # medseg.engine.run.train measures it
             rows.append(["peak RAM with workers (MB)", f"{metrics['peak_ram_mb']:.0f}"])
+        if "estimated_memory_mb" in metrics:
+            rows.append(["training step, planner's estimate (MB)", f"{metrics['estimated_memory_mb']:.0f}"])
         rows.append(["checkpoints", str(self.ckpt_dir)])
         return text_table(["result", "value"], rows)

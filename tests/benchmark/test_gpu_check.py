@@ -60,8 +60,13 @@ def test_dry_run_records_every_part(tmp_path: Path) -> None:
     (agreement,) = parts["evaluate_cpu"]["targets"]
     assert agreement["value"] == 0.0 and agreement["met"] is True
 
-    assert parts["models_compiled"]["status"] == parts["planner"]["status"] == "skipped"
-    assert parts["models_compiled"]["note"] and parts["planner"]["note"]
+    planner = parts["planner"]["figures"]
+    metrics = json.loads((work / "planner" / "metrics.json").read_text())
+    assert metrics["estimated_memory_mb"] == planner["estimated_mib"] <= planner["budget_mib"] == 0.2 * 1024
+    assert planner["channels"][0] == 32 and len(planner["channels"]) == len(planner["strides"]) + 1  # planned
+    assert parts["planner"]["targets"] == [] and "budget target" in parts["planner"]["note"]
+
+    assert parts["models_compiled"]["status"] == "skipped" and parts["models_compiled"]["note"]
 
 
 def test_a_failing_or_hanging_part_loses_only_itself(tmp_path: Path) -> None:
@@ -97,7 +102,7 @@ def test_the_plan_fits_eight_minutes_and_the_dry_run_rehearses_it(tmp_path: Path
     gpu_plan, dry_plan = plan(tmp_path, dry_run=False), plan(tmp_path, dry_run=True)
     assert sum(p.share_s for p in gpu_plan) == DEFAULT_BUDGET_S <= 8 * 60
     assert [p.name for p in gpu_plan] == [p.name for p in dry_plan]
-    assert all(p.command is not None for p in gpu_plan if p.name != "planner")
+    assert all(p.command is not None for p in gpu_plan)
 
 
 def test_device_command_is_documented_and_fits_the_device_tool() -> None:

@@ -12,7 +12,8 @@ from monai.data import MetaTensor
 from medseg.config import validate_config
 from medseg.data.datalist import dataset_from_config
 from medseg.data.transforms import IMAGE, LABEL, CompactLabeld
-from medseg.engine.data import plan_config, prepare_data
+from medseg.engine import data as engine_data
+from medseg.engine.data import PreparedData, plan_config, prepare_data
 from medseg.engine.launch import SINGLE_PROCESS
 from tests.conftest import compose_config
 from tests.data.realistic import write_ct_dataset
@@ -28,27 +29,54 @@ def test_compact_labels_keep_their_values_in_the_smallest_integer_type(values: l
     assert out[IMAGE].dtype == torch.float32, "images are not labels"
 
 
-@pytest.mark.parametrize("spatial_dims", [2, 3])
-def test_the_memory_cache_holds_compact_volumes_that_training_never_changes(spatial_dims: int, tmp_path: Path) -> None:
-    """The cache hands out its volumes without copying them (``copy_cache=False``): every epoch's crops and
-    augmentations must leave the cached tensors and their metadata as they were."""
+def prepared_ct(tmp_path: Path, spatial_dims: int, *overrides: str) -> PreparedData:
+    """A 4-case anisotropic CT set, planned and prepared with ``data.cache=memory`` and no loader workers."""
     root = write_ct_dataset(tmp_path / "ct", num_cases=4, shape=(48, 40, 12), spacing=[(0.7, 0.7, 5.0),
                                                                                        (0.8, 0.8, 4.0)])
     cfg = validate_config(compose_config([
         "data=msd", f"data.root={root}", f"output_dir={tmp_path / 'run'}", f"model.spatial_dims={spatial_dims}",
         "data.cache=memory", "data.num_workers=0", "trainer.check_data=false", "model.channels=[4,8]",
-        "model.strides=[2]", "data.patch_size=[16,16,8]" if spatial_dims == 3 else "data.patch_size=[16,16]"]))
+        "model.strides=[2]", "data.patch_size=[16,16,8]" if spatial_dims == 3 else "data.patch_size=[16,16]",
+        *overrides]))
     info = dataset_from_config(cfg.data)
     cfg, plan = plan_config(cfg, info, progress=False)
-    prepared = prepare_data(cfg, info, plan, tmp_path / "run", SINGLE_PROCESS)
-    cached = prepared.train_dataset._cache
-    assert {(item[IMAGE].dtype, item[LABEL].dtype) for item in cached} == {(torch.float32, torch.int8)}
+    return prepare_data(cfg, info, plan, tmp_path / "run", SINGLE_PROCESS)
+
+
+def assert_training_leaves_the_cache_as_it_was(prepared: PreparedData, cached: list[dict], epochs: int = 3) -> None:
+    """Run ``epochs`` of the training loader; the ``cached`` volumes and their metadata must not change."""
     before = [{key: (item[key].clone(), copy.deepcopy(item[key].meta), len(item[key].applied_operations))
                for key in (IMAGE, LABEL)} for item in cached]
-    for _ in range(3):
+    for _ in range(epochs):
         for batch in prepared.train_loader:
             assert batch[IMAGE].dtype == batch[LABEL].dtype == torch.float32, "the batches are as before"
+            assert batch[IMAGE].shape[2:] == tuple(prepared.window.net_patch)
     for item, kept in zip(cached, before):
         for key, (values, meta, operations) in kept.items():
             assert torch.equal(item[key], values), f"training wrote into the cached {key}"
             assert item[key].meta.keys() == meta.keys() and len(item[key].applied_operations) == operations
+
+
+@pytest.mark.parametrize("spatial_dims", [2, 3])
+def test_the_memory_cache_holds_compact_volumes_that_training_never_changes(spatial_dims: int, tmp_path: Path) -> None:
+    """The cache hands out its volumes without copying them (``copy_cache=False``): every epoch's crops and
+    augmentations must leave the cached tensors and their metadata as they were."""
+    prepared = prepared_ct(tmp_path, spatial_dims)
+    cached = prepared.train_dataset._cache
+    assert {(item[IMAGE].dtype, item[LABEL].dtype) for item in cached} == {(torch.float32, torch.int8)}
+    assert_training_leaves_the_cache_as_it_was(prepared, cached)
+
+
+@pytest.mark.parametrize("spatial_dims", [2, 3])
+def test_fold_all_samples_its_patches_from_the_validation_cache(spatial_dims: int, tmp_path: Path,
+                                                                monkeypatch: pytest.MonkeyPatch) -> None:
+    """``data.fold=all`` trains and validates on the same cases: each is preprocessed and held once, and the RAM
+    estimate behind ``data.cache=auto`` counts it once."""
+    counted: list[int] = []
+    estimate = engine_data.estimate_training_ram
+    monkeypatch.setattr(engine_data, "estimate_training_ram",
+                        lambda *args: counted.append(args[2]) or estimate(*args))
+    prepared = prepared_ct(tmp_path, spatial_dims, "data.fold=all")
+    assert prepared.train_dataset.data is prepared.val_dataset and len(prepared.val_dataset._cache) == 4
+    assert counted == [4], "cached cases counted once"
+    assert_training_leaves_the_cache_as_it_was(prepared, prepared.val_dataset._cache, epochs=2)
