@@ -107,6 +107,20 @@ def test_bf16_autocast_training_step_is_finite() -> None:
     assert all(torch.isfinite(p).all() for p in model.parameters())
 
 
+def test_compile_captures_the_norms_under_bf16_autocast() -> None:
+    # The conv stages' norms branch on autocast (medseg.models.norms): Dynamo must capture the bf16 branch.
+    torch._dynamo.reset()
+    model = small_unet("none").train()
+    image, label = _inputs()
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        eager = model(image)
+        compiled = torch.compile(model, backend="aot_eager")(image)
+    assert compiled.dtype == eager.dtype == torch.bfloat16
+    torch.testing.assert_close(compiled.float(), eager.float(), atol=2e-2, rtol=2e-2)
+    _loss(lambda _: compiled, image, label).backward()
+    assert all(torch.isfinite(p.grad).all() for p in model.parameters() if p.grad is not None)
+
+
 @pytest.mark.gpu
 def test_cuda_compiled_bf16_masa_step_matches_eager() -> None:
     """On CUDA: the default U-Net with MaSA (FlexAttention path: head_dim 32) compiled, bf16, fwd+bwd."""

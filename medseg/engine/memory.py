@@ -66,15 +66,16 @@ ACTIVATION_FACTOR = 1.1
 PARAMETER_TEMPORARIES = 0.45
 """Parameter-sized copies alive at the peak besides the weights, gradients and optimizer state, such as the
 convolution kernels' reordered weights (fitted: 0.44)."""
-AUTOCAST_ELEMENT_BYTES = 4.4
-"""Bytes per counted activation element under bf16/fp16 autocast: no less than float32's 4, because CUDA's autocast
-runs the norms in float32 (their inputs and outputs stay 4-byte) and every convolution keeps its own 2-byte copy of
-its input besides. Fitted (4.3-4.5) with that policy emulated on the CPU, whose own autocast keeps norms in bf16 and
-needs about half (2.2)."""
+AUTOCAST_ELEMENT_BYTES = 2.2
+"""Bytes per counted activation element under bf16/fp16 autocast: the conv stages keep 2-byte activations, their
+norms included (:class:`~medseg.models.norms.AutocastGroupNorm`). Fitted 2.01-2.08 on the CPU, whose autocast runs
+the conv stages in the same dtypes as CUDA's (3D and 2D U-Nets, with and without a MaSA bottleneck); rounded up
+for what CUDA's autocast keeps in float32 besides (the attention blocks' layer norms, the loss's softmax)."""
 AUTOCAST_WEIGHTS = 0.5
 """Autocast's cached low-precision copies of the weights, in float32 copies."""
-# The three fitted constants come from CPU measurements (10 networks, 2D and 3D, 3 to 5 levels, with and without
-# attention slots, batch 2 to 8); their GPU calibration waits for a GPU (cuDNN workspaces are not in them).
+# The fitted constants come from CPU measurements (10 networks in fp32 and 5 in bf16, 2D and 3D, 3 to 5 levels,
+# with and without attention slots, batch 2 to 8); their GPU calibration waits for a GPU (cuDNN workspaces are not
+# in them).
 META_CACHE_SIZE = 64
 """Networks built on the meta device and kept: a planner estimates many patches for a handful of networks."""
 

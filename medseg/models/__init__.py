@@ -10,7 +10,8 @@ from torch import nn
 
 from medseg.config import ModelConfig, to_typed
 from medseg.errors import ConfigError
-from medseg.models.unet import NORMS, SlottedUNet, per_axis_strides
+from medseg.models.norms import NORMS
+from medseg.models.unet import SlottedUNet, per_axis_strides
 
 __all__ = ["MODELS", "NORMS", "SlottedUNet", "build_model", "per_axis_strides"]
 

@@ -14,7 +14,7 @@ of the total stride and the output is cropped back.
 from __future__ import annotations
 
 import math
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 import torch
@@ -25,29 +25,12 @@ from torch import nn
 from medseg.attention import SpatialAttention, build_transformer_block, functional
 from medseg.attention.common import dense_bias_bytes
 from medseg.errors import ConfigError
+from medseg.models.norms import NORMS
 
 StrideSpec = int | Sequence[int]
-NormSpec = str | tuple[str, dict[str, Any]]
 
 GB = 2**30
 """Bytes per GB of ``model.attention.max_bias_gb``."""
-
-GROUP_NORM_GROUPS = 8
-"""``model.norm=group``: groups per norm layer (fewer on a level narrower than that, down to one per channel)."""
-
-
-def _instance_norm(width: int) -> NormSpec:
-    # GroupNorm with one group per channel: instance norm's normalisation and parameters, but its kernels keep
-    # channels-last tensors as they are (InstanceNorm copies them to contiguous).
-    return ("group", {"num_groups": width, "affine": True})
-
-
-NORMS: dict[str, Callable[[int], NormSpec]] = {
-    "instance": _instance_norm,
-    "batch": lambda width: "batch",
-    "group": lambda width: ("group", {"num_groups": math.gcd(GROUP_NORM_GROUPS, width)}),
-}
-"""The values of ``model.norm``: name -> the MONAI ``norm_name`` of a level ``width`` channels wide."""
 
 
 def per_axis_strides(strides: Sequence[StrideSpec], spatial_dims: int) -> list[tuple[int, ...]]:

@@ -50,10 +50,12 @@ MRI = fingerprint((1.0, 1.0, 1.0), [(176, 208, 176), (172, 204, 180), (180, 212,
 NNUNET = {
     "ct": {"fingerprint": CT, "spacing": [0.7, 0.7, 5.0], "patch": [256, 256, 28],
            "strides": [[2, 2, 1], [2, 2, 1], [2, 2, 2], [2, 2, 2], [2, 2, 1], [2, 2, 1]],
-           "features": [32, 64, 128, 256, 320, 320, 320]},
+           "features": [32, 64, 128, 256, 320, 320, 320], "thick_axis_pools_apart": 1},
     "mri": {"fingerprint": MRI, "spacing": [1.0, 1.0, 1.0], "patch": [128, 128, 128],
-            "strides": [[2, 2, 2]] * 5, "features": [32, 64, 128, 256, 320, 320]},
+            "strides": [[2, 2, 2]] * 5, "features": [32, 64, 128, 256, 320, 320], "thick_axis_pools_apart": 0},
 }
+"""``thick_axis_pools_apart``: CT's plan keeps 32 slices where nnU-Net's keeps 28 (its estimate of 256 x 256 x 32 is
+7.0 GB), and pooling until about 4 voxels pools those 32 once more (3 levels against 2)."""
 
 
 @pytest.mark.parametrize("name", list(NNUNET))
@@ -64,10 +66,11 @@ def test_planned_network_and_patch_follow_nnunet(name: str) -> None:
     assert plan.target_spacing == pytest.approx(expected["spacing"])
     ratio = np.prod(plan.patch_size) / np.prod(expected["patch"])
     assert 0.5 <= ratio <= 2, (plan.patch_size, expected["patch"])
-    assert plan.strides[:4] == expected["strides"][:4], "the same anisotropic pooling, level by level"
-    pools, nnunet_pools = (np.log2(np.prod(s, axis=0)) for s in (plan.strides, expected["strides"]))
-    assert np.abs(pools - nnunet_pools).max() <= 1, (plan.strides, expected["strides"])
-    assert plan.channels == expected["features"][:len(plan.channels)] and len(plan.channels) == len(plan.strides) + 1
+    assert plan.channels == expected["features"] and len(plan.strides) == len(expected["strides"]), "the same depth"
+    in_plane = [axis for axis in range(3) if axis != plan.slice_axis]
+    assert np.array(plan.strides)[:, in_plane].tolist() == np.array(expected["strides"])[:, in_plane].tolist()
+    pools, nnunet_pools = (np.log2(np.prod(s, axis=0)).astype(int) for s in (plan.strides, expected["strides"]))
+    assert pools[plan.slice_axis] - nnunet_pools[plan.slice_axis] == expected["thick_axis_pools_apart"]
     assert 0.5 * 8 * GB < plan.memory.total <= 8 * GB, "the patch is as large as the budget allows"
 
 

@@ -13,7 +13,8 @@ from torch import nn
 from medseg.attention import available_blocks
 from medseg.config import validate_config
 from medseg.models import NORMS, SlottedUNet, build_model
-from medseg.models.unet import GROUP_NORM_GROUPS, level_spacing, per_axis_strides
+from medseg.models.norms import GROUP_NORM_GROUPS
+from medseg.models.unet import level_spacing, per_axis_strides
 
 from ..conftest import compose_config
 
