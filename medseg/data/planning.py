@@ -353,8 +353,10 @@ def _fit_patch(
     """Patch (voxels) and strides: the median shape, shrunk until it fits ``voxel_budget`` (and ``memory``).
 
     Each round derives the strides (unless fixed; ``num_levels`` None plans the depth too), rounds the
-    patch up to a multiple of the total stride, and, while over budget, shrinks by one total stride the
-    axis with the largest patch / median-shape ratio (nnU-Net's rule; ties go to the larger extent in mm).
+    patch up to a multiple of the total stride, and, while over budget, shrinks the axis with the largest
+    patch / median-shape ratio (ties go to the larger extent in mm) by one total stride: the one of the
+    patch shrunk by the current total stride, as nnU-Net steps, so that a size the smaller patch pools less
+    often is not skipped (256 -> 224, whose 7 voxels after five pools are not pooled again, not 192).
     """
     dims = len(spacing)
     patch = np.maximum(median_shape.astype(np.int64), 1)
@@ -372,7 +374,12 @@ def _fit_patch(
                           stacklevel=3)
             break
         axis = max(shrinkable, key=lambda a: (rounded[a] / median_shape[a], rounded[a] * spacing[a]))
-        patch[axis] = max(rounded[axis] - total[axis], 1)
+        step = total[axis]
+        if strides is None:
+            smaller = patch.copy()
+            smaller[axis] = max(rounded[axis] - step, 1)
+            step = total_stride(_level_strides(spacing, smaller, num_levels, min_feature_size), dims)[axis]
+        patch[axis] = max(rounded[axis] - step, 1)
     return [int(n) for n in rounded], [list(map(int, level)) for level in level_strides]
 
 

@@ -56,6 +56,9 @@ NNUNET = {
 }
 """``thick_axis_pools_apart``: CT's plan keeps 32 slices where nnU-Net's keeps 28 (its estimate of 256 x 256 x 32 is
 7.0 GB), and pooling until about 4 voxels pools those 32 once more (3 levels against 2)."""
+CT_BUDGET_OF_NNUNET_PLAN = 6.5
+"""GB between medseg's estimates of nnU-Net's CT plan (6.2) and of 256 x 256 x 32 (7.0): the budget at which the
+same rules give nnU-Net's CT plan exactly; a CUDA peak 15 % above the CPU-fitted estimate would make it 8 GB."""
 
 
 @pytest.mark.parametrize("name", list(NNUNET))
@@ -72,6 +75,23 @@ def test_planned_network_and_patch_follow_nnunet(name: str) -> None:
     pools, nnunet_pools = (np.log2(np.prod(s, axis=0)).astype(int) for s in (plan.strides, expected["strides"]))
     assert pools[plan.slice_axis] - nnunet_pools[plan.slice_axis] == expected["thick_axis_pools_apart"]
     assert 0.5 * 8 * GB < plan.memory.total <= 8 * GB, "the patch is as large as the budget allows"
+
+
+def test_between_the_two_estimates_the_ct_plan_is_nnunet_s() -> None:
+    expected = NNUNET["ct"]
+    plan = plan_from_config(CT, DataConfig(root="x"), ModelConfig(channels=None), NNUNET_TRAINING,
+                            PlanningConfig(memory_gb=CT_BUDGET_OF_NNUNET_PLAN))
+    assert (plan.patch_size, plan.strides, plan.channels) == (expected["patch"], expected["strides"],
+                                                              expected["features"])
+
+
+def test_shrinking_steps_by_the_smaller_patch_s_stride_as_nnunet_does() -> None:
+    # 256 pools 6 times (total stride 64); 256 - 64 = 192 pools 5 times (32), so 256 - 32 = 224 is the next size,
+    # whose 7 voxels after five pools are not pooled again. Stepping by 64 would skip it and stop at 192**3.
+    cube = fingerprint((1.0, 1.0, 1.0), [(256, 256, 256)] * 3, is_ct=False)
+    plan = make_plan(cube, num_levels=None, voxel_budget=10**9)  # only the half-volume limit applies
+    assert 224 in plan.patch_size and 192**3 < np.prod(plan.patch_size) <= 256**3 // 2, plan.patch_size
+    assert plan.strides == [[2, 2, 2]] * 5
 
 
 def test_patch_follows_the_budget_and_the_batch() -> None:
