@@ -2,11 +2,12 @@
 
 ``python scripts/benchmark.py peers data.root=<MSD or nnU-Net v2 folder> [data.format=nnunet] budget_minutes=N``
 
-Systems (``systems=nnunet,medseg,medseg_masa``; each in its own process, one after the other):
+Systems (``systems=nnunet,medseg,medseg_masa`` by default; each in its own process, one after the other):
 
 * ``nnunet``: nnU-Net v2 in its default configuration (``3d_fullres``): fingerprint, plan, preprocess, train for the
   budget (:mod:`medseg.benchmark.nnunet_peer`), predict the validation cases with its own predictor (mirroring,
-  Gaussian tiles), score them with its own evaluator;
+  Gaussian tiles), score them with its own evaluator; ``nnunet_2d``: the same with nnU-Net's ``2d`` configuration,
+  which nnU-Net also trains and which can win on strongly anisotropic data (on request: ``systems=...,nnunet_2d``);
 * ``medseg``: ``scripts/train.py`` with the planned defaults of ``data=msd|nnunet`` and ``trainer.max_minutes``,
   then ``scripts/evaluate.py`` on the validation cases; ``medseg_masa``: the same with ``model.bottleneck=masa``.
 
@@ -47,13 +48,12 @@ log = logging.getLogger("medseg")
 REPO = Path(__file__).resolve().parents[2]
 NNUNET_DATASET_ID = 990
 """The id of the nnU-Net dataset the benchmark writes (inside its own nnU-Net folders under ``--out``)."""
-NNUNET_CONFIGURATION = "3d_fullres"
-SYSTEMS: dict[str, tuple[str, ...] | None] = {
-    "nnunet": None,
-    "medseg": (),
-    "medseg_masa": ("model.bottleneck=masa",),
-}
-"""System name -> medseg overrides (None: nnU-Net)."""
+NNUNET_SYSTEMS = {"nnunet": "3d_fullres", "nnunet_2d": "2d"}
+"""nnU-Net system -> its configuration."""
+MEDSEG_SYSTEMS: dict[str, tuple[str, ...]] = {"medseg": (), "medseg_masa": ("model.bottleneck=masa",)}
+"""medseg system -> its overrides."""
+SYSTEMS = [*NNUNET_SYSTEMS, *MEDSEG_SYSTEMS]
+DEFAULT_SYSTEMS = ("nnunet", *MEDSEG_SYSTEMS)
 MEDSEG_COMMON = ("trainer.progress=false", "trainer.max_epochs=100000")
 """Every medseg run: the budget alone ends training."""
 DICE_AGREEMENT = 1e-3
@@ -236,16 +236,16 @@ def _measured(folder: Path) -> dict[str, dict[str, float]]:
     return json.loads((folder / MEASURED).read_text())
 
 
-def train_nnunet(info: Any, train_ids: list[str], val_ids: list[str], out: Path, budget_s: float) -> None:
-    """nnU-Net v2 in its own folders under ``out/nnunet`` (see :mod:`medseg.benchmark.nnunet_peer`)."""
-    base = out / "nnunet"
+def train_nnunet(system: str, info: Any, train_ids: list[str], val_ids: list[str], out: Path, budget_s: float) -> None:
+    """nnU-Net v2 in its own folders under ``out/<system>`` (see :mod:`medseg.benchmark.nnunet_peer`)."""
+    base = out / system
     folders = {name: base / name for name in ("nnUNet_raw", "nnUNet_preprocessed", "nnUNet_results")}
     raw = write_nnunet_raw(info, folders["nnUNet_raw"])
     splits = folders["nnUNet_preprocessed"] / raw.name / "splits_final.json"
     splits.parent.mkdir(parents=True, exist_ok=True)
     atomic_write_json(splits, [{"train": train_ids, "val": val_ids}])  # fold 0 = medseg's fold
     command = Command([sys.executable, "-m", "medseg.benchmark.nnunet_peer", str(NNUNET_DATASET_ID),
-                       NNUNET_CONFIGURATION, "0", str(budget_s), str(base / "result.json")], base / "nnunet.log",
+                       NNUNET_SYSTEMS[system], "0", str(budget_s), str(base / "result.json")], base / "nnunet.log",
                       {name: str(path) for name, path in folders.items()})
     command.run()
     _record(base, nnunet=command)
@@ -267,14 +267,14 @@ def nnunet_plan(plans: Mapping[str, Any], report: Mapping[str, Any]) -> dict[str
             "epochs x iterations": f"{report['epochs']} x {report['iterations_per_epoch']}"}
 
 
-def collect_nnunet(info: Any, val_cases: Sequence[Mapping[str, Any]], out: Path) -> SystemResult:
-    """nnU-Net's run under ``out/nnunet``, its predictions scored by medseg and cross-checked with its evaluator."""
-    base = out / "nnunet"
+def collect_nnunet(system: str, info: Any, val_cases: Sequence[Mapping[str, Any]], out: Path) -> SystemResult:
+    """nnU-Net's run under ``out/<system>``, its predictions scored by medseg and cross-checked with its evaluator."""
+    base = out / system
     report, measured = json.loads((base / "result.json").read_text()), _measured(base)["nnunet"]
     dice, hd95, mean = _scores(score_folder(info, val_cases, Path(report["predictions"])))
     timings = report["timings"]
     return SystemResult(
-        system="nnunet", dice=dice, hd95_mm=hd95, mean_dice=mean,
+        system=system, dice=dice, hd95_mm=hd95, mean_dice=mean,
         seconds={"planning + preprocessing": timings["planning"] + timings["preprocessing"],
                  "training": timings["training"], "prediction": timings["prediction"],
                  "total": measured["seconds"]},
@@ -393,16 +393,17 @@ def to_markdown(meta: Mapping[str, Any], results: Sequence[SystemResult]) -> str
              markdown_table(*costs, missing="n/a"), "", "## Plans", "",
              markdown_table(*plans), ""]
     lines += [f"- {sentence}" for sentence in plan_differences(results)]
-    nnunet = next((r for r in results if r.system == "nnunet"), None)
-    if nnunet is not None:
+    nnunets = [r for r in results if r.system in NNUNET_SYSTEMS]
+    if nnunets:
+        best = max(nnunets, key=lambda r: r.mean_dice)
         lines += ["", "## Notes", ""]
-        lines += [f"- nnU-Net: {note}" for note in nnunet.notes]
+        lines += [f"- {r.system}: {note}" for r in nnunets for note in r.notes]
         for r in results:
             if r.curve:
-                reached = seconds_to_reach(r.curve, nnunet.mean_dice)
-                lines.append(f"- {r.system}: validation Dice during training reached nnU-Net's final "
-                             f"{nnunet.mean_dice:.4f} " + (f"after {reached:.0f} s of training" if reached is not None
-                                                           else "not within the budget"))
+                reached = seconds_to_reach(r.curve, best.mean_dice)
+                lines.append(f"- {r.system}: validation Dice during training reached {best.system}'s final "
+                             f"{best.mean_dice:.4f} " + (f"after {reached:.0f} s of training" if reached is not None
+                                                         else "not within the budget"))
     return "\n".join(lines) + "\n"
 
 
@@ -427,11 +428,11 @@ def run(args: argparse.Namespace) -> int:
     if not logging.getLogger().handlers:
         logging.basicConfig(level=logging.INFO, format="[%(asctime)s] %(message)s")
     own, data_overrides = parse_overrides(args.overrides)
-    systems = own.get("systems", ",".join(SYSTEMS)).split(",")
+    systems = own.get("systems", ",".join(DEFAULT_SYSTEMS)).split(",")
     unknown = [s for s in systems if s not in SYSTEMS]
     if unknown:
         raise SystemExit(f"error: systems={','.join(unknown)}: expected some of {','.join(SYSTEMS)}")
-    if "nnunet" in systems and importlib.util.find_spec("nnunetv2") is None:
+    if set(systems) & set(NNUNET_SYSTEMS) and importlib.util.find_spec("nnunetv2") is None:
         raise SystemExit(f"error: {INSTALL_HINT}")
     if not any(o.startswith("data.root=") for o in data_overrides):
         raise SystemExit("error: data.root=<MSD or nnU-Net v2 folder> is required")
@@ -454,13 +455,13 @@ def run(args: argparse.Namespace) -> int:
     out = args.out
     for system in [] if args.collect else systems:
         log.info("peers: %s for %.0f s of training", system, budget_s)
-        overrides = SYSTEMS[system]
-        if overrides is None:
-            train_nnunet(info, [c["case"] for c in train_cases], [c["case"] for c in val_cases], out, budget_s)
+        if system in NNUNET_SYSTEMS:
+            train_nnunet(system, info, [c["case"] for c in train_cases], [c["case"] for c in val_cases], out,
+                         budget_s)
         else:
-            train_medseg(system, overrides, data_overrides, out, budget_s)
-    results = [collect_nnunet(info, val_cases, out) if SYSTEMS[system] is None else collect_medseg(system, out)
-               for system in systems]
+            train_medseg(system, MEDSEG_SYSTEMS[system], data_overrides, out, budget_s)
+    results = [collect_nnunet(system, info, val_cases, out) if system in NNUNET_SYSTEMS
+               else collect_medseg(system, out) for system in systems]
     device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
     meta = {"dataset": str(data.root), "fold": data.fold, "budget_minutes": budget_s / 60.0,
             "machine": machine(device), "torch": torch.__version__, "num_train": len(train_cases),
@@ -478,7 +479,8 @@ def add_subcommand(subparsers: argparse._SubParsersAction) -> None:
     parser = subparsers.add_parser("peers", help="medseg vs nnU-Net v2 on the same data, cases and budget",
                                    description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("overrides", nargs="*", help="data.root=..., data.format=msd|nnunet, data.fold=0, "
-                                                     "budget_minutes=10, systems=nnunet,medseg,medseg_masa")
+                                                     "budget_minutes=10, systems=nnunet,medseg,medseg_masa "
+                                                     "(or any of nnunet,nnunet_2d,medseg,medseg_masa)")
     parser.add_argument("--out", type=Path, default=Path("outputs/benchmark/peers"),
                         help="runs, nnU-Net's folders, peers.md and peers.json go here")
     parser.add_argument("--collect", action="store_true",

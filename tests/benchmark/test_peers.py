@@ -90,7 +90,18 @@ def test_report_names_each_plan_difference_and_the_time_to_reach_nnunet() -> Non
     markdown = to_markdown({"dataset": "d", "fold": 0, "budget_minutes": 1.0, "machine": "m", "num_train": 6,
                             "num_val": 2}, [nnunet, medseg])
     assert "| medseg | 0.85" in markdown
-    assert "medseg: validation Dice during training reached nnU-Net's final 0.8000 after 20 s" in markdown
+    assert "medseg: validation Dice during training reached nnunet's final 0.8000 after 20 s" in markdown
+
+
+def test_every_nnunet_configuration_is_cross_checked_and_the_best_one_is_the_mark() -> None:
+    nnunet, nnunet_2d = _result("nnunet", 0.80, [64, 64, 64]), _result("nnunet_2d", 0.82, [256, 256])
+    for result in (nnunet, nnunet_2d):
+        result.notes = [f"{result.system} agrees"]
+    medseg = _result("medseg", 0.85, [48, 48, 48], curve=[(10.0, 0.5), (20.0, 0.81), (30.0, 0.85)])
+    markdown = to_markdown({"dataset": "d", "fold": 0, "budget_minutes": 1.0, "machine": "m", "num_train": 6,
+                            "num_val": 2}, [nnunet, nnunet_2d, medseg])
+    assert "- nnunet: nnunet agrees" in markdown and "- nnunet_2d: nnunet_2d agrees" in markdown
+    assert "medseg: validation Dice during training reached nnunet_2d's final 0.8200 after 30 s" in markdown
 
 
 def test_nnunet_plan_in_medseg_terms() -> None:
@@ -126,4 +137,4 @@ def test_one_minute_of_every_system_on_a_tiny_dataset(tmp_path: Path, tiny_demo_
     for result in systems.values():
         assert 0.0 <= result["mean_dice"] <= 1.0 and result["steps"] > 0 and result["peak_ram_gb"] > 0.1
         assert result["seconds"]["training"] < 60.0 * 1.5  # the budget, give or take the last epoch
-    assert "nnU-Net: nnU-Net's own evaluator" in (tmp_path / "peers.md").read_text()
+    assert "nnunet: nnU-Net's own evaluator" in (tmp_path / "peers.md").read_text()
