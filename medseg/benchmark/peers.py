@@ -479,8 +479,8 @@ def add_subcommand(subparsers: argparse._SubParsersAction) -> None:
     parser = subparsers.add_parser("peers", help="medseg vs nnU-Net v2 on the same data, cases and budget",
                                    description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("overrides", nargs="*", help="data.root=..., data.format=msd|nnunet, data.fold=0, "
-                                                     "budget_minutes=10, systems=nnunet,medseg,medseg_masa "
-                                                     "(or any of nnunet,nnunet_2d,medseg,medseg_masa)")
+                                                     f"budget_minutes=10, systems={','.join(DEFAULT_SYSTEMS)} "
+                                                     f"(or any of {','.join(SYSTEMS)})")
     parser.add_argument("--out", type=Path, default=Path("outputs/benchmark/peers"),
                         help="runs, nnU-Net's folders, peers.md and peers.json go here")
     parser.add_argument("--collect", action="store_true",
