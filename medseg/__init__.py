@@ -6,12 +6,14 @@ when first used, so importing medseg (the command-line scripts' ``--help``) stay
 
 from typing import Any
 
-__version__ = "0.1.0"
-_API = ("load_model", "predict")
+from medseg.version import __version__
+
+__all__ = ["__version__", "load_model", "predict", "predict_exported"]
+_API = ("load_model", "predict", "predict_exported")
 
 
 def __getattr__(name: str) -> Any:
-    """``medseg.predict`` and ``medseg.load_model``, imported on first use."""
+    """``medseg.predict``, ``medseg.predict_exported`` and ``medseg.load_model``, imported on first use."""
     if name in _API:
         from medseg import api
 

@@ -20,12 +20,16 @@ from nibabel.spatialimages import SpatialImage
 
 from medseg.config import EvaluateConfig
 from medseg.data.reading import ImageSource
-from medseg.engine.evaluate import Case, Ensemble, EvalModel, load_model, segment
-from medseg.engine.evaluate.settings import parse_config
-from medseg.engine.postprocess import from_setting
 from medseg.errors import ConfigError
+from medseg.export import load_exported, read_description
+from medseg.inference.cases import Case
+from medseg.inference.ensemble import Ensemble
+from medseg.inference.inferer import segment
+from medseg.inference.model import EvalModel, load_model
+from medseg.inference.settings import check_config
+from medseg.postprocessing.components import from_setting
 
-__all__ = ["load_model", "predict"]
+__all__ = ["load_model", "predict", "predict_exported"]
 
 Checkpoints = str | Path | EvalModel | Sequence[str | Path | EvalModel]
 """A checkpoint file, a training run or multirun folder, a model from :func:`load_model`, or a list of them."""
@@ -80,13 +84,26 @@ def predict(image: str | Path | SpatialImage | np.ndarray, ckpt: Checkpoints, af
     items = list(ckpt) if isinstance(ckpt, Sequence) and not isinstance(ckpt, str) else [ckpt]
     loaded = [item for item in items if isinstance(item, EvalModel)]
     names = [str(item.checkpoint if isinstance(item, EvalModel) else item) for item in items]
-    settings = parse_config(EvaluateConfig(ckpt=names, input="(in memory)", device=device, tta=tta, overlap=overlap,
+    settings = check_config(EvaluateConfig(ckpt=names, input="(in memory)", device=device, tta=tta, overlap=overlap,
                                            sw_batch_size=sw_batch_size, postprocessing=postprocessing, progress=False))
     source = _source(image, affine)
     if loaded and len(loaded) != len(items):
         raise ConfigError("predict(): ckpt= mixes loaded models and paths; give one kind")
     ensemble = Ensemble(loaded, settings) if loaded else Ensemble.load(names, settings)
     steps = from_setting(settings.postprocessing, ensemble.checkpoints, ensemble.label_spec.outputs)
-    prediction = ensemble.predict(Case("image", source))
+    prediction = ensemble.infer(Case("image", source))
     labels = ensemble.label_spec.label_map(segment(prediction, steps))
     return (labels, prediction.probabilities) if return_probabilities else labels
+
+
+def predict_exported(image: str | Path | SpatialImage | np.ndarray, folder: str | Path,
+                     affine: np.ndarray | None = None, device: str = "cpu") -> np.ndarray:
+    """The label map ``(X, Y, Z)`` of one volume in its own geometry, predicted by the export in ``folder`` as
+    ``scripts/evaluate.py`` predicts (its preprocessing, sliding window and overlap, inversion, the export's
+    postprocessing). ``image`` and ``affine`` as :func:`medseg.predict` takes them."""
+    folder = Path(folder).expanduser()
+    description = read_description(folder)
+    post = description["postprocessing"]
+    return predict(image, load_exported(folder, device), affine, device,
+                   overlap=description["sliding_window"]["overlap"],
+                   postprocessing=str(folder / post) if post else "none")

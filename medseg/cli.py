@@ -1,7 +1,8 @@
 """What every command-line entry point shares: override keys checked first, medseg's errors as one line.
 
 A script is ``run(main, schema)``, where ``main`` is its ``@hydra.main`` task wrapped in :func:`one_line_errors`.
-Only this module and :mod:`medseg.config` are imported before Hydra parses the command line, so ``--help``
+Importing this module registers the schemas (:mod:`medseg.config`) and the configs' resolvers with Hydra. Only it,
+:mod:`medseg.config` and :mod:`medseg.typed_config` are imported before Hydra parses the command line, so ``--help``
 and config mistakes answer without loading torch or MONAI.
 """
 
@@ -13,10 +14,23 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import TypeVar
 
-from medseg.config import check_override_keys
+from omegaconf import OmegaConf
+
+import medseg.config  # noqa: F401  (registers the schemas with Hydra)
 from medseg.errors import MedsegError
+from medseg.typed_config import check_override_keys
 
 T = TypeVar("T")
+
+
+def block_names() -> str:
+    """``${medseg_blocks:}`` in a sweep preset (``experiment=compare_blocks``): none and every registered block."""
+    from medseg.training.settings import block_choices  # the registries load only when a preset asks
+
+    return ",".join(block_choices())
+
+
+OmegaConf.register_new_resolver("medseg_blocks", block_names, replace=True)
 
 
 def one_line_errors(task: Callable[..., T]) -> Callable[..., T]:

@@ -5,29 +5,23 @@ ConfigStore, so ``configs/*.yaml`` hold only presets (``data=msd``, ``experiment
 on top of them. The docstring under each field documents that key; ``python scripts/train.py --help``
 prints them (:func:`key_docs`).
 
-:func:`validate_config` turns a composed config into a typed :class:`TrainConfig`, or raises
-:class:`~medseg.errors.ConfigError` with one line that names the key and what is valid. Choice lists (block
-names, models, norms, optimizers, ...) come from the registries they describe, imported only then: this
-module imports no torch, so ``--help`` and config errors are fast.
+:mod:`medseg.typed_config` turns a composed config into one of these dataclasses, naming a wrong key or type in one
+line; the checks of values against the registries they select from live in the stage that owns each entry point
+(:mod:`medseg.training.settings`, :mod:`medseg.inference.settings`). This module imports no other medseg module and
+no torch, so ``--help`` and config errors are fast.
 """
 
 from __future__ import annotations
 
 import ast
-import difflib
 import inspect
-from collections.abc import Collection, Iterator, Mapping, Sequence
-from dataclasses import asdict, dataclass, field, fields, is_dataclass
+from collections.abc import Iterator
+from dataclasses import dataclass, field, fields, is_dataclass
 from functools import cache
-from typing import Any, TypeVar
+from typing import Any
 
 from hydra.core.config_store import ConfigStore
-from omegaconf import MISSING, DictConfig, OmegaConf
-from omegaconf.errors import ConfigKeyError, MissingMandatoryValue, ValidationError
-
-from medseg.errors import ConfigError
-
-Schema = TypeVar("Schema")
+from omegaconf import MISSING
 
 
 @dataclass
@@ -239,13 +233,6 @@ class PlanningConfig:
     nnU-Net's 8 GB; on a CPU the voxel budget instead (48^3 voxels in 3D, 256^2 in 2D, for 32 first-level channels)."""
 
 
-def check_planning(planning: PlanningConfig) -> None:
-    """Raise :class:`ConfigError` for a ``plan`` node that cannot be planned with (a memory budget of 0 or less)."""
-    if planning.memory_gb is not None and not planning.memory_gb > 0:
-        raise ConfigError(f"plan.memory_gb={planning.memory_gb:g}: expected a positive number of GB, or null for the "
-                          "default (the GPU's memory up to 8 GB; the voxel budget on a CPU)")
-
-
 @dataclass
 class TrainConfig:
     """``scripts/train.py``: everything a training run reads."""
@@ -426,235 +413,11 @@ def help_template(name: str) -> str:
 
 
 def _register() -> None:
-    """The schemas and their ``--help`` texts in Hydra's ConfigStore; ``${medseg_blocks:}`` for sweep presets."""
+    """The schemas and their ``--help`` texts in Hydra's ConfigStore."""
     store = ConfigStore.instance()
     for name, schema in SCHEMAS.items():
         store.store(name=f"{name}_schema", node=schema)
         store.store(group="hydra/help", name=f"medseg_{name}", node={"template": help_template(name)})
-    OmegaConf.register_new_resolver("medseg_blocks", lambda: ",".join(block_choices()), replace=True)
 
 
 _register()
-
-
-# ---------------------------------------------------------------------------------------- validation
-
-
-def _valid_keys(schema: type, path: str) -> list[str]:
-    """The keys of the schema node at ``path`` ("" for the root); [] where the path leaves the schema."""
-    node: Any = schema
-    for part in [p for p in path.split(".") if p]:
-        match = next((f for f in fields(node) if f.name == part), None) if is_dataclass(node) else None
-        if match is None or not is_dataclass(match.default_factory):  # type: ignore[arg-type]
-            return []
-        node = match.default_factory
-    return [f.name for f in fields(node)] if is_dataclass(node) else []
-
-
-def unknown_key_message(schema: type, key: str) -> str:
-    """One line for a key the schema lacks: the nearest valid keys first, then every key at that level."""
-    parent, _, leaf = key.rpartition(".")
-    valid = _valid_keys(schema, parent)
-    near = difflib.get_close_matches(leaf, valid, n=3, cutoff=0.6)
-    hint = f"; did you mean {' or '.join(f'{parent}.{n}' if parent else n for n in near)}?" if near else "."
-    where = f" under {parent!r}" if parent else ""
-    return f"unknown config key {key!r}{hint} Valid keys{where}: {', '.join(valid)}"
-
-
-def check_override_keys(argv: Sequence[str], schema: type, groups: Collection[str] = ()) -> None:
-    """Refuse command-line overrides whose key is not in ``schema``, naming the nearest valid keys.
-
-    Hydra would refuse them too, but only with a hint to add the key with ``+``. Arguments that are not
-    overrides (Hydra's flags and their values), config-group choices (``data=msd``; ``groups`` are the top-level
-    group names), Hydra's own keys and keys inside free-form nodes are left to Hydra.
-
-    Raises:
-        ConfigError: the first unknown key.
-    """
-    from hydra.core.override_parser.overrides_parser import OverridesParser
-    from hydra.errors import OverrideParseException
-
-    parser = OverridesParser.create()
-    for argument in argv:
-        try:
-            (override,) = parser.parse_overrides([argument])
-        except OverrideParseException:
-            continue
-        key = override.key_or_group
-        if "/" in key or override.package or key.split(".")[0] in ("hydra", *groups):
-            continue
-        parts = key.split(".")
-        for depth in range(len(parts)):  # the first segment the schema lacks; free-form nodes end the walk
-            valid = _valid_keys(schema, ".".join(parts[:depth]))
-            if not valid:
-                break
-            if parts[depth] not in valid:
-                raise ConfigError(unknown_key_message(schema, ".".join(parts[:depth + 1])))
-
-
-def _unknown_keys(node: DictConfig, schema: type, prefix: str = "") -> Iterator[str]:
-    """The keys of ``node`` that dataclass ``schema`` lacks, depth first, as full dotted keys."""
-    known = {f.name: f for f in fields(schema)}
-    for key in node:
-        if key not in known:
-            yield f"{prefix}{key}"
-            continue
-        nested = known[key].default_factory
-        if is_dataclass(nested) and not OmegaConf.is_missing(node, key) and isinstance(node[key], DictConfig):
-            yield from _unknown_keys(node[key], nested, f"{prefix}{key}.")  # type: ignore[arg-type]
-
-
-def to_typed(schema: type[Schema], cfg: Schema | Mapping[str, Any] | DictConfig, context: str = "") -> Schema:
-    """``cfg`` merged onto ``schema``'s defaults and checked against its types; returns a ``schema`` instance.
-
-    Raises:
-        ConfigError: an unknown key (with the nearest valid ones), a wrong type, or a required value
-            (``???``) left unset. ``context`` (e.g. ``" for data=msd"``) ends the required-value message.
-    """
-    if isinstance(cfg, schema):
-        return cfg
-    node = cfg if isinstance(cfg, DictConfig) else OmegaConf.create(dict(cfg))  # type: ignore[arg-type]
-    unknown = next(_unknown_keys(node, schema), None)  # Hydra's "+key=value" adds keys even to a typed node
-    if unknown is not None:
-        raise ConfigError(unknown_key_message(schema, unknown))
-    try:
-        merged = OmegaConf.merge(OmegaConf.structured(schema), node)
-        missing = sorted(OmegaConf.missing_keys(merged))
-        if missing:
-            raise ConfigError(f"{missing[0]} is required{context} (set {missing[0]}=...)")
-        return OmegaConf.to_object(merged)  # type: ignore[return-value]
-    except ConfigKeyError as err:
-        raise ConfigError(unknown_key_message(schema, str(err.full_key))) from None
-    except MissingMandatoryValue as err:
-        raise ConfigError(f"{err.full_key} is required{context} (set {err.full_key}=...)") from None
-    except ValidationError as err:
-        raise ConfigError(f"{err.full_key}: {str(err.msg).splitlines()[0]}") from None
-
-
-def as_dict(cfg: Any) -> dict[str, Any]:
-    """A config dataclass as plain Python types (for checkpoints and JSON)."""
-    return asdict(cfg)
-
-
-def block_choices() -> list[str]:
-    """Valid values of ``model.bottleneck`` and ``model.decoder``: ``none`` and the registered blocks."""
-    from medseg.attention import available_blocks
-
-    return ["none", *available_blocks()]
-
-
-def _choices() -> dict[str, Sequence[str]]:
-    """Every key with a fixed set of values, and that set, read from the registry it selects from."""
-    from medseg.attention.block import FFN_KINDS
-    from medseg.attention.cswin import LEPE_MODES
-    from medseg.attention.mha import POSITION_ENCODINGS
-    from medseg.attention.position import ROTARY_ENCODINGS
-    from medseg.data.datalist import DATASET_FORMATS
-    from medseg.engine.data import CACHE_MODES, PLAN_SOURCES
-    from medseg.engine.device import PRECISIONS
-    from medseg.engine.losses import LOSSES
-    from medseg.engine.optim import OPTIMIZERS, SCHEDULES
-    from medseg.models import MODELS, NORMS
-
-    return {
-        "model.name": list(MODELS), "model.norm": list(NORMS), "model.bottleneck": block_choices(),
-        "model.decoder": block_choices(), "model.attention.pe": list(POSITION_ENCODINGS),
-        "model.attention.rope": list(ROTARY_ENCODINGS), "model.attention.lepe": list(LEPE_MODES),
-        "model.attention.ffn": list(FFN_KINDS),
-        "data.format": list(DATASET_FORMATS), "data.cache": list(CACHE_MODES), "data.plan_from": list(PLAN_SOURCES),
-        "trainer.loss": list(LOSSES), "trainer.optimizer": list(OPTIMIZERS), "trainer.scheduler": list(SCHEDULES),
-        "trainer.precision": list(PRECISIONS),
-    }
-
-
-def _select(cfg: Any, key: str) -> Any:
-    for part in key.split("."):
-        cfg = getattr(cfg, part)
-    return cfg
-
-
-def check_choices(cfg: Any, keys: Mapping[str, Sequence[str]]) -> None:
-    """Raise :class:`ConfigError` for the first key of ``keys`` whose value in ``cfg`` is not a valid choice."""
-    for key, choices in keys.items():
-        value = _select(cfg, key)
-        if value not in choices:
-            raise ConfigError(f"{key}={value!r} is not valid. Valid values: {', '.join(choices)}")
-
-
-def _check_block_names(cfg: DictConfig) -> None:
-    """The Hydra trap of design.md: a block given as a mapping (a config group) instead of a name."""
-    for key in ("bottleneck", "decoder"):
-        value = OmegaConf.select(cfg, f"model.{key}")
-        if isinstance(value, DictConfig):
-            raise ConfigError(
-                f"model.{key} must be a block name (a string), got a mapping {OmegaConf.to_container(value)}. "
-                f"Write model.{key}=<name>; block hyperparameters go in model.attention.*. "
-                f"Valid names: {', '.join(block_choices())}")
-
-
-def _check_start(cfg: TrainConfig) -> None:
-    """How the run starts: ``trainer.init_from`` begins a new run from another run's weights, ``trainer.resume`` and
-    ``ckpt_path`` continue one, so they exclude each other; ``data.plan_from=init`` needs a checkpoint to start from."""
-    continues = [key for key, value in (("trainer.resume", cfg.trainer.resume), ("ckpt_path", cfg.ckpt_path)) if value]
-    if cfg.trainer.init_from and continues:
-        raise ConfigError(f"trainer.init_from (a new run from another run's weights) cannot be combined with "
-                          f"{' or '.join(continues)} (continuing a run): set only one of them")
-    if cfg.data.plan_from == "init" and not (cfg.trainer.init_from or continues):
-        raise ConfigError("data.plan_from=init takes the plan from the checkpoint the run starts from: set "
-                          "trainer.init_from=<checkpoint>, or data.plan_from=data")
-
-
-def _check_values(cfg: TrainConfig) -> None:
-    from medseg.data.transforms import NORMALIZATIONS
-
-    check_choices(cfg, _choices())
-    model, data = cfg.model, cfg.data
-    if model.spatial_dims not in (2, 3):
-        raise ConfigError(f"model.spatial_dims={model.spatial_dims}: expected 2 or 3")
-    if model.channels is not None and len(model.channels) < 2:
-        raise ConfigError(f"model.channels={model.channels}: need at least two levels")
-    if model.channels is not None and model.strides is not None and len(model.strides) != len(model.channels) - 1:
-        raise ConfigError(f"model.strides has {len(model.strides)} entries; model.channels has {len(model.channels)} "
-                          f"levels, so expected {len(model.channels) - 1} strides")
-    levels = (len(model.channels) if model.channels is not None
-              else len(model.strides) + 1 if model.strides is not None else None)  # None: the depth is planned
-    if model.decoder_levels < 0 or (levels is not None and model.decoder_levels > levels - 1):
-        raise ConfigError(f"model.decoder_levels={model.decoder_levels}: expected "
-                          f"{'0 or more' if levels is None else f'0..{levels - 1}'}")
-    check_planning(cfg.plan)
-    if not 0.0 < model.attention.gamma <= 1.0:
-        raise ConfigError(f"model.attention.gamma={model.attention.gamma}: expected a decay in (0, 1]")
-    if isinstance(data.normalization, str) and data.normalization not in NORMALIZATIONS:
-        raise ConfigError(f"data.normalization={data.normalization!r}: expected one of {', '.join(NORMALIZATIONS)}")
-    if data.spacing is not None and len(data.spacing) != 3:
-        raise ConfigError(f"data.spacing={data.spacing}: expected 3 entries (mm along R, A, S), also in 2D")
-    if data.patch_size is not None and len(data.patch_size) not in (2, 3):
-        raise ConfigError(f"data.patch_size={data.patch_size}: expected 2 or 3 sizes")
-    if not 0.0 <= data.pos_fraction <= 1.0:
-        raise ConfigError(f"data.pos_fraction={data.pos_fraction}: expected a fraction in [0, 1]")
-    if data.regions is not None and not (isinstance(data.regions, Mapping) and all(
-            isinstance(v, list) and all(isinstance(i, int) for i in v) for v in data.regions.values())):
-        raise ConfigError(f"data.regions={data.regions!r}: expected a mapping region name -> list of label values, "
-                          f"e.g. {{whole_tumor:[1,2,4],tumor_core:[2,4],enhancing:[4]}}")
-    if cfg.trainer.max_minutes is not None and not cfg.trainer.max_minutes > 0:
-        raise ConfigError(f"trainer.max_minutes={cfg.trainer.max_minutes}: expected a positive budget, or null")
-    _check_start(cfg)
-    if data.fold != "all" and not (isinstance(data.fold, int) and 0 <= data.fold < data.num_folds):
-        raise ConfigError(f"data.fold={data.fold!r}: expected 0..{data.num_folds - 1} or all")
-
-
-def validate_config(cfg: TrainConfig | Mapping[str, Any] | DictConfig) -> TrainConfig:
-    """Check ``cfg`` against the schema and the registries; return it as a typed :class:`TrainConfig`.
-
-    Raises:
-        ConfigError: an unknown key, a value of the wrong type, a required value left unset, an unknown
-            block or choice, or inconsistent shapes. The message names the key and lists what is valid.
-    """
-    if isinstance(cfg, TrainConfig):
-        cfg = OmegaConf.structured(cfg)
-    node = cfg if isinstance(cfg, DictConfig) else OmegaConf.create(dict(cfg))
-    _check_block_names(node)
-    data_format = OmegaConf.select(node, "data.format", default=None) or DataConfig.format
-    typed = to_typed(TrainConfig, node, context=f" for data={data_format}")
-    _check_values(typed)
-    return typed

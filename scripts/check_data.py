@@ -10,7 +10,8 @@ import hydra
 from omegaconf import DictConfig
 
 from medseg.cli import one_line_errors, run
-from medseg.config import CheckDataConfig, to_typed
+from medseg.config import CheckDataConfig
+from medseg.typed_config import to_typed
 
 
 @hydra.main(version_base="1.3", config_path="../configs", config_name="check_data")

@@ -18,7 +18,7 @@ from medseg.config import CrossvalConfig
 @one_line_errors
 def main(cfg: DictConfig) -> None:
     """Hydra entry point: cross-validate and exit with the status."""
-    from medseg.engine.crossval import crossval_cli  # torch and MONAI load only when a job runs
+    from medseg.evaluation.crossval import crossval_cli  # torch and MONAI load only when a job runs
 
     code = crossval_cli(cfg)
     if code:

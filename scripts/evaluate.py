@@ -18,7 +18,7 @@ from medseg.config import EvaluateConfig
 @one_line_errors
 def main(cfg: DictConfig) -> None:
     """Hydra entry point: evaluate and exit with the status."""
-    from medseg.engine.evaluate import evaluate_cli  # torch and MONAI load only when a job runs
+    from medseg.evaluation.evaluate import evaluate_cli  # torch and MONAI load only when a job runs
 
     code = evaluate_cli(cfg)
     if code:

@@ -16,7 +16,7 @@ from medseg.config import ExportConfig
 @one_line_errors
 def main(cfg: DictConfig) -> None:
     """Hydra entry point: export."""
-    from medseg.engine.export import export_cli  # torch and MONAI load only when a job runs
+    from medseg.export import export_cli  # torch and MONAI load only when a job runs
 
     export_cli(cfg)
 

@@ -10,7 +10,7 @@ from __future__ import annotations
 import argparse
 import sys
 
-from medseg.engine.sweep import summarize_sweep
+from medseg.sweeps.report import summarize_sweep
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:

@@ -7,13 +7,13 @@ from omegaconf import DictConfig
 
 from medseg.cli import one_line_errors, run
 from medseg.config import TrainConfig
-from medseg.engine.launch import hydra_rank_overrides
+from medseg.runtime.launch import hydra_rank_overrides
 
 
 @hydra.main(version_base="1.3", config_path="../configs", config_name="train")
 @one_line_errors
 def main(cfg: DictConfig) -> float:
-    from medseg.engine.run import train_cli  # torch and MONAI load only when a job runs
+    from medseg.training.run import train_cli  # torch and MONAI load only when a job runs
 
     return train_cli(cfg)
 

@@ -17,7 +17,7 @@ from medseg.config import VisualizeConfig
 @one_line_errors
 def main(cfg: DictConfig) -> None:
     """Hydra entry point: visualize."""
-    from medseg.engine.visualize import visualize_cli  # torch and MONAI load only when a job runs
+    from medseg.visualize import visualize_cli  # torch and MONAI load only when a job runs
 
     visualize_cli(cfg)
 

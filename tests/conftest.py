@@ -13,7 +13,7 @@ import torch
 from hydra import compose, initialize_config_dir
 from omegaconf import DictConfig
 
-import medseg.config  # noqa: F401  (registers the schemas the configs compose onto)
+import medseg.cli  # noqa: F401  (registers the schemas the configs compose onto, and their resolvers)
 
 REPO = Path(__file__).resolve().parents[1]
 CONFIGS = REPO / "configs"

@@ -15,8 +15,8 @@ import numpy as np
 import pytest
 
 from medseg import load_model, predict
-from medseg.engine.evaluate import evaluate
 from medseg.errors import ConfigError, DatasetError
+from medseg.evaluation.evaluate import evaluate
 from tests.conftest import REPO
 from tests.engine.test_evaluate import oracle, save_test_checkpoint  # noqa: F401  (oracle is a fixture)
 

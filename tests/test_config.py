@@ -10,24 +10,16 @@ import pytest
 from omegaconf import OmegaConf
 
 from medseg.attention import available_blocks
-from medseg.config import (
-    SCHEMAS,
-    DataConfig,
-    ModelConfig,
-    TrainConfig,
-    TrainerConfig,
-    check_override_keys,
-    key_docs,
-    to_typed,
-    validate_config,
-)
+from medseg.config import SCHEMAS, DataConfig, ModelConfig, TrainConfig, TrainerConfig, key_docs
 from medseg.errors import ConfigError
+from medseg.training.settings import check_config
+from medseg.typed_config import check_override_keys, to_typed
 
 from .conftest import REPO, compose_config, run_script
 
 
 def _validated(*overrides: str) -> TrainConfig:
-    return validate_config(compose_config(["output_dir=unused", *overrides]))
+    return check_config(compose_config(["output_dir=unused", *overrides]))
 
 
 def test_defaults_compose_and_validate_to_the_typed_schema() -> None:
@@ -82,7 +74,7 @@ def test_unknown_key_names_the_nearest_valid_keys() -> None:
                                           r"model.attention.gamma\?.*Valid keys under 'model.attention': num_heads"):
         _validated("+model.attention.gama=0.8")
     with pytest.raises(ConfigError, match=r"'trainer.epochs'; did you mean trainer.max_epochs or"):
-        validate_config({"trainer": {"epochs": 3}, "data": {"root": "x"}})
+        check_config({"trainer": {"epochs": 3}, "data": {"root": "x"}})
     with pytest.raises(ConfigError, match=r"'model.bottlenck'; did you mean model.bottleneck or"):
         check_override_keys(["model.bottlenck=masa", "--cfg", "job"], TrainConfig)
     with pytest.raises(ConfigError, match=r"'modle'; did you mean model\?"):
@@ -98,7 +90,7 @@ def test_bottleneck_given_as_a_mapping_is_caught() -> None:
     cfg = OmegaConf.to_container(compose_config(["output_dir=unused"]))
     cfg["model"]["bottleneck"] = {"name": "masa", "gamma": 0.9}
     with pytest.raises(ConfigError, match="must be a block name"):
-        validate_config(cfg)
+        check_config(cfg)
 
 
 @pytest.mark.parametrize(

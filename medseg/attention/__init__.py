@@ -7,7 +7,7 @@
 Pure tensor ops live in :mod:`medseg.attention.functional`; one module per block family
 (:mod:`~medseg.attention.masa`, :mod:`~medseg.attention.focused_linear`, :mod:`~medseg.attention.cswin`,
 :mod:`~medseg.attention.mha`); :mod:`~medseg.attention.registry` turns names into modules;
-:mod:`~medseg.attention.inspect` (imported on its own: it reads the U-Net) recomputes a trained U-Net's
+:mod:`~medseg.models.inspect` (imported on its own: it reads the U-Net) recomputes a trained U-Net's
 attention rows for one voxel.
 """
 

@@ -237,7 +237,7 @@ class SpatialAttention(nn.Module, ABC):
         """Row ``index`` (a query token) of the attention :meth:`mix` applies to the values, in ``O(N)`` memory.
 
         ``q, k`` are :meth:`mix`'s inputs ``(B, N, C)``. Optional: a block without it runs and trains as usual,
-        only :mod:`medseg.attention.inspect` cannot show its attention.
+        only :mod:`medseg.models.inspect` cannot show its attention.
         """
         raise NotImplementedError(f"{type(self).__name__} does not implement attention_row")
 

@@ -13,8 +13,8 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-from medseg.engine.report import markdown_table
 from medseg.io import atomic_write_json, atomic_write_text
+from medseg.tables import markdown_table
 
 SUBCOMMANDS: tuple[str, ...] = ("attention", "models", "quality", "peers", "gpu")
 

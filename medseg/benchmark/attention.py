@@ -21,7 +21,7 @@ the reference its FlexAttention output is compared with (``max_abs_diff_masa_vs_
 * A cell whose analytic estimate (:func:`estimate_bytes`) exceeds ``--max-memory-gb`` is not run and
   reads ``OOM (est. X GB)``; a real out-of-memory ``RuntimeError`` is reported the same way.
 
-``--maps`` measures instead what :mod:`medseg.attention.inspect` adds to a forward pass: per registered block
+``--maps`` measures instead what :mod:`medseg.models.inspect` adds to a forward pass: per registered block
 and grid (batch 1), the peak memory (as above) and the time of one query's
 :meth:`~medseg.attention.common.SpatialAttention.attention_row` (the centre token) from ``(1, N, dim)`` q and k,
 the tensors the forward pass hands to the hook anyway; it writes ``attention_maps.md`` / ``.json``.
@@ -53,8 +53,8 @@ from medseg.attention.common import dense_bias_bytes
 from medseg.attention.masa import MaSA
 from medseg.attention.position import axis_scales
 from medseg.benchmark import targets_markdown, write_report
-from medseg.engine.device import PRECISIONS, amp_dtype, autocast
-from medseg.engine.report import markdown_table
+from medseg.runtime.device import PRECISIONS, amp_dtype, autocast
+from medseg.tables import markdown_table
 
 DEFAULT_SIZES = ("8^3", "16^3", "24^3", "32^3", "32^2", "64^2", "128^2")
 QUICK_SIZES = ("4^3", "6^2")
@@ -511,7 +511,7 @@ def add_subcommand(subparsers: argparse._SubParsersAction) -> None:
     parser.add_argument("--max-memory-gb", type=float, default=8.0, help="skip cells estimated above this")
     parser.add_argument("--quick", action="store_true", help=f"tiny grids {QUICK_SIZES}, one rep (for tests)")
     parser.add_argument("--maps", action="store_true",
-                        help="measure one query's attention rows (medseg.attention.inspect) instead of fwd+bwd")
+                        help="measure one query's attention rows (medseg.models.inspect) instead of fwd+bwd")
     parser.add_argument("--dim", type=int, default=128)
     parser.add_argument("--heads", type=int, default=4)
     parser.add_argument("--batch", type=int, default=2)

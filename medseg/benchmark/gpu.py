@@ -66,9 +66,9 @@ from medseg.benchmark import targets_markdown, write_report
 from medseg.benchmark.attention import Target, ratio, size_label
 from medseg.benchmark.wheels import INSTALL_PREFIX, WHEEL_DIR, describe, prepare_wheels
 from medseg.cli import one_line_errors
-from medseg.engine.checkpoint import load_checkpoint
-from medseg.engine.report import markdown_table
 from medseg.errors import MedsegError
+from medseg.runs.checkpoint import load_checkpoint
+from medseg.tables import markdown_table
 
 REPO = Path(__file__).resolve().parents[2]
 DEFAULT_BUDGET_S = 480.0

@@ -6,7 +6,7 @@ registered block) and every other ``model.name`` (MONAI's ``UNet``, ``SwinUNETR`
 ``model.bottleneck=<block>`` or ``model.name=<network>`` (and ``--override``), so the figures describe what
 users run. Every row gets the same input: ``(batch, 1, *patch)`` float32 images, 3 classes (the demo task).
 
-* **Train step**: the trainer's own :class:`~medseg.engine.trainer.TrainStep`, built as the trainer builds it
+* **Train step**: the trainer's own :class:`~medseg.training.trainer.TrainStep`, built as the trainer builds it
   (its loss, ``trainer.optimizer``, ``trainer.grad_clip``, the precision's autocast and loss scaling; compiled
   under ``trainer.compile``): forward, loss, backward, clip, step, non-finite steps skipped. Median of
   ``--reps`` timed steps after ``--warmup`` untimed ones.
@@ -42,17 +42,18 @@ from torch import nn
 
 from medseg.benchmark import targets_markdown, write_report
 from medseg.benchmark.attention import Target, peak_bytes, ratio, time_ms
-from medseg.config import ModelConfig, TrainConfig, block_choices, validate_config
+from medseg.config import ModelConfig, TrainConfig
 from medseg.data.datalist import DatasetInfo
 from medseg.data.demo import DEMO_LABELS
-from medseg.engine.device import PRECISIONS, amp_dtype, autocast
-from medseg.engine.launch import SINGLE_PROCESS
-from medseg.engine.losses import build_loss
-from medseg.engine.optim import build_optimizer
-from medseg.engine.report import CellFormat, markdown_table, text_table
-from medseg.engine.run import wrap_model
-from medseg.engine.trainer import TrainStep
 from medseg.models import MODELS, build_model
+from medseg.optim import build_optimizer
+from medseg.runtime.device import PRECISIONS, amp_dtype, autocast
+from medseg.runtime.launch import SINGLE_PROCESS
+from medseg.tables import CellFormat, markdown_table, text_table
+from medseg.training.losses import build_loss
+from medseg.training.run import wrap_model
+from medseg.training.settings import block_choices, check_config
+from medseg.training.trainer import TrainStep
 
 CONFIG_DIR = Path(__file__).resolve().parents[2] / "configs"
 UNET_ROW = f"{ModelConfig.name}+"
@@ -118,7 +119,7 @@ def train_config(row: str, overrides: Sequence[str] = ()) -> TrainConfig:
         ConfigError: an override names an unknown key or an invalid value.
     """
     choice = f"model.bottleneck={row.removeprefix(UNET_ROW)}" if row.startswith(UNET_ROW) else f"model.name={row}"
-    return validate_config(compose_train_config([choice, *overrides, NO_RUN_DIR]))
+    return check_config(compose_train_config([choice, *overrides, NO_RUN_DIR]))
 
 
 def _tensor_bytes(tensors: Sequence[torch.Tensor | None]) -> int:

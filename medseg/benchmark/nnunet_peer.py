@@ -5,7 +5,7 @@
 them when it is imported). Everything is nnU-Net's default (planner, preprocessor, network, augmentation, loss,
 deep supervision, poly schedule, mirroring at prediction) except the length of training, which
 :class:`BudgetTrainer` sets from the budget with the rule medseg's ``trainer.max_minutes`` uses
-(:class:`medseg.engine.budget.TimeBudget`), timed on its second epoch (the first waits for nnU-Net's augmentation
+(:class:`medseg.training.budget.TimeBudget`), timed on its second epoch (the first waits for nnU-Net's augmentation
 processes to start), and its number of iterations per epoch: nnU-Net's 250 (and 50 validation iterations), or
 fewer when the first epoch would take more than a tenth of the budget.
 """
@@ -30,7 +30,7 @@ def budget_trainer(seconds: float) -> type:
     """nnU-Net's default trainer, trained for ``seconds`` of wall clock (validation included)."""
     from nnunetv2.training.nnUNetTrainer.nnUNetTrainer import nnUNetTrainer
 
-    from medseg.engine.budget import TimeBudget
+    from medseg.training.budget import TimeBudget
 
     class BudgetTrainer(nnUNetTrainer):
         """``run_training`` of nnU-Net with the epochs and iterations per epoch taken from the budget."""

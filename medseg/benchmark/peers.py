@@ -5,7 +5,7 @@
 Systems (``systems=nnunet,medseg,medseg_masa`` by default; each in its own process, one after the other):
 
 * ``nnunet``: nnU-Net v2 in its default configuration (``3d_fullres``): fingerprint, plan, preprocess, train for the
-  budget (:mod:`medseg.benchmark.nnunet_peer`), predict the validation cases with its own predictor (mirroring,
+  budget (:mod:`medseg.benchmark.nnunet_peer`), predict the validation cases with its own inferer (mirroring,
   Gaussian tiles), score them with its own evaluator; ``nnunet_2d``: the same with nnU-Net's ``2d`` configuration,
   which nnU-Net also trains and which can win on strongly anisotropic data (on request: ``systems=...,nnunet_2d``);
 * ``medseg``: ``scripts/train.py`` with the planned defaults of ``data=msd|nnunet`` and ``trainer.max_minutes``,
@@ -40,8 +40,8 @@ from typing import Any
 import numpy as np
 
 from medseg.benchmark import write_report
-from medseg.engine.report import markdown_table, text_table
 from medseg.io import atomic_write_json
+from medseg.tables import markdown_table, text_table
 
 log = logging.getLogger("medseg")
 
@@ -68,10 +68,10 @@ def tree_rss_bytes(pid: int) -> int:
     """Resident memory of ``pid`` and all its descendants, summed (Linux ``/proc``; 0 where it is not readable).
 
     An upper bound: a forked worker's resident set counts the pages it shares with its parent again (training's
-    own ``peak_ram_mb``, :class:`medseg.engine.ram.PeakRam`, counts only what a worker adds). It is the one measure
+    own ``peak_ram_mb``, :class:`medseg.training.ram.PeakRam`, counts only what a worker adds). It is the one measure
     that applies to any system's process tree alike, so the comparison uses it for all.
     """
-    from medseg.engine.ram import child_pids
+    from medseg.training.ram import child_pids
 
     total = 0
     for process in (pid, *child_pids(pid)):
@@ -194,7 +194,7 @@ def _scores(summary: Mapping[str, Any]) -> tuple[dict[str, float], dict[str, flo
 def score_folder(info: Any, cases: Sequence[Mapping[str, Any]], predictions: Path) -> dict[str, Any]:
     """medseg's scoring of ``<case>.nii.gz`` predictions against the cases' labels, in the original geometry."""
     from medseg.data.reading import drop_trailing_singletons, read_file
-    from medseg.engine.evaluate.scoring import read_reference, score_case, summarize
+    from medseg.scoring.per_case import read_reference, score_case, summarize
 
     rows = []
     for entry in cases:
@@ -316,7 +316,7 @@ def medseg_plan(cfg: Mapping[str, Any], metrics: Mapping[str, Any]) -> dict[str,
 
 def collect_medseg(system: str, out: Path) -> SystemResult:
     """A medseg system's run under ``out/<system>``: its evaluation summary, metrics, plan and measurements."""
-    from medseg.engine.checkpoint import load_checkpoint
+    from medseg.runs.checkpoint import load_checkpoint
 
     run_dir = out / system
     metrics, measured = json.loads((run_dir / "metrics.json").read_text()), _measured(run_dir)
@@ -441,12 +441,12 @@ def run(args: argparse.Namespace) -> int:
     import torch
 
     from medseg.benchmark.models import compose_train_config, machine
-    from medseg.config import validate_config
     from medseg.data.datalist import dataset_cache_dir, dataset_from_config, split_cases, splits_path
+    from medseg.training.settings import check_config
 
     data_format = next((o.split("=", 1)[1] for o in data_overrides if o.startswith("data.format=")), "msd")
     data_overrides = [f"data={data_format}", *(o for o in data_overrides if not o.startswith("data.format="))]
-    data = validate_config(compose_train_config([*data_overrides, f"output_dir={args.out}"])).data
+    data = check_config(compose_train_config([*data_overrides, f"output_dir={args.out}"])).data
     if data.fold == "all":
         raise SystemExit("error: data.fold=all has no held-out cases to score; choose a fold")
     info = dataset_from_config(data)

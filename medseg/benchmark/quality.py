@@ -1,6 +1,6 @@
 """``benchmark.py quality``: validation Dice of medseg's U-Net (MaSA bottleneck), MONAI UNet and SwinUNETR.
 
-All three train through medseg's own entry point (:func:`medseg.engine.run.train`) on the same data (the demo
+All three train through medseg's own entry point (:func:`medseg.training.run.train`) on the same data (the demo
 task unless overridden), seed, patch (``[64, 64, 32]``: SwinUNETR needs sizes divisible by 32) and budget,
 from configs composed like ``scripts/train.py``'s (``configs/train.yaml`` + ``model.bottleneck=masa`` /
 ``model.name=monai_unet`` / ``model.name=monai_swinunetr``). Validation runs once, after the last epoch.
@@ -27,7 +27,7 @@ import torch
 from medseg.benchmark import targets_markdown, write_report
 from medseg.benchmark.attention import Target
 from medseg.benchmark.models import compose_train_config, machine
-from medseg.engine.report import CellFormat, markdown_table, text_table
+from medseg.tables import CellFormat, markdown_table, text_table
 
 MODELS: dict[str, tuple[str, ...]] = {
     "unet+masa": ("model.bottleneck=masa",),
@@ -75,7 +75,7 @@ def train_model(
     model: str, out: Path, seed: int, overrides: Sequence[str], epochs: int | None, seconds: float | None
 ) -> Result:
     """Train ``model`` for ``epochs``, or for ``seconds`` (see the module docstring)."""
-    from medseg.engine.run import train  # heavy: MONAI, the data pipeline
+    from medseg.training.run import train  # heavy: MONAI, the data pipeline
 
     run_dir = out / "runs" / model
     metrics = train(run_config(model, run_dir, epochs, seconds, seed, overrides))

@@ -20,9 +20,15 @@ from monai import transforms as mt
 
 from medseg.config import DataConfig
 from medseg.data.labels import LabelSpec, RandCropByPosNegForegroundd, target_transforms, value_transforms
-from medseg.data.planning import thick_axis
 from medseg.data.reading import IMAGE, LABEL, LoadCased
 from medseg.errors import ConfigError
+
+
+def thick_axis(spacing: Sequence[float]) -> int:
+    """The axis with the largest spacing; among (near-)ties the last one, so isotropic data slices along S."""
+    spacing = np.asarray(spacing, dtype=float)
+    return int(np.flatnonzero(spacing >= spacing.max() * (1 - 1e-3))[-1])
+
 
 
 @dataclass(frozen=True)
@@ -31,7 +37,7 @@ class Window:
 
     slice_axis: int
     """The axis a 2D network slices across: the thick axis of the target spacing, by the plan's own rule
-    (:func:`medseg.data.planning.thick_axis`), so training, validation and the plan always agree. Unused in 3D."""
+    (:func:`thick_axis`), so training, validation and the plan always agree. Unused in 3D."""
     roi_size: list[int]
     """The 3D crop and sliding window: the patch in 3D; in 2D the in-plane patch, 1 voxel along ``slice_axis``."""
     net_patch: list[int]

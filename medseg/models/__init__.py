@@ -8,12 +8,24 @@ from typing import Any
 
 from torch import nn
 
-from medseg.config import ModelConfig, to_typed
+from medseg.config import ModelConfig
 from medseg.errors import ConfigError
 from medseg.models.norms import NORMS
 from medseg.models.unet import SlottedUNet, per_axis_strides
+from medseg.typed_config import to_typed
 
-__all__ = ["MODELS", "NORMS", "SlottedUNet", "build_model", "per_axis_strides"]
+__all__ = ["MODELS", "NORMS", "SlottedUNet", "build_model", "per_axis_strides", "unwrap_model"]
+
+
+def unwrap_model(model: nn.Module) -> nn.Module:
+    """The plain module inside DDP and ``torch.compile`` wrappers (whose state_dict keys are clean)."""
+    while True:
+        if hasattr(model, "module") and isinstance(model.module, nn.Module):
+            model = model.module
+        elif hasattr(model, "_orig_mod"):
+            model = model._orig_mod
+        else:
+            return model
 
 
 def _monai_unet(cfg: ModelConfig, in_channels: int, out_channels: int, patch_size: Sequence[int]) -> nn.Module:
@@ -78,5 +90,5 @@ def build_model(model_cfg: ModelConfig | Mapping[str, Any], in_channels: int, ou
     if cfg.name not in MODELS:
         raise ConfigError(f"model.name={cfg.name!r} is not valid. Valid values: {', '.join(MODELS)}")
     if cfg.strides is None:
-        raise ConfigError("model.strides is null: plan it from the data first (medseg.data.planning)")
+        raise ConfigError("model.strides is null: plan it from the data first (medseg.planning.plan)")
     return MODELS[cfg.name](cfg, in_channels, out_channels, patch_size)

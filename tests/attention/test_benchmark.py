@@ -8,9 +8,9 @@ from pathlib import Path
 import torch
 
 from medseg.attention import ATTENTION_BLOCKS, available_blocks
-from medseg.attention.inspect import has_attention_rows
 from medseg.benchmark import main
 from medseg.benchmark.attention import peak_bytes
+from medseg.models.inspect import has_attention_rows
 
 
 def test_quick_attention_benchmark(tmp_path: Path) -> None:

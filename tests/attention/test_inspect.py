@@ -1,4 +1,4 @@
-"""Attention rows and maps (:mod:`medseg.attention.inspect`) against dense matrices built from the equations."""
+"""Attention rows and maps (:mod:`medseg.models.inspect`) against dense matrices built from the equations."""
 
 from __future__ import annotations
 
@@ -10,7 +10,9 @@ import torch
 
 from medseg.attention import ATTENTION_BLOCKS, available_blocks, build_attention
 from medseg.attention.common import DepthwiseConv, SpatialAttention, split_heads
-from medseg.attention.inspect import (
+from medseg.attention.position import relative_bias, resize_grid
+from medseg.errors import ConfigError
+from medseg.models.inspect import (
     attention_maps,
     attention_slots,
     block_kind,
@@ -18,8 +20,6 @@ from medseg.attention.inspect import (
     slot_positions,
     token_position,
 )
-from medseg.attention.position import relative_bias, resize_grid
-from medseg.errors import ConfigError
 from medseg.models.unet import SlottedUNet
 
 from . import reference

@@ -13,8 +13,9 @@ from medseg.attention.block import FeedForward
 from medseg.attention.common import DepthwiseConv, merge_heads, split_heads, to_spatial, to_tokens
 from medseg.attention.cswin import _warn_uneven_split
 from medseg.attention.position import axial_rope
-from medseg.config import TrainConfig, validate_config
+from medseg.config import TrainConfig
 from medseg.models import build_model
+from medseg.training.settings import check_config
 
 from ..conftest import compose_config
 from . import reference
@@ -226,11 +227,11 @@ def test_flatten_positional_term_per_token_is_added_to_k_unchanged() -> None:
 def test_choice_keys_name_themselves_and_their_values(override: str, valid: str) -> None:
     key = override.split("=")[0]
     with pytest.raises(ValueError, match=rf"{key.replace('.', '[.]')}=.*Valid values: {valid}"):
-        validate_config(compose_config(["output_dir=unused", override]))
+        check_config(compose_config(["output_dir=unused", override]))
 
 
 def preset_model(name: str) -> tuple[torch.nn.Module, TrainConfig]:
-    cfg = validate_config(compose_config(["output_dir=unused", f"experiment={name}"]))
+    cfg = check_config(compose_config(["output_dir=unused", f"experiment={name}"]))
     return build_model(cfg.model, 1, 2, cfg.data.patch_size), cfg
 
 

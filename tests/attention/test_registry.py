@@ -25,7 +25,8 @@ from medseg.attention import (
 )
 from medseg.benchmark import build_parser, main
 from medseg.benchmark.models import Sizes, prepare, train_config
-from medseg.config import AttentionConfig, validate_config
+from medseg.config import AttentionConfig
+from medseg.training.settings import check_config
 
 from ..conftest import REPO, compose_config
 from . import throwaway_block as throwaway
@@ -118,7 +119,7 @@ def test_a_new_block_needs_no_other_edit(throwaway_block: str, tmp_path: Path) -
     """README, "Add a new block": registered in its own file, a block is a valid value of both U-Net slots, a
     row of both benchmarks, trains in a U-Net, and every generic test runs it."""
     name, row = throwaway_block, f"unet+{throwaway_block}"
-    cfg = validate_config(compose_config([f"model.bottleneck={name}", f"model.decoder={name}", "output_dir=x"]))
+    cfg = check_config(compose_config([f"model.bottleneck={name}", f"model.decoder={name}", "output_dir=x"]))
     assert (cfg.model.bottleneck, cfg.model.decoder) == (name, name)
 
     parser = build_parser()

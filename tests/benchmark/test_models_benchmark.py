@@ -13,9 +13,9 @@ from medseg.attention import available_blocks
 from medseg.benchmark import main
 from medseg.benchmark.models import QUICK_SIZES, Row, Sizes, all_rows, prepare, table, targets, train_config
 from medseg.benchmark.quality import MODELS
-from medseg.config import validate_config
-from medseg.engine.trainer import TrainStep
 from medseg.models import MODELS as NETWORKS
+from medseg.training.settings import check_config
+from medseg.training.trainer import TrainStep
 
 from ..conftest import compose_config
 
@@ -30,7 +30,7 @@ def test_rows_cover_every_block_and_network() -> None:
 
 def test_a_row_is_what_train_py_trains() -> None:
     """``unet+masa`` is the config of ``scripts/train.py model.bottleneck=masa``, composed independently."""
-    trained = validate_config(compose_config(["model.bottleneck=masa", "output_dir=unused"]))
+    trained = check_config(compose_config(["model.bottleneck=masa", "output_dir=unused"]))
     benchmarked = train_config("unet+masa")
     assert benchmarked.model == trained.model and benchmarked.trainer == trained.trainer
     assert train_config("monai_swinunetr", ["trainer.lr=0.01"]).trainer.lr == 0.01  # --override applies

@@ -9,12 +9,12 @@ import pytest
 import torch
 from monai.data import MetaTensor
 
-from medseg.config import validate_config
+from medseg.training.settings import check_config
 from medseg.data.datalist import dataset_from_config
 from medseg.data.transforms import IMAGE, LABEL, CompactLabeld
-from medseg.engine import data as engine_data
-from medseg.engine.data import PreparedData, plan_config, prepare_data
-from medseg.engine.launch import SINGLE_PROCESS
+from medseg.training import prepare as engine_data
+from medseg.training.prepare import PreparedData, plan_config, prepare_data
+from medseg.runtime.launch import SINGLE_PROCESS
 from tests.conftest import compose_config
 from tests.data.realistic import write_ct_dataset
 
@@ -33,7 +33,7 @@ def prepared_ct(tmp_path: Path, spatial_dims: int, *overrides: str) -> PreparedD
     """A 4-case anisotropic CT set, planned and prepared with ``data.cache=memory`` and no loader workers."""
     root = write_ct_dataset(tmp_path / "ct", num_cases=4, shape=(48, 40, 12), spacing=[(0.7, 0.7, 5.0),
                                                                                        (0.8, 0.8, 4.0)])
-    cfg = validate_config(compose_config([
+    cfg = check_config(compose_config([
         "data=msd", f"data.root={root}", f"output_dir={tmp_path / 'run'}", f"model.spatial_dims={spatial_dims}",
         "data.cache=memory", "data.num_workers=0", "trainer.check_data=false", "model.channels=[4,8]",
         "model.strides=[2]", "data.patch_size=[16,16,8]" if spatial_dims == 3 else "data.patch_size=[16,16]",

@@ -11,7 +11,7 @@ import numpy as np
 from medseg.config import DataConfig
 from medseg.data.datalist import load_dataset
 from medseg.data.demo import DEMO_SPACING, generate_demo_dataset
-from medseg.data.planning import thick_axis
+from medseg.data.transforms import thick_axis
 from medseg.data.transforms import Window, eval_transforms, train_transforms, window
 
 

@@ -18,7 +18,7 @@ from monai import transforms as mt
 from medseg.config import DataConfig
 from medseg.data.datalist import dataset_from_config, load_dataset
 from medseg.data.labels import IGNORE_INDEX, LabelSpec, RandCropByPosNegForegroundd, member_masks
-from medseg.data.planning import compute_fingerprint
+from medseg.planning.plan import compute_fingerprint
 from medseg.data.reading import read_case
 from medseg.data.transforms import eval_transforms, train_transforms
 from medseg.data.verify import verify_dataset
@@ -100,7 +100,7 @@ def test_bad_label_sets_name_the_key(brats: dict[str, Path], tmp_path: Path, fmt
 
 
 def test_bad_regions_stop_training_before_it_starts(brats: dict[str, Path], tmp_path: Path) -> None:
-    from medseg.engine.run import train
+    from medseg.training.run import train
     from tests.conftest import MICRO_OVERRIDES, compose_config
 
     cfg = compose_config([*MICRO_OVERRIDES, "data=msd", f"data.root={brats['msd']}", f"output_dir={tmp_path}",

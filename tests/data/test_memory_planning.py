@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from dataclasses import asdict
 from pathlib import Path
 from types import SimpleNamespace
 
@@ -9,8 +10,9 @@ import numpy as np
 import pytest
 import torch
 
-from medseg.config import DataConfig, ModelConfig, PlanningConfig, TrainConfig, TrainerConfig, as_dict, validate_config
-from medseg.data.planning import (
+from medseg.config import DataConfig, ModelConfig, PlanningConfig, TrainConfig, TrainerConfig
+from medseg.training.settings import check_config
+from medseg.planning.plan import (
     GB,
     apply_plan,
     make_plan,
@@ -21,8 +23,8 @@ from medseg.data.planning import (
     unset_keys,
     voxel_budget_for,
 )
-from medseg.engine.checkpoint import save_checkpoint
-from medseg.engine.data import plan_of_checkpoint
+from medseg.runs.checkpoint import save_checkpoint
+from medseg.training.prepare import plan_of_checkpoint
 from medseg.errors import ConfigError
 from tests.data.realistic import write_ct_dataset
 
@@ -132,23 +134,23 @@ def test_memory_budget_defaults(monkeypatch: pytest.MonkeyPatch) -> None:
 @pytest.mark.parametrize("value", [0, -1.5])
 def test_a_budget_that_is_not_positive_is_one_line(value: float) -> None:
     with pytest.raises(ConfigError, match=rf"^plan\.memory_gb={value}: expected a positive number") as error:
-        validate_config({"data": {"root": "x"}, "plan": {"memory_gb": value}})
+        check_config({"data": {"root": "x"}, "plan": {"memory_gb": value}})
     assert "\n" not in str(error.value)
     with pytest.raises(ConfigError, match=r"^plan\.memory_gb="):
         plan_from_config(CT, DataConfig(root="x"), ModelConfig(), CPU_TRAINER, PlanningConfig(memory_gb=value))
 
 
 def test_null_channels_are_planned_filled_and_stored(tmp_path: Path) -> None:
-    cfg = validate_config({"data": {"root": "x"}, "model": {"channels": None, "decoder_levels": 2}})
+    cfg = check_config({"data": {"root": "x"}, "model": {"channels": None, "decoder_levels": 2}})
     assert "model.channels" in unset_keys(cfg.data, cfg.model)
     plan = plan_from_config(CT, cfg.data, cfg.model, CPU_TRAINER)
     _, model = apply_plan(cfg.data, cfg.model, plan)
     assert model.channels == plan.channels and len(model.channels) == len(model.strides) + 1
     with pytest.raises(ConfigError, match=r"model\.decoder_levels=3: expected 0\.\.2"):
-        validate_config({"data": {"root": "x"}, "model": {"channels": None, "strides": [2, 2], "decoder_levels": 3}})
+        check_config({"data": {"root": "x"}, "model": {"channels": None, "strides": [2, 2], "decoder_levels": 3}})
     resolved = TrainConfig(model=model, data=DataConfig(root="x", spacing=[1.0, 1.0, 1.0], patch_size=[32, 32, 16],
                                                         normalization="zscore"))
-    checkpoint = save_checkpoint(tmp_path / "last.pt", {"config": as_dict(resolved)})
+    checkpoint = save_checkpoint(tmp_path / "last.pt", {"config": asdict(resolved)})
     again = plan_of_checkpoint(cfg, checkpoint)
     assert again.model.channels == plan.channels and again.model.strides == plan.strides
 

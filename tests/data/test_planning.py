@@ -14,9 +14,10 @@ import pytest
 import torch
 
 from medseg.config import DataConfig, ModelConfig
-from medseg.data import planning
+from medseg.data.transforms import thick_axis
+from medseg.planning import plan as planning
 from medseg.data.datalist import load_dataset
-from medseg.data.planning import (
+from medseg.planning.plan import (
     BASE_VOXEL_BUDGET,
     MAX_PATCH_COVERAGE,
     SAMPLES_PER_CASE,
@@ -246,7 +247,7 @@ def test_slice_axis_of_the_transforms_is_the_plans(datasets: dict[str, Path]) ->
     planned = DataConfig(root="unused", spacing=plan.target_spacing, patch_size=plan.patch_size)
     assert window(planned, 2).slice_axis == plan.slice_axis == 0
     near_tie = [1.0, 1.0, 1.0 - 1e-6]  # e.g. float32 spacing read back: still the last (S) axis, as planned
-    assert planning.thick_axis(near_tie) == 2
+    assert thick_axis(near_tie) == 2
 
 
 def test_apply_plan_completes_in_plane_spacing_in_2d(datasets: dict[str, Path]) -> None:

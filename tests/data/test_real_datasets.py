@@ -1,6 +1,6 @@
 """Real datasets end to end: one epoch of training on realistic MSD and nnU-Net folders, 2D and 3D.
 
-Runs go in-process through :func:`medseg.engine.run.train` with the real configs composed by Hydra
+Runs go in-process through :func:`medseg.training.run.train` with the real configs composed by Hydra
 (``data=msd`` / ``data=nnunet`` plus the dataset root and a tiny model, nothing else), so the class
 names, channels and every planned value come from the dataset. Also: fold splits across runs, the
 memory/disk cache choice, 2D slicing across a non-S thick axis, volumes thinner than the patch, and
@@ -20,17 +20,18 @@ import numpy as np
 import pytest
 import torch
 
-from medseg.config import TrainConfig, validate_config
-from medseg.data import planning
+from medseg.config import TrainConfig
+from medseg.training.settings import check_config
+from medseg.planning import plan as planning
 from medseg.data.datalist import dataset_from_config, load_dataset
-from medseg.data.planning import thick_axis
-from medseg.engine import data as engine_data
-from medseg.engine import run as run_module
-from medseg.engine import validation as validation_module
-from medseg.engine.checkpoint import load_checkpoint
-from medseg.engine.data import PreparedData, plan_config, prepare_data
-from medseg.engine.launch import SINGLE_PROCESS
-from medseg.engine.run import train
+from medseg.data.transforms import thick_axis
+from medseg.training import prepare as engine_data
+from medseg.training import run as run_module
+from medseg.training import validation as validation_module
+from medseg.runs.checkpoint import load_checkpoint
+from medseg.training.prepare import PreparedData, plan_config, prepare_data
+from medseg.runtime.launch import SINGLE_PROCESS
+from medseg.training.run import train
 from tests.conftest import compose_config
 from tests.data.realistic import (
     SAGITTAL_SHAPE,
@@ -92,7 +93,7 @@ def train_on(root: Path, fmt: str, output_dir: Path, *overrides: str) -> dict[st
 
 def prepare(root: Path, fmt: str, output_dir: Path, *overrides: str) -> tuple[TrainConfig, PreparedData]:
     """The planned config and :func:`prepare_data` alone (no model, no training), as a run would make them."""
-    cfg = validate_config(run_config(root, fmt, output_dir, *overrides))
+    cfg = check_config(run_config(root, fmt, output_dir, *overrides))
     info = dataset_from_config(cfg.data)
     cfg, plan = plan_config(cfg, info, progress=False)
     return cfg, prepare_data(cfg, info, plan, output_dir, SINGLE_PROCESS)
@@ -112,7 +113,7 @@ class Calls:
 def calls(monkeypatch: pytest.MonkeyPatch) -> Calls:
     """Record every network input and sliding-window prediction of the next in-process run."""
     record = Calls()
-    build_model, predict_volume = run_module.build_model, validation_module.predict_volume
+    build_model, infer_volume = run_module.build_model, validation_module.infer_volume
 
     def hook(module: torch.nn.Module, inputs: tuple[torch.Tensor, ...]) -> None:
         (record.train_inputs if module.training else record.eval_inputs).append(tuple(inputs[0].shape))
@@ -124,13 +125,13 @@ def calls(monkeypatch: pytest.MonkeyPatch) -> Calls:
 
     def spy_predict(model: torch.nn.Module, image: torch.Tensor, roi_size: Any, spatial_dims: int,
                     slice_axis: int, **kwargs: Any) -> torch.Tensor:
-        probs = predict_volume(model, image, roi_size, spatial_dims, slice_axis, **kwargs)
+        probs = infer_volume(model, image, roi_size, spatial_dims, slice_axis, **kwargs)
         record.volumes.append({"image": tuple(image.shape), "probs": tuple(probs.shape),
                                "roi_size": list(roi_size), "slice_axis": slice_axis})
         return probs
 
     monkeypatch.setattr(run_module, "build_model", spy_build)
-    monkeypatch.setattr(validation_module, "predict_volume", spy_predict)
+    monkeypatch.setattr(validation_module, "infer_volume", spy_predict)
     return record
 
 

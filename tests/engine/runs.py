@@ -13,8 +13,8 @@ import pytest
 import torch
 from omegaconf import DictConfig
 
-from medseg.engine import run as run_module
-from medseg.engine import trainer as trainer_module
+from medseg.training import run as run_module
+from medseg.training import trainer as trainer_module
 
 from ..conftest import MICRO_OVERRIDES, compose_config
 
@@ -39,7 +39,7 @@ def _outputs(output: torch.Tensor | list[torch.Tensor]) -> list[torch.Tensor]:
 
 
 def record_forwards(monkeypatch: pytest.MonkeyPatch) -> list[Forward]:
-    """Every forward pass of the model that :func:`medseg.engine.run.train` builds, in order (filled as it runs)."""
+    """Every forward pass of the model that :func:`medseg.training.run.train` builds, in order (filled as it runs)."""
     calls: list[Forward] = []
     build = run_module.build_model
 
@@ -57,7 +57,7 @@ def record_forwards(monkeypatch: pytest.MonkeyPatch) -> list[Forward]:
 
 
 class StepRecord:
-    """The :class:`~medseg.engine.trainer.TrainStep` a run built, and the output shapes its loss received."""
+    """The :class:`~medseg.training.trainer.TrainStep` a run built, and the output shapes its loss received."""
 
     def __init__(self) -> None:
         self.step: trainer_module.TrainStep | None = None

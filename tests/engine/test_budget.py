@@ -8,12 +8,12 @@ from types import SimpleNamespace
 
 import pytest
 
-from medseg.config import validate_config
-from medseg.engine import trainer as trainer_module
-from medseg.engine.budget import TimeBudget
-from medseg.engine.checkpoint import load_checkpoint
-from medseg.engine.run import train
 from medseg.errors import ConfigError
+from medseg.runs.checkpoint import load_checkpoint
+from medseg.training import trainer as trainer_module
+from medseg.training.budget import TimeBudget
+from medseg.training.run import train
+from medseg.training.settings import check_config
 
 from .runs import micro_config
 
@@ -38,7 +38,7 @@ def test_spent_when_another_mean_epoch_would_overrun() -> None:
 
 def test_max_minutes_must_be_positive(tmp_path: Path, tiny_demo_root: Path) -> None:
     with pytest.raises(ConfigError, match="trainer.max_minutes"):
-        validate_config(micro_config(tmp_path, tiny_demo_root, "trainer.max_minutes=0"))
+        check_config(micro_config(tmp_path, tiny_demo_root, "trainer.max_minutes=0"))
 
 
 class FakeClock:

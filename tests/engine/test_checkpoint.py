@@ -10,9 +10,9 @@ import pytest
 import torch
 from torch import nn
 
-from medseg.engine.checkpoint import load_checkpoint, load_model_state, save_checkpoint
 from medseg.errors import CheckpointError
 from medseg.io import atomic_write
+from medseg.runs.checkpoint import load_checkpoint, load_model_state, save_checkpoint
 
 
 class _Payload:

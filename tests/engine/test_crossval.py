@@ -21,10 +21,10 @@ import yaml
 from omegaconf import OmegaConf
 
 from medseg.data.datalist import load_dataset, split_cases
-from medseg.engine.callbacks import SummarizeSweep
-from medseg.engine.crossval import cross_validate
-from medseg.engine.evaluate import evaluate
 from medseg.errors import CheckpointError, ConfigError, DatasetError
+from medseg.evaluation.crossval import cross_validate
+from medseg.evaluation.evaluate import evaluate
+from medseg.sweeps.callbacks import SummarizeSweep
 from tests.conftest import TINY_OVERRIDES, run_script
 from tests.engine.test_evaluate import read_csv, save_test_checkpoint
 from tests.engine.test_metrics import reference_dice

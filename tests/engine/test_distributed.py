@@ -14,16 +14,16 @@ import pytest
 import torch
 import torch.multiprocessing as mp
 
-from medseg.engine import distributed
-from medseg.engine.distributed import any_rank, broadcast_object, gather_objects, on_main_rank, reduce_max
-from medseg.engine.launch import (
+from medseg.errors import ConfigError
+from medseg.runtime import distributed
+from medseg.runtime.distributed import any_rank, broadcast_object, gather_objects, on_main_rank, reduce_max
+from medseg.runtime.launch import (
     SINGLE_PROCESS,
     DistInfo,
     distributed_environment,
     hydra_rank_overrides,
     slurm_environment,
 )
-from medseg.errors import ConfigError
 
 from ..conftest import compose_config
 
@@ -157,7 +157,7 @@ def test_collectives_on_two_gloo_ranks() -> None:
 
 FAILING_RANK = textwrap.dedent("""
     import torch
-    from medseg.engine.distributed import any_rank, process_group
+    from medseg.runtime.distributed import any_rank, process_group
 
     with process_group(torch.device("cpu")) as (info, device):
         if info.rank == 1:

@@ -13,9 +13,14 @@ import pytest
 import yaml
 
 from medseg.config import EvaluateConfig
-from medseg.engine.evaluate import Case, Ensemble, EvaluationError, Predictor, checkpoint_files, evaluate, load_model
-from medseg.engine.postprocess import load
 from medseg.errors import CheckpointError
+from medseg.evaluation.evaluate import evaluate
+from medseg.inference.cases import Case
+from medseg.inference.ensemble import Ensemble, checkpoint_files
+from medseg.inference.inferer import Inferer
+from medseg.inference.model import load_model
+from medseg.inference.settings import EvaluationError
+from medseg.postprocessing.components import load
 from tests.engine.test_crossval import make_fold_sweep
 from tests.engine.test_evaluate import LABELS, assert_same_geometry, nnunet_folder, save_test_checkpoint
 
@@ -32,14 +37,14 @@ def two_spacings(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Path]:
 
 def test_probabilities_averaged_on_the_input_grid(two_spacings: tuple[Path, Path], tiny_demo_root: Path) -> None:
     case = Case("demo_000", str(tiny_demo_root / "imagesTr" / "demo_000.nii.gz"))
-    a, b = (Predictor(load_model(path), SETTINGS).predict(case).probabilities for path in two_spacings)
+    a, b = (Inferer(load_model(path), SETTINGS).infer(case).probabilities for path in two_spacings)
     assert a.shape == b.shape == (3, *nib.load(case.image).shape)
-    ensemble = Ensemble.load(list(two_spacings), SETTINGS).predict(case)
+    ensemble = Ensemble.load(list(two_spacings), SETTINGS).infer(case)
     np.testing.assert_allclose(ensemble.probabilities, (a + b) / 2, atol=1e-6)
     # models with the same preprocessing read the case once and share it
     shared = Ensemble.load([two_spacings[0], two_spacings[0]], SETTINGS)
-    assert shared.predictors[1].transform is shared.predictors[0].transform
-    np.testing.assert_allclose(shared.predict(case).probabilities, a, atol=1e-6)
+    assert shared.inferers[1].transform is shared.inferers[0].transform
+    np.testing.assert_allclose(shared.infer(case).probabilities, a, atol=1e-6)
 
 
 def test_evaluate_an_ensemble(two_spacings: tuple[Path, Path], tiny_demo_root: Path, tmp_path: Path,

@@ -22,22 +22,20 @@ import torch
 from nibabel.orientations import axcodes2ornt, io_orientation, ornt_transform
 from torch import nn
 
-from medseg.config import DataConfig, validate_config
+from medseg.config import DataConfig
 from medseg.data.datalist import channel_file_name, load_dataset, parse_channel_file, split_cases, splits_path
 from medseg.data.reading import read_file
 from medseg.data.transforms import window
-from medseg.engine.checkpoint import save_checkpoint
-from medseg.engine.evaluate import (
-    EvaluationError,
-    evaluate,
-    find_cases,
-    group_channels,
-    mirror_axes,
-)
-from medseg.engine.evaluate import model as model_module
-from medseg.engine.evaluate.output import check_output
 from medseg.errors import CheckpointError, ConfigError
+from medseg.evaluation.evaluate import evaluate
+from medseg.inference import model as model_module
+from medseg.inference.cases import find_cases, group_channels
+from medseg.inference.inferer import mirror_axes
+from medseg.inference.output import check_output
+from medseg.inference.settings import EvaluationError
 from medseg.models import build_model
+from medseg.runs.checkpoint import save_checkpoint
+from medseg.training.settings import check_config
 from tests.conftest import compose_config, run_script
 from tests.data.realistic import write_ct_dataset
 from tests.engine.test_metrics import reference_dice, reference_hd95, reference_nsd
@@ -55,7 +53,7 @@ def save_test_checkpoint(path: Path, spatial_dims: int = 3, spacing=TARGET_SPACI
                          data: dict[str, Any] | None = None, seed: int = 0) -> Path:
     """A checkpoint as the trainer writes it: a real resolved config, a tiny SlottedUNet (weights drawn with
     ``seed``), the dataset description. ``data``: more ``data`` keys (``root``, ``fold``, ...)."""
-    cfg = asdict(validate_config(compose_config(["output_dir=unused"])))
+    cfg = asdict(check_config(compose_config(["output_dir=unused"])))
     cfg["model"].update(TINY_MODEL, spatial_dims=spatial_dims)
     cfg["data"].update(spacing=list(spacing), patch_size=list(patch), normalization=normalization, **(data or {}))
     if state is None:

@@ -15,12 +15,13 @@ import torch
 from torch import nn
 
 from medseg import predict
+from medseg.api import predict_exported
 from medseg.attention import ATTENTION_BLOCKS, SpatialAttention, available_blocks, build_transformer_block
-from medseg.config import DataConfig, validate_config
+from medseg.config import DataConfig
 from medseg.data.transforms import window
-from medseg.engine.checkpoint import load_checkpoint, save_checkpoint
-from medseg.engine.evaluate import evaluate
-from medseg.engine.export import (
+from medseg.errors import CheckpointError, ConfigError
+from medseg.evaluation.evaluate import evaluate
+from medseg.export import (
     EXPORT_FORMATS,
     INPUT,
     PREPROCESSING_FILE,
@@ -28,12 +29,12 @@ from medseg.engine.export import (
     check_export,
     export,
     load_exported,
-    predict_exported,
     write_network,
 )
-from medseg.engine.run import train
-from medseg.errors import CheckpointError, ConfigError
 from medseg.models import build_model
+from medseg.runs.checkpoint import load_checkpoint, save_checkpoint
+from medseg.training.run import train
+from medseg.training.settings import check_config
 from tests.conftest import MICRO_OVERRIDES, compose_config, run_script
 
 UNEXPORTABLE = "data_dependent"
@@ -57,7 +58,7 @@ def trained(tmp_path_factory: pytest.TempPathFactory, tiny_demo_root: Path) -> P
 
 def random_checkpoint(path: Path, **model: object) -> Path:
     """A checkpoint as the trainer writes it, with untrained weights of a micro U-Net changed by ``model``."""
-    cfg = asdict(validate_config(compose_config([*MICRO_OVERRIDES, "output_dir=unused"])))
+    cfg = asdict(check_config(compose_config([*MICRO_OVERRIDES, "output_dir=unused"])))
     cfg["model"].update(model)
     torch.manual_seed(0)
     state = build_model(cfg["model"], 1, 3, window(DataConfig(**cfg["data"]), 3).net_patch).state_dict()

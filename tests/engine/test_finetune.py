@@ -14,9 +14,9 @@ import numpy as np
 import pytest
 import torch
 
-from medseg.engine.checkpoint import load_checkpoint
-from medseg.engine.run import train
 from medseg.errors import CheckpointError, ConfigError
+from medseg.runs.checkpoint import load_checkpoint
+from medseg.training.run import train
 
 from .runs import micro_config
 

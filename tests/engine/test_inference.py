@@ -7,8 +7,8 @@ from typing import Any
 import pytest
 import torch
 
-from medseg.engine import inference
-from medseg.engine.inference import predict_volume
+from medseg.inference import sliding_window as inference
+from medseg.inference.sliding_window import infer_volume
 from medseg.models import SlottedUNet
 
 CPU = torch.device("cpu")
@@ -25,7 +25,7 @@ def model_and_volume(spatial_dims: int) -> tuple[torch.nn.Module, torch.Tensor]:
 
 
 def predict(model: torch.nn.Module, image: torch.Tensor, spatial_dims: int, **devices: Any) -> torch.Tensor:
-    return predict_volume(model, image, ROI[spatial_dims], spatial_dims, SLICE_AXIS, **devices)
+    return infer_volume(model, image, ROI[spatial_dims], spatial_dims, SLICE_AXIS, **devices)
 
 
 @pytest.mark.parametrize("spatial_dims", [2, 3])

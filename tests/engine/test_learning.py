@@ -10,8 +10,8 @@ import numpy as np
 import pytest
 import torch
 
-from medseg.engine.metrics import dice_scores
-from medseg.engine.run import train
+from medseg.scoring.metrics import dice_scores
+from medseg.training.run import train
 
 from ..conftest import TINY_OVERRIDES, compose_config
 

@@ -14,12 +14,13 @@ import torch.nn.functional as F
 from monai.losses import DiceCELoss, DiceFocalLoss, DiceLoss
 
 from medseg.cli import one_line_errors
-from medseg.config import ModelConfig, TrainConfig, TrainerConfig, validate_config
+from medseg.config import ModelConfig, TrainConfig, TrainerConfig
 from medseg.data.datalist import DatasetInfo, dataset_cache_dir
 from medseg.data.labels import IGNORE_INDEX
-from medseg.data.planning import FINGERPRINT_FILE
-from medseg.engine.checkpoint import load_checkpoint, save_checkpoint
-from medseg.engine.losses import (
+from medseg.errors import ConfigError
+from medseg.planning.plan import FINGERPRINT_FILE
+from medseg.runs.checkpoint import load_checkpoint, save_checkpoint
+from medseg.training.losses import (
     AUTO_WEIGHT_RATIO,
     LOSSES,
     auto_class_weights,
@@ -28,8 +29,8 @@ from medseg.engine.losses import (
     output_voxels,
     resolve_class_weights,
 )
-from medseg.engine.run import train, train_cli
-from medseg.errors import ConfigError
+from medseg.training.run import train, train_cli
+from medseg.training.settings import check_config
 
 from ..conftest import compose_config
 from .runs import micro_config
@@ -246,7 +247,7 @@ def test_bad_class_weights_name_the_key_the_length_and_the_outputs(setting: obje
 def test_an_unknown_loss_lists_the_registered_ones() -> None:
     with pytest.raises(ConfigError, match=r"^trainer\.loss='dicece' is not valid\. Valid values: "
                                           r"dice_ce, dice_focal, dice, ce$"):
-        validate_config(compose_config(["trainer.loss=dicece", "output_dir=unused"]))
+        check_config(compose_config(["trainer.loss=dicece", "output_dir=unused"]))
 
 
 @pytest.mark.usefixtures("one_thread")

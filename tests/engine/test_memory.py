@@ -12,14 +12,14 @@ import torch
 from medseg.attention.common import FLOAT32_BYTES, dense_bias_bytes
 from medseg.benchmark.models import IN_CHANNELS, MIB, NUM_CLASSES, Sizes, prepare
 from medseg.config import AttentionConfig, DataConfig, ModelConfig, TrainConfig, TrainerConfig
-from medseg.engine.memory import (
+from medseg.models import build_model
+from medseg.optim import OPTIMIZERS
+from medseg.planning.memory import (
     AUTOCAST_ELEMENT_BYTES,
     PARAMETER_TEMPORARIES,
     estimate_training_memory,
     optimizer_states,
 )
-from medseg.engine.optim import OPTIMIZERS
-from medseg.models import build_model
 
 CPU = torch.device("cpu")
 

@@ -12,8 +12,7 @@ import numpy as np
 import pytest
 from scipy import ndimage
 
-from medseg.engine.evaluate.scoring import score_case
-from medseg.engine.metrics import (
+from medseg.scoring.metrics import (
     BOTH_EMPTY,
     PRED_EMPTY,
     REF_EMPTY,
@@ -26,6 +25,7 @@ from medseg.engine.metrics import (
     volume_ml,
     voxel_spacing,
 )
+from medseg.scoring.per_case import score_case
 
 SPACING = (0.5, 0.5, 2.0)
 """Anisotropic voxel size in mm (0.5 mm³ per voxel)."""

@@ -13,9 +13,9 @@ import pytest
 import torch
 
 from medseg.config import TrainerConfig
-from medseg.engine import trainer as trainer_module
-from medseg.engine.optim import SCHEDULES, build_optimizer, build_scheduler
-from medseg.engine.run import train
+from medseg.optim import SCHEDULES, build_optimizer, build_scheduler
+from medseg.training import trainer as trainer_module
+from medseg.training.run import train
 
 from .runs import micro_config
 

@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 import torch
 
-from medseg.engine.trainer import peak_memory_mb, reset_peak_memory
+from medseg.training.trainer import peak_memory_mb, reset_peak_memory
 
 CPU = torch.device("cpu")
 

@@ -11,8 +11,8 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from medseg.engine.metrics import hd95
-from medseg.engine.postprocess import (
+from medseg.errors import ConfigError
+from medseg.postprocessing.components import (
     ClassStep,
     OutOfFoldCase,
     Postprocessing,
@@ -23,7 +23,7 @@ from medseg.engine.postprocess import (
     from_setting,
     load,
 )
-from medseg.errors import ConfigError
+from medseg.scoring.metrics import hd95
 
 SPACING = (0.5, 0.8, 2.0)
 VOXEL_MM3 = 0.5 * 0.8 * 2.0

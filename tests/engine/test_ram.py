@@ -12,8 +12,8 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from medseg.engine.data import MEMORY_CACHE_FRACTION, choose_cache
-from medseg.engine.ram import (
+from medseg.training.prepare import MEMORY_CACHE_FRACTION, choose_cache
+from medseg.training.ram import (
     CACHING_TRANSIENT,
     GIB,
     RUNTIME_BYTES,

@@ -17,21 +17,26 @@ import torch
 import yaml
 from torch import nn
 
-from medseg.config import DataConfig, EvaluateConfig, validate_config
+from medseg.config import DataConfig, EvaluateConfig
 from medseg.data.datalist import dataset_from_config, load_dataset
 from medseg.data.labels import IGNORE_INDEX, LabelSpec
 from medseg.data.reading import read_case
 from medseg.data.transforms import train_transforms, window
-from medseg.engine import trainer as trainer_module
-from medseg.engine.checkpoint import load_checkpoint, save_checkpoint
-from medseg.engine.crossval import cross_validate
-from medseg.engine.evaluate import Case, Ensemble, Predictor, evaluate, load_model
-from medseg.engine.evaluate import model as model_module
-from medseg.engine.losses import build_loss
-from medseg.engine.postprocess import ClassStep, Postprocessing, load
-from medseg.engine.run import train
 from medseg.errors import ConfigError
+from medseg.evaluation.crossval import cross_validate
+from medseg.evaluation.evaluate import evaluate
+from medseg.inference import model as model_module
+from medseg.inference.cases import Case
+from medseg.inference.ensemble import Ensemble
+from medseg.inference.inferer import Inferer
+from medseg.inference.model import load_model
 from medseg.models import build_model
+from medseg.postprocessing.components import ClassStep, Postprocessing, load
+from medseg.runs.checkpoint import load_checkpoint, save_checkpoint
+from medseg.training import trainer as trainer_module
+from medseg.training.losses import build_loss
+from medseg.training.run import train
+from medseg.training.settings import check_config
 from tests.conftest import compose_config
 from tests.data.realistic import BRATS_CHANNELS, BRATS_ORDER, BRATS_REGIONS, write_brats_dataset
 from tests.engine.runs import micro_config
@@ -60,7 +65,7 @@ def save_region_checkpoint(path: Path, labels: LabelSpec, state: dict | None = N
                            data: dict | None = None) -> Path:
     """A checkpoint as the trainer writes it for ``labels``: a resolved config, a tiny U-Net (weights drawn with
     ``seed``; ``state={}`` for an oracle), the dataset description. No resampling of the BraTS-like data."""
-    cfg = asdict(validate_config(compose_config(["output_dir=unused"])))
+    cfg = asdict(check_config(compose_config(["output_dir=unused"])))
     cfg["model"].update(TINY_MODEL, spatial_dims=3)
     cfg["data"].update(spacing=list(SPACING), patch_size=[16, 16, 8], normalization="none", **(data or {}))
     if state is None:
@@ -212,7 +217,7 @@ def test_the_loss_sees_no_ignore_voxel(brats: dict[str, Path]) -> None:
     target = patch["label"][None]
     ignored = target[:, :1] == IGNORE_INDEX
     assert ignored.any()
-    cfg = validate_config(compose_config(["output_dir=unused", "data.root=unused"]))
+    cfg = check_config(compose_config(["output_dir=unused", "data.root=unused"]))
     loss = build_loss(cfg, info, None)
     logits = torch.randn(target.shape, generator=torch.Generator().manual_seed(0))
     changed = torch.where(ignored, torch.randn(target.shape, generator=torch.Generator().manual_seed(1)), logits)
@@ -244,9 +249,9 @@ def test_ensemble_averages_sigmoids(brats: dict[str, Path], regions: LabelSpec, 
     paths = [save_region_checkpoint(tmp_path / f"{seed}.pt", regions, seed=seed) for seed in (0, 1)]
     images = [str(brats["nnunet"] / "imagesTr" / f"brats_000_{c:04d}.nii.gz") for c in range(4)]
     case = Case("brats_000", images)
-    a, b = (Predictor(load_model(path), SETTINGS).predict(case).probabilities for path in paths)
+    a, b = (Inferer(load_model(path), SETTINGS).infer(case).probabilities for path in paths)
     assert a.shape == (3, 24, 24, 12) and not np.allclose(a, b)
-    prediction = Ensemble.load(paths, SETTINGS).predict(case)
+    prediction = Ensemble.load(paths, SETTINGS).infer(case)
     np.testing.assert_allclose(prediction.probabilities, (a + b) / 2, atol=1e-6)
     assert not np.allclose(prediction.probabilities.sum(0), 1.0), "independent sigmoids, not a softmax"
     mean = (a + b) / 2 > 0.5
@@ -303,14 +308,14 @@ def test_crossval_decides_and_evaluate_applies_postprocessing_per_region(brats: 
     ensemble = Ensemble.load(sweep, SETTINGS)
     for case in ("brats_000", "brats_003"):
         images = [str(brats["nnunet"] / "imagesTr" / f"{case}_{c:04d}.nii.gz") for c in range(4)]
-        prediction = ensemble.predict(Case(case, images))
+        prediction = ensemble.infer(Case(case, images))
         expected = regions.label_map(steps.apply(prediction.masks(), SPACING))
         np.testing.assert_array_equal(np.asarray(nib.load(out / f"{case}.nii.gz").dataobj), expected)
     assert math.isfinite(result.summary["foreground_mean"]["dice"])
 
 
 def test_export_refuses_what_preprocessing_json_cannot_describe(regions: LabelSpec, tmp_path: Path) -> None:
-    from medseg.engine.export import export
+    from medseg.export import export
 
     ckpt = save_region_checkpoint(tmp_path / "regions.pt", regions)
     with pytest.raises(ConfigError, match=r"regions\.pt predicts regions; preprocessing\.json describes softmax"):

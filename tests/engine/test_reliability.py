@@ -19,10 +19,10 @@ from tensorboard.backend.event_processing.event_accumulator import EventAccumula
 from torch import nn
 
 from medseg.cli import one_line_errors
-from medseg.engine import trainer as trainer_module
-from medseg.engine.checkpoint import load_checkpoint
-from medseg.engine.run import train, train_cli
-from medseg.engine.validation import ValidationResult
+from medseg.runs.checkpoint import load_checkpoint
+from medseg.training import trainer as trainer_module
+from medseg.training.run import train, train_cli
+from medseg.training.validation import ValidationResult
 
 from ..conftest import REPO
 from .runs import micro_config
@@ -178,7 +178,7 @@ def _torch_load_calls(path: Path) -> Iterator[ast.Call]:
 def test_every_torch_load_is_weights_only() -> None:
     sources = sorted([*(REPO / "medseg").rglob("*.py"), *(REPO / "scripts").rglob("*.py")])
     calls = [(path, call) for path in sources for call in _torch_load_calls(path)]
-    assert calls, "expected at least medseg.engine.checkpoint's torch.load"
+    assert calls, "expected at least medseg.runs.checkpoint's torch.load"
     for path, call in calls:
         weights_only = [k.value for k in call.keywords if k.arg == "weights_only"]
         assert len(weights_only) == 1 and isinstance(weights_only[0], ast.Constant) and weights_only[0].value is True, \

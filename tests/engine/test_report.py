@@ -7,7 +7,7 @@ import math
 import numpy as np
 import pytest
 
-from medseg.engine.report import format_cell, markdown_table, text_table
+from medseg.tables import format_cell, markdown_table, text_table
 
 HEADERS = ["model", "params", "dice", "seconds"]
 ROWS = [["unet+masa", 1_848_403, 0.81234, 12.04], ["monai_unet", 1_190_000, math.nan, None],

@@ -21,18 +21,10 @@ from hydra.core.utils import JobReturn, JobStatus
 from hydra.errors import OverrideParseException
 from omegaconf import OmegaConf
 
-from medseg.engine.callbacks import FailedJobsFailTrials, SummarizeSweep, TrialFailed
-from medseg.engine.sweep import (
-    as_number,
-    build_summary,
-    collect_jobs,
-    format_mean_std,
-    mean_std,
-    numeric_keys,
-    parse_overrides,
-    summarize_sweep,
-    swept_keys,
-)
+from medseg.runs.folders import Sweep, parse_overrides, swept_keys
+from medseg.sweeps.callbacks import FailedJobsFailTrials, SummarizeSweep, TrialFailed
+from medseg.sweeps.report import as_number, build_summary, numeric_keys, summarize_sweep
+from medseg.tables import format_mean_std, mean_std
 
 from ..conftest import REPO
 
@@ -154,7 +146,7 @@ def test_jobs_in_numeric_order_with_status(tmp_path: Path) -> None:
     for index in (10, 2, 0):
         make_job(sweep, str(index), [f"trainer.seed={index}"], completed(0.5))
     make_job(sweep, "1", ["trainer.seed=1"], "{not json")
-    jobs = collect_jobs(sweep)
+    jobs = Sweep.read(sweep).runs
     assert [job.name for job in jobs] == ["0", "1", "2", "10"]
     assert [job.status for job in jobs] == ["completed", "missing", "completed", "completed"]
     assert "unreadable" in jobs[1].reason
@@ -162,18 +154,18 @@ def test_jobs_in_numeric_order_with_status(tmp_path: Path) -> None:
 
 def test_collect_jobs_rejects_empty_or_absent_dirs(tmp_path: Path) -> None:
     with pytest.raises(FileNotFoundError, match="does not exist"):
-        collect_jobs(tmp_path / "nope")
+        Sweep.read(tmp_path / "nope")
     with pytest.raises(FileNotFoundError, match="no Hydra job"):
-        collect_jobs(tmp_path)
+        Sweep.read(tmp_path)
 
 
 def test_swept_keys_are_the_differing_ones(grid_sweep: Path) -> None:
-    jobs = collect_jobs(grid_sweep)
+    jobs = Sweep.read(grid_sweep).runs
     assert swept_keys(jobs) == ["model.bottleneck", "model.attention.gamma"]
     assert numeric_keys(jobs, swept_keys(jobs)) == ["model.attention.gamma"]
     # a key present in some jobs only is swept too
     make_job(grid_sweep, "4", ["model.bottleneck=none", "model.attention.gamma=0.8", "trainer.lr=0.01"], None)
-    assert swept_keys(collect_jobs(grid_sweep))[-1] == "trainer.lr"
+    assert swept_keys(Sweep.read(grid_sweep).runs)[-1] == "trainer.lr"
 
 
 def test_summary_files_rows_and_failures(grid_sweep: Path) -> None:

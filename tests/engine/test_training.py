@@ -1,7 +1,7 @@
 """The training loop in process on the CPU: each precision, deep supervision, and every ``model.norm``.
 
 Each test trains the micro model of ``MICRO_OVERRIDES`` on the tiny demo (3 steps per epoch) through
-:func:`medseg.engine.run.train` and watches the model and the training step from the test side.
+:func:`medseg.training.run.train` and watches the model and the training step from the test side.
 """
 
 from __future__ import annotations
@@ -13,10 +13,10 @@ from pathlib import Path
 import pytest
 import torch
 
-from medseg.config import validate_config
-from medseg.engine.checkpoint import load_checkpoint
-from medseg.engine.run import train
 from medseg.models import NORMS
+from medseg.runs.checkpoint import load_checkpoint
+from medseg.training.run import train
+from medseg.training.settings import check_config
 
 from .runs import micro_config, record_forwards, record_step
 
@@ -60,7 +60,7 @@ def test_deep_supervision_trains_every_head_and_validates_on_the_full_resolution
     cfg = micro_config(run_dir, tiny_demo_root, "trainer.max_epochs=1", "model.deep_supervision=true",
                        "model.channels=[4,8,16]", "model.strides=[2,2]")
     metrics = train(cfg)
-    typed = validate_config(cfg)
+    typed = check_config(cfg)
     patch, strides = typed.data.patch_size, typed.model.strides
     train_cases = len(json.loads((run_dir / "splits.json").read_text())["train"])
     # one output per decoder level above the bottleneck: the full-resolution head, then each lower stride

@@ -18,18 +18,19 @@ import torch
 import yaml
 from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
-from medseg.attention.inspect import AttentionMap
-from medseg.config import DataConfig, validate_config
+from medseg.config import DataConfig
 from medseg.data.transforms import Window, window
-from medseg.engine.checkpoint import save_checkpoint
-from medseg.engine.run import train
-from medseg.engine.sweep import build_summary, render_plot
-from medseg.engine.visualize import visualize
-from medseg.engine.visualize.measures import decay_gamma, mean_attention_distance_mm, row_entropy, slot_distances
-from medseg.engine.visualize.montage import attention_figures
-from medseg.engine.visualize.window import foreground_voxel, query_window, to_voxels
 from medseg.errors import ConfigError
 from medseg.models import build_model
+from medseg.models.inspect import AttentionMap
+from medseg.runs.checkpoint import save_checkpoint
+from medseg.sweeps.report import build_summary, render_plot
+from medseg.training.run import train
+from medseg.training.settings import check_config
+from medseg.visualize import visualize
+from medseg.visualize.measures import decay_gamma, mean_attention_distance_mm, row_entropy, slot_distances
+from medseg.visualize.montage import attention_figures
+from medseg.visualize.window import foreground_voxel, query_window, to_voxels
 from tests.conftest import compose_config
 
 from .runs import micro_config
@@ -172,7 +173,7 @@ def test_montage_shows_each_head_over_the_image_with_the_query(spatial_dims: int
 def masa_checkpoint(path: Path, spatial_dims: int = 3, bottleneck: str = "masa") -> Path:
     """A checkpoint of a tiny U-Net with one ``bottleneck`` block whose q and k are zero: each attention row is
     the decay alone, ``gamma ** dist`` normalised, which peaks at the query token."""
-    cfg = asdict(validate_config(compose_config(["output_dir=unused"])))
+    cfg = asdict(check_config(compose_config(["output_dir=unused"])))
     cfg["model"].update(spatial_dims=spatial_dims, channels=[4, 8], strides=[2], bottleneck=bottleneck,
                         bottleneck_depth=1, decoder="none", decoder_levels=0)
     cfg["model"]["attention"].update(num_heads=2, gamma=GAMMA)

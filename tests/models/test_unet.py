@@ -11,10 +11,10 @@ import torch
 from torch import nn
 
 from medseg.attention import available_blocks
-from medseg.config import validate_config
 from medseg.models import NORMS, SlottedUNet, build_model
 from medseg.models.norms import GROUP_NORM_GROUPS
 from medseg.models.unet import level_spacing, per_axis_strides
+from medseg.training.settings import check_config
 
 from ..conftest import compose_config
 
@@ -118,7 +118,7 @@ def test_every_norm_the_schema_accepts_builds_and_trains(norm: str, spatial_dims
     """Every value of ``model.norm`` passes the schema, builds, runs forward and backward, and is that norm."""
     assert norm in EXPECTED_NORM, f"model.norm={norm}: add the layer it must build to EXPECTED_NORM"
     channels = [6, 12, 16]  # gcd(8, width) = 2, 4, 8: narrow levels get fewer groups
-    cfg = validate_config(compose_config([f"model.norm={norm}", f"model.spatial_dims={spatial_dims}",
+    cfg = check_config(compose_config([f"model.norm={norm}", f"model.spatial_dims={spatial_dims}",
                                           f"model.channels={channels}", "model.strides=[2,2]",
                                           f"output_dir={tmp_path}"]))
     patch = [16, 12, 8][:spatial_dims]

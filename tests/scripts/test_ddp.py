@@ -16,7 +16,7 @@ from pathlib import Path
 
 import pytest
 
-from medseg.engine.checkpoint import load_checkpoint
+from medseg.runs.checkpoint import load_checkpoint
 
 from ..conftest import REPO, TINY_OVERRIDES, run_script
 from ..engine.test_distributed import free_port

@@ -16,7 +16,7 @@ from tensorboard.plugins.hparams import metadata as hparams_metadata
 from tensorboard.plugins.hparams import plugin_data_pb2
 
 from medseg.attention import available_blocks
-from medseg.config import validate_config
+from medseg.training.settings import check_config
 
 from ..conftest import CONFIGS, TINY_OVERRIDES, compose_config, run_script
 
@@ -105,7 +105,7 @@ def test_failing_job_is_recorded_and_the_sweep_goes_on(tmp_path: Path, tiny_demo
 @pytest.mark.parametrize("name", EXPERIMENTS)
 def test_experiment_presets_compose_and_validate(name: str) -> None:
     preset = OmegaConf.load(CONFIGS / "experiment" / f"{name}.yaml")
-    cfg = validate_config(compose_config([f"experiment={name}", "output_dir=unused"]))
+    cfg = check_config(compose_config([f"experiment={name}", "output_dir=unused"]))
     if "bottleneck" in preset.get("model", {}):  # the preset's choice reaches the validated config
         assert cfg.model.bottleneck == preset.model.bottleneck
 
@@ -136,13 +136,13 @@ def test_compare_blocks_is_a_multirun_over_every_block() -> None:
     assert str(cfg.hydra.mode) == "RunMode.MULTIRUN"
     blocks = cfg.hydra.sweeper.params["model.bottleneck"].split(",")
     assert blocks == ["none", *available_blocks()]
-    assert cfg.hydra.callbacks.summarize_sweep._target_ == "medseg.engine.callbacks.SummarizeSweep"
+    assert cfg.hydra.callbacks.summarize_sweep._target_ == "medseg.sweeps.callbacks.SummarizeSweep"
 
 
 def test_optuna_search_two_trials(tmp_path: Path, tiny_demo_root: Path) -> None:
     pytest.importorskip("hydra_plugins.hydra_optuna_sweeper")
     cfg = compose_with_hydra(["hparams_search=masa_optuna"])
-    assert validate_config(compose_config(["hparams_search=masa_optuna"])).model.bottleneck == "masa"
+    assert check_config(compose_config(["hparams_search=masa_optuna"])).model.bottleneck == "masa"
     assert cfg.hydra.sweeper.direction == "maximize"
 
     sweep_dir = multirun(tmp_path, tiny_demo_root, "hparams_search=masa_optuna", "hydra.sweeper.n_trials=2")

@@ -23,8 +23,8 @@ from typing import Any
 import pytest
 import torch
 
-from medseg.engine.checkpoint import load_checkpoint
 from medseg.errors import CheckpointError
+from medseg.runs.checkpoint import load_checkpoint
 
 from ..conftest import MICRO_OVERRIDES, REPO, run_script
 
@@ -42,7 +42,7 @@ TIMEOUT = 300.0
 PAUSE_DRIVER = """
 import runpy, sys, time
 from pathlib import Path
-from medseg.engine.trainer import Trainer, TrainStep
+from medseg.training.trainer import Trainer, TrainStep
 
 epoch, step, ready, mode = int(sys.argv[1]), int(sys.argv[2]), Path(sys.argv[3]), sys.argv[4]
 train_epoch, train_step, running, taken = Trainer.train_epoch, TrainStep.__call__, {}, []

@@ -8,9 +8,9 @@ from pathlib import Path
 import pytest
 from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
-from medseg.engine.checkpoint import load_checkpoint
-from medseg.engine.evaluate import evaluate
+from medseg.evaluation.evaluate import evaluate
 from medseg.models import build_model
+from medseg.runs.checkpoint import load_checkpoint
 
 from ..conftest import TINY_OVERRIDES, run_script
 

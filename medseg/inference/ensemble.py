@@ -1,0 +1,164 @@
+"""Ensembles: several checkpoints predict each case, and their probabilities (softmax classes, or sigmoid regions) are
+averaged on its own grid.
+
+``ckpt`` names the models: a checkpoint file, a training run folder (its ``checkpoints/best.pt``), a multirun
+folder (the ``checkpoints/best.pt`` of every job whose ``metrics.json`` says completed: the folds of a
+cross-validation), or a list of any of these. Each model preprocesses the case its own way (spacing,
+normalisation) and its probabilities are taken back to the input's grid before they are averaged, so checkpoints
+with different planned spacings, and 2D with 3D models, combine correctly. Models with the same preprocessing share
+the preprocessed case.
+
+The models must predict the same outputs from the same channels: same classes (indices, names, label values, ignore
+label) and regions, same channel names.
+A multirun folder must hold the folds (and seeds) of one configuration.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable, Sequence
+from pathlib import Path
+
+from monai.transforms import Compose
+
+from medseg.config import DataConfig, EvaluateConfig
+from medseg.data.labels import LabelSpec
+from medseg.errors import CheckpointError
+from medseg.inference.cases import Case
+from medseg.inference.inferer import Inferer, Prediction
+from medseg.inference.model import EvalModel, load_model
+from medseg.runs.folders import Sweep, setting_keys, swept_keys
+
+log = logging.getLogger("medseg")
+
+
+def run_checkpoints(folder: Path) -> list[Path]:
+    """The checkpoints a folder stands for: a multirun's finished jobs' ``best.pt``, or a run folder's own.
+
+    Raises:
+        CheckpointError: neither kind of folder; a multirun whose jobs differ in more than ``data.fold`` and
+            ``trainer.seed``; or one without a finished job.
+    """
+    try:
+        jobs = Sweep.read(folder).runs
+    except FileNotFoundError:
+        if (folder / "checkpoints" / "best.pt").is_file():  # a single training run (outputs/train/<date>/<time>)
+            return [folder / "checkpoints" / "best.pt"]
+        raise CheckpointError(f"ckpt={folder}: a folder that is neither a training run (checkpoints/best.pt) nor a "
+                              f"multirun (job folders with .hydra/overrides.yaml)") from None
+    differing = setting_keys(swept_keys(jobs))
+    if differing:
+        values = {key: sorted({str(job.overrides.get(key)) for job in jobs}) for key in differing}
+        raise CheckpointError(
+            f"ckpt={folder} mixes configurations: its jobs differ in {values}, not only in data.fold or trainer.seed; "
+            f"ensemble the folds of one configuration: ckpt=[{folder}/<job>/checkpoints/best.pt,...]")
+    finished = [job for job in jobs if job.finished]
+    if not finished:
+        raise CheckpointError(
+            f"ckpt={folder}: no finished fold (no job with a completed metrics.json and checkpoints/best.pt); "
+            f"wait for its training to end, or see why the jobs failed in their metrics.json")
+    skipped = [job.name for job in jobs if not job.finished]
+    if skipped:
+        log.warning("ckpt=%s: leaving out the unfinished job(s) %s", folder, ", ".join(skipped))
+    return [job.checkpoint for job in finished]
+
+
+def checkpoint_files(ckpt: str | Path | Sequence[str | Path]) -> list[Path]:
+    """The checkpoint files of a ``ckpt`` setting (see the module docstring), in the order given."""
+    items = [ckpt] if isinstance(ckpt, str | Path) else list(ckpt)
+    files: list[Path] = []
+    for item in items:
+        path = Path(item).expanduser()
+        files += run_checkpoints(path) if path.is_dir() else [path]
+    return files
+
+
+def check_compatible(nets: Sequence[EvalModel]) -> None:
+    """Refuse an ensemble whose models differ in their classes or channels, naming both checkpoints.
+
+    Raises:
+        CheckpointError: the first mismatch.
+    """
+    first = nets[0]
+    for net in nets[1:]:
+        for what, mine, theirs in (("classes", first.label_spec.as_dict(), net.label_spec.as_dict()),
+                                   ("channels", first.channel_names, net.channel_names)):
+            if mine != theirs:
+                raise CheckpointError(
+                    f"checkpoints {first.checkpoint} and {net.checkpoint} cannot be ensembled: their {what} differ "
+                    f"({mine} and {theirs}); ensemble only models trained on the same labels and channels")
+
+
+class Ensemble:
+    """One or more models predicting whole cases in their original geometry, probabilities averaged."""
+
+    def __init__(self, nets: Sequence[EvalModel], settings: EvaluateConfig) -> None:
+        check_compatible(nets)
+        self.nets = list(nets)
+        self.settings = settings
+        chains: dict[str, Compose] = {}  # models with the same preprocessing share a case's preprocessing
+        self.inferers = []
+        for net in self.nets:
+            inferer = Inferer(net, settings, chains.get(net.preprocessing_key))
+            chains.setdefault(net.preprocessing_key, inferer.transform)
+            self.inferers.append(inferer)
+
+    @classmethod
+    def load(cls, ckpt: str | Path | Sequence[str | Path], settings: EvaluateConfig) -> Ensemble:
+        """The models of a ``ckpt`` setting (:func:`checkpoint_files`).
+
+        Raises:
+            CheckpointError: a missing or foreign checkpoint, a folder without finished runs or mixing
+                configurations, or models that cannot be ensembled.
+        """
+        return cls([load_model(path) for path in checkpoint_files(ckpt)], settings)
+
+    def __len__(self) -> int:
+        return len(self.nets)
+
+    @property
+    def checkpoints(self) -> list[Path]:
+        return [net.checkpoint for net in self.nets if net.checkpoint is not None]
+
+    @property
+    def labels(self) -> dict[int, str]:
+        """Class index -> name, background (0) included."""
+        return self.nets[0].labels
+
+    @property
+    def label_spec(self) -> LabelSpec:
+        """The models' classes, ignore label and regions (:mod:`medseg.data.labels`)."""
+        return self.nets[0].label_spec
+
+    @property
+    def in_channels(self) -> int:
+        return self.nets[0].in_channels
+
+    @property
+    def trained_on(self) -> DataConfig | None:
+        """A single model's training data config (its validation fold); None for an ensemble."""
+        return self.nets[0].data if len(self.nets) == 1 else None
+
+    def infer(self, case: Case, on_model: Callable[[], object] = lambda: None) -> Prediction:
+        """The mean of the models' probabilities on the case's grid; ``on_model()`` after each model.
+
+        The sliding windows of a single model show a progress bar when ``settings.progress`` is set.
+
+        Raises:
+            DatasetError: an unreadable image, or a channel count other than the models'.
+        """
+        windows = self.settings.progress and len(self.nets) == 1
+        preprocessed: dict[str, dict] = {}
+        total = None
+        for inferer in self.inferers:
+            key = inferer.net.preprocessing_key
+            if key not in preprocessed:
+                preprocessed[key] = inferer.preprocess(case)
+            prediction = inferer.infer_preprocessed(preprocessed[key], progress=windows)
+            if total is None:
+                total = prediction.probabilities
+            else:
+                total += prediction.probabilities
+            on_model()
+        assert total is not None
+        return Prediction(total / len(self.inferers), prediction.affine, prediction.label_spec)

@@ -1,0 +1,38 @@
+"""The settings of an evaluation (:class:`~medseg.config.EvaluateConfig`), checked before anything runs."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any
+
+from omegaconf import DictConfig
+
+from medseg.config import EvaluateConfig
+from medseg.errors import ConfigError
+from medseg.typed_config import check_choices, to_typed
+
+SPLITS = ("test", "training", "validation")
+"""The values of ``split``."""
+
+
+class EvaluationError(ConfigError):
+    """The evaluation cannot start (bad settings, no images); the message says why in one line."""
+
+
+def check_config(cfg: EvaluateConfig | Mapping[str, Any] | DictConfig) -> EvaluateConfig:
+    """Check ``cfg`` against :class:`EvaluateConfig`; raises :class:`~medseg.errors.ConfigError` naming the key."""
+    settings = to_typed(EvaluateConfig, cfg)
+    check_choices(settings, {"split": SPLITS})
+    if not 0.0 <= settings.overlap < 1.0:
+        raise EvaluationError(f"overlap={settings.overlap}: expected a fraction in [0, 1)")
+    if settings.sw_batch_size < 1:
+        raise EvaluationError(f"sw_batch_size={settings.sw_batch_size}: expected at least 1")
+    if not settings.tolerance_mm >= 0.0:
+        raise EvaluationError(f"tolerance_mm={settings.tolerance_mm}: expected a distance >= 0")
+    ckpts = settings.ckpt if isinstance(settings.ckpt, list) else [settings.ckpt]
+    if not ckpts or not all(isinstance(c, str) and c for c in ckpts):
+        raise EvaluationError(f"ckpt={settings.ckpt!r}: expected a checkpoint file, a run or multirun folder, or a "
+                              f"list of them (ckpt=[a.pt,b.pt])")
+    if not settings.postprocessing:
+        raise EvaluationError("postprocessing is empty: expected auto, none, or a postprocessing.json file")
+    return settings

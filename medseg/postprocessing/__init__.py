@@ -1,0 +1,2 @@
+"""Postprocessing: connected-component steps per class, decided on out-of-fold predictions and applied to new ones
+(:mod:`.components`)."""

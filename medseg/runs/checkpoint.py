@@ -1,0 +1,98 @@
+"""Self-describing, crash-safe checkpoints.
+
+A checkpoint is a dict of tensors and plain Python values only, so it loads with
+``torch.load(weights_only=True)``: a file that carries any other pickled object is refused and its
+payload never runs. It holds the model weights, the optimizer, scheduler and AMP-scaler states, the
+epoch (and step, for a checkpoint written by a graceful stop mid-epoch), the best metric, and the
+resolved config and dataset description as plain types, so that the checkpoint alone rebuilds the
+model and its preprocessing. Writes go to a temp file, are fsynced, then renamed over the target.
+"""
+
+from __future__ import annotations
+
+import pickle
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any
+
+import torch
+from torch import nn
+
+from medseg.version import __version__
+from medseg.errors import CheckpointError
+from medseg.io import atomic_write
+from medseg.models import unwrap_model
+
+CHECKPOINT_FORMAT = "medseg-checkpoint"
+CHECKPOINT_VERSION = 1
+
+
+def save_checkpoint(path: str | Path, state: dict[str, Any]) -> Path:
+    """Atomically write ``state`` (plus format and version tags) to ``path``."""
+    payload = {"format": CHECKPOINT_FORMAT, "version": CHECKPOINT_VERSION, "medseg_version": __version__, **state}
+    return atomic_write(path, lambda handle: torch.save(payload, handle))
+
+
+def load_checkpoint(path: str | Path, map_location: str | torch.device = "cpu") -> dict[str, Any]:
+    """Load a medseg checkpoint safely (``weights_only=True``).
+
+    Raises:
+        CheckpointError: the file is missing, holds pickled objects beyond tensors and plain types
+            (refused unrun), was not written by medseg, or comes from an incompatible format version.
+    """
+    path = Path(path)
+    if not path.is_file():
+        raise CheckpointError(f"checkpoint {path} not found")
+    try:
+        state = torch.load(path, map_location=map_location, weights_only=True)
+    except pickle.UnpicklingError as err:
+        raise CheckpointError(
+            f"checkpoint {path} was refused: it holds pickled objects that are not tensors or plain "
+            f"types, and medseg never runs them (weights_only=True). Details: {str(err).splitlines()[0]}"
+        ) from None
+    except (RuntimeError, EOFError, OSError) as err:
+        raise CheckpointError(f"checkpoint {path} is not a readable torch file: {err}") from None
+    if not isinstance(state, dict) or state.get("format") != CHECKPOINT_FORMAT:
+        raise CheckpointError(f"checkpoint {path} was not written by medseg (no '{CHECKPOINT_FORMAT}' tag)")
+    if state.get("version") != CHECKPOINT_VERSION:
+        raise CheckpointError(
+            f"checkpoint {path} has format version {state.get('version')} (medseg "
+            f"{state.get('medseg_version')}); this medseg ({__version__}) reads version {CHECKPOINT_VERSION}"
+        )
+    return state
+
+
+def state_mismatch(expected: Mapping[str, torch.Tensor], state_dict: Mapping[str, torch.Tensor]) -> str:
+    """What keeps ``state_dict`` from loading into a model whose state is ``expected``: missing keys, unexpected
+    keys and keys whose shape differs, eight of each at most; "" when it fits."""
+    missing = sorted(set(expected) - set(state_dict))
+    unexpected = sorted(set(state_dict) - set(expected))
+    wrong_shape = sorted(k for k in set(expected) & set(state_dict) if expected[k].shape != state_dict[k].shape)
+
+    def show(keys: list[str]) -> str:
+        return ", ".join(keys[:8]) + (f" (+{len(keys) - 8} more)" if len(keys) > 8 else "")
+
+    return "; ".join(f"{label}: {show(keys)}" for label, keys in
+                     (("missing", missing), ("unexpected", unexpected), ("shape differs", wrong_shape)) if keys)
+
+
+def load_model_state(model: nn.Module, state_dict: dict[str, torch.Tensor], source: str | Path) -> None:
+    """Load weights strictly; a different architecture gives an error naming the mismatching keys."""
+    target = unwrap_model(model)
+    mismatch = state_mismatch(target.state_dict(), state_dict)
+    if mismatch:
+        raise CheckpointError(f"checkpoint {source} does not fit this model's architecture; {mismatch}")
+    target.load_state_dict(state_dict)
+
+
+def load_fitting_state(model: nn.Module, state_dict: Mapping[str, torch.Tensor]) -> list[str]:
+    """Load the tensors of ``state_dict`` whose key and shape ``model`` has; the others keep their values.
+
+    Returns:
+        The model's keys left as they were (absent from ``state_dict`` or of another shape), sorted.
+    """
+    target = unwrap_model(model)
+    own = target.state_dict()
+    fitting = {k: v for k, v in state_dict.items() if k in own and own[k].shape == v.shape}
+    target.load_state_dict(fitting, strict=False)
+    return sorted(set(own) - set(fitting))

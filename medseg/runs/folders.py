@@ -1,0 +1,267 @@
+"""What a training run and a multirun leave on disk, read back: a :class:`Run` folder and a :class:`Sweep` folder.
+
+A sweep directory (``multirun/<date>/<time>/``) holds one run folder per Hydra job, each with the overrides Hydra
+applied (``.hydra/overrides.yaml``) and, once the run ends, medseg's ``metrics.json``. The parameters whose values
+differ between runs are the *swept* parameters. Runs that differ only in ``trainer.seed`` or ``data.fold`` are one
+*setting*. Cross-validation (:mod:`medseg.evaluation.crossval`), ensembles of a multirun's folds
+(:mod:`medseg.inference.ensemble`) and the sweep report (:mod:`medseg.sweeps.report`) all read runs through here.
+"""
+
+from __future__ import annotations
+
+import csv
+import io
+import json
+import math
+import re
+import statistics
+from collections.abc import Callable, Hashable, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import yaml
+from hydra.core.override_parser.overrides_parser import OverridesParser
+
+from medseg.tables import CellFormat, markdown_table, text_table
+from medseg.io import atomic_write, atomic_write_text
+
+
+
+SEED_KEY = "trainer.seed"
+
+FOLD_KEY = "data.fold"
+
+REPEAT_KEYS = {SEED_KEY: "seeds", FOLD_KEY: "folds"}
+"""Keys whose jobs repeat one setting (-> what the report calls them): never a setting or a plot axis of their own."""
+
+CROSSVAL_FOLDER = "crossval"
+"""The folder of a sweep that ``scripts/crossval.py`` writes its results into."""
+
+BLOCK_KEY = "model.bottleneck"
+
+ATTENTION_KEY = "attention_distance_mm"
+"""The epoch-record key (``trainer.attention_maps=true``) of each slot's mean attention distance in mm; a run's is
+its best epoch's, one column per slot after the results (:func:`attention_column`)."""
+
+
+
+@dataclass
+class Run:
+    """One training run's folder (a job of a sweep): its overrides, and its metrics if it has finished."""
+
+    name: str
+    """The folder relative to the sweep directory (Hydra's job number by default)."""
+    overrides: dict[str, str]
+    """``key -> value`` of each override, read by Hydra's parser (:func:`parse_overrides`)."""
+    metrics: dict[str, Any] | None
+    """The parsed ``metrics.json``; None while the job is running, or if it was killed."""
+    block: str = "default"
+    """The bottleneck block (``model.bottleneck``) the job trained, or "default" when unknown."""
+    read_error: str | None = None
+    """Why ``metrics.json`` could not be read, if it exists but is unreadable."""
+    path: Path = Path()
+    """The job folder."""
+
+    @property
+    def checkpoint(self) -> Path:
+        """The job's best checkpoint, ``checkpoints/best.pt``."""
+        return self.path / "checkpoints" / "best.pt"
+
+    @property
+    def finished(self) -> bool:
+        """The job has completed (its ``metrics.json`` says so) and left its best checkpoint."""
+        return self.status == "completed" and self.checkpoint.is_file()
+
+    @property
+    def status(self) -> str:
+        """``completed`` or ``failed`` (from ``metrics.json``), else ``missing`` (running or killed)."""
+        if self.metrics is None:
+            return "missing"
+        return str(self.metrics.get("status", "completed"))
+
+    @property
+    def reason(self) -> str:
+        """Why the job did not complete; empty for completed jobs."""
+        if self.metrics is None:
+            return self.read_error or "no metrics.json: still running, or killed"
+        return str(self.metrics.get("reason", "")) if self.status != "completed" else ""
+
+    def value(self, metric: str) -> float:
+        """A numeric result of the job (``metrics.json`` key or ``dice_<class>``); NaN when absent."""
+        if self.status != "completed":
+            return math.nan
+        value = self.metrics.get(metric) if self.metrics else None
+        if value is None and metric.startswith("dice_"):
+            value = self.dice_per_class().get(metric)
+        if value is None and metric.startswith(ATTENTION_KEY):
+            value = self.attention_distances().get(metric)
+        return float(value) if isinstance(value, (int, float)) and not isinstance(value, bool) else math.nan
+
+    def dice_per_class(self) -> dict[str, float]:
+        """Best-epoch validation Dice per class, keyed ``dice_<class name with underscores>``."""
+        per_class = (self.metrics or {}).get("val_dice_per_class") or {}
+        return {dice_column(name): float(value) for name, value in per_class.items()}
+
+    def attention_distances(self) -> dict[str, float]:
+        """Each slot's mean attention distance (mm) at the best epoch (else the last epoch that recorded one), keyed
+        by :func:`attention_column`; empty for a run without ``trainer.attention_maps``."""
+        metrics = self.metrics or {}
+        records = [r for r in metrics.get("history") or [] if isinstance(r, dict) and r.get(ATTENTION_KEY)]
+        best = [r for r in records if r.get("epoch") == metrics.get("best_epoch")]
+        chosen = (best or records or [{}])[-1].get(ATTENTION_KEY) or {}
+        return {attention_column(slot): float(value) for slot, value in chosen.items()}
+
+
+
+def dice_column(class_name: str) -> str:
+    """The report column of one class's Dice (``dim sphere`` -> ``dice_dim_sphere``, as in TensorBoard)."""
+    return "dice_" + re.sub(r"\s+", "_", class_name.strip())
+
+
+
+def attention_column(slot: str) -> str:
+    """The report column of a slot's mean attention distance: ``bottleneck`` -> ``attention_distance_mm_bottleneck``."""
+    return f"{ATTENTION_KEY}_" + re.sub(r"\s+", "_", slot.strip())
+
+
+
+def parse_overrides(lines: Sequence[str]) -> dict[str, str]:
+    """``["model.bottleneck=masa", "+x=1e-4", "~y"]`` -> ``{"model.bottleneck": "masa", "x": "0.0001", "y": "~"}``.
+
+    Parsed by Hydra's own override parser: a string value as it reads (quotes and escapes removed), any other
+    value in Hydra's notation (``[8,16]``, ``null``, ``True``), a deleted key as ``~``.
+
+    Raises:
+        hydra.errors.OverrideParseException: a line that is not a Hydra override.
+    """
+    out: dict[str, str] = {}
+    for override in OverridesParser.create().parse_overrides([str(line) for line in lines]):
+        value = override.value()
+        text = value if isinstance(value, str) else override.get_value_element_as_str()
+        out[override.key_or_group] = "~" if override.is_delete() else text
+    return out
+
+
+
+def _natural_key(name: str) -> list[Any]:
+    """Sort ``2`` before ``10`` (Hydra numbers jobs without padding)."""
+    return [int(part) if part.isdigit() else part for part in re.split(r"(\d+)", name)]
+
+
+
+def _read_yaml(path: Path) -> Any:
+    return yaml.safe_load(path.read_text()) if path.is_file() else None
+
+
+
+def _run_block(overrides: dict[str, str], job_dir: Path) -> str:
+    """The bottleneck block: the override, else the job's composed config, else "default"."""
+    if BLOCK_KEY in overrides:
+        return overrides[BLOCK_KEY]
+    try:
+        config = _read_yaml(job_dir / ".hydra" / "config.yaml") or {}
+    except yaml.YAMLError:
+        return "default"
+    block = (config.get("model") or {}).get("bottleneck") if isinstance(config, dict) else None
+    return str(block) if isinstance(block, str) else "default"
+
+
+
+def read_run(job_dir: Path, sweep_dir: Path) -> Run:
+    """Read one job folder (one that holds ``.hydra/overrides.yaml``)."""
+    overrides = parse_overrides(_read_yaml(job_dir / ".hydra" / "overrides.yaml") or [])
+    metrics, error = None, None
+    metrics_path = job_dir / "metrics.json"
+    if metrics_path.is_file():
+        try:
+            metrics = json.loads(metrics_path.read_text())
+        except (OSError, ValueError) as err:
+            error = f"metrics.json unreadable: {err}"
+    name = job_dir.relative_to(sweep_dir).as_posix()
+    return Run(name=name, overrides=overrides, metrics=metrics, block=_run_block(overrides, job_dir), read_error=error,
+               path=job_dir)
+
+
+
+@dataclass
+class Sweep:
+    """A multirun folder (``multirun/<date>/<time>/``): its runs in job order."""
+
+    path: Path
+    runs: list[Run]
+
+    @classmethod
+    def read(cls, sweep_dir: str | Path) -> Sweep:
+        """Every run of a sweep directory, in job order; raises FileNotFoundError when there is none."""
+        sweep_dir = Path(sweep_dir)
+        if not sweep_dir.is_dir():
+            raise FileNotFoundError(f"sweep directory {sweep_dir} does not exist")
+        run_dirs = {path.parent.parent for path in sweep_dir.glob("**/.hydra/overrides.yaml")} - {sweep_dir}
+        if not run_dirs:
+            raise FileNotFoundError(f"{sweep_dir} holds no Hydra job folders (no */.hydra/overrides.yaml)")
+        ordered = sorted(run_dirs, key=lambda path: _natural_key(path.relative_to(sweep_dir).as_posix()))
+        return cls(sweep_dir, [read_run(path, sweep_dir) for path in ordered])
+
+    @property
+    def swept(self) -> list[str]:
+        """The override keys whose value differs between the runs (:func:`swept_keys`)."""
+        return swept_keys(self.runs)
+
+
+def swept_keys(jobs: Sequence[Run]) -> list[str]:
+    """The override keys whose value differs between jobs (absent counts as a value), in first-seen order."""
+    keys = list(dict.fromkeys(key for job in jobs for key in job.overrides))
+    return [key for key in keys if len({job.overrides.get(key) for job in jobs}) > 1]
+
+
+
+def setting_keys(swept: Sequence[str]) -> list[str]:
+    """The swept keys that make a setting: all but the seeds and folds (:data:`REPEAT_KEYS`)."""
+    return [key for key in swept if key not in REPEAT_KEYS]
+
+
+
+def setting_of(job: Run, keys: Sequence[str]) -> tuple[str | None, ...]:
+    """The job's values of ``keys``: jobs with equal settings differ only in the other swept keys."""
+    return tuple(job.overrides.get(key) for key in keys)
+
+
+
+def group_runs(jobs: Sequence[Run], key: Callable[[Run], Hashable]) -> dict[Any, list[Run]]:
+    """Jobs grouped by ``key(job)``, groups and jobs in first-seen order."""
+    groups: dict[Any, list[Run]] = {}
+    for job in jobs:
+        groups.setdefault(key(job), []).append(job)
+    return groups
+
+
+
+def group_by_setting(jobs: Sequence[Run], keys: Sequence[str]) -> dict[tuple[str | None, ...], list[Run]]:
+    """Jobs grouped by their values of ``keys``."""
+    return group_runs(jobs, lambda job: setting_of(job, keys))
+
+
+
+def cross_validations(jobs: Sequence[Run]) -> dict[str, list[Run]]:
+    """The jobs of each cross-validation in a sweep, those that differ only in ``data.fold``, by the label of their
+    setting (:func:`setting_label`; ``""`` when the sweep is one cross-validation)."""
+    keys = [key for key in swept_keys(jobs) if key != FOLD_KEY]
+    groups = group_by_setting(jobs, keys)
+    if len(groups) == 1:
+        return {"": list(jobs)}
+    return {setting_label(setting, keys): group for setting, group in groups.items()}
+
+
+
+def crossval_dir(sweep_dir: str | Path, label: str = "") -> Path:
+    """Where ``scripts/crossval.py`` writes a cross-validation: ``DIR/crossval``, or ``DIR/crossval/<setting>`` for
+    one setting (``label``) of a sweep of several."""
+    folder = Path(sweep_dir) / CROSSVAL_FOLDER
+    return folder / re.sub(r"[^\w.,=+-]+", "_", label) if label else folder
+
+
+
+def setting_label(setting: Sequence[str | None], keys: Sequence[str]) -> str:
+    """``"model.bottleneck=masa model.attention.gamma=0.8"``; ``"(all jobs)"`` when nothing is swept."""
+    return " ".join(f"{key}={display_value(value)}" for key, value in zip(keys, setting)) or "(all jobs)"

@@ -1,0 +1,390 @@
+"""Sweep reports: one table, one CSV and one plot for a Hydra multirun directory.
+
+A sweep directory (``multirun/<date>/<time>/``) holds one folder per job, each with the overrides Hydra
+applied (``.hydra/overrides.yaml``) and, once the job ends, medseg's ``metrics.json``. The parameters whose
+values differ between jobs are the *swept* parameters; they become the leading columns of the report.
+Jobs that differ only in ``trainer.seed`` or ``data.fold`` are one *setting*, summarised as mean ± std over its
+seeds and folds (over folds, that mean is the setting's cross-validation mean); the best setting is ranked by
+that mean, never by a single seed or fold.
+
+:func:`summarize_sweep` writes ``summary.md``, ``summary.csv`` and ``summary.png`` into the sweep directory
+(atomically) and returns a :class:`SweepSummary`; ``scripts/summarize.py`` and the Hydra callback in
+:mod:`medseg.sweeps.callbacks` are thin wrappers around it.
+"""
+
+from __future__ import annotations
+
+import csv
+import io
+import math
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from medseg.io import atomic_write, atomic_write_text
+from medseg.runs.folders import (
+    CROSSVAL_FOLDER,
+    FOLD_KEY,
+    REPEAT_KEYS,
+    Run,
+    Sweep,
+    group_by_setting,
+    group_runs,
+    setting_keys,
+    setting_label,
+    swept_keys,
+)
+from medseg.tables import CellFormat, format_mean_std, markdown_table, mean_std, text_table
+
+RESULT_COLUMNS = ("best_val_dice", "best_epoch", "train_seconds", "params", "peak_memory_mb")
+"""Columns copied from ``metrics.json`` into every row, after the per-class Dice."""
+
+MAX_PLOT_COLUMNS = 3
+"""Panels per row of ``summary.png``."""
+
+MAX_LINE_POINTS = 12
+"""A numeric parameter with at most this many distinct values is plotted as lines, else as points."""
+
+DISPLAY_DIGITS = {"train_seconds": 1, "peak_memory_mb": 0}
+"""Decimals shown in the markdown and terminal tables (4 for every other float; the CSV keeps full precision)."""
+
+
+
+@dataclass
+class SweepSummary:
+    """The tables of a sweep report, and its best setting."""
+
+    sweep_dir: Path
+    metric: str
+    higher_is_better: bool
+    jobs: list[Run]
+    swept: list[str]
+    headers: list[str]
+    rows: list[list[Any]]
+    group_headers: list[str] = field(default_factory=list)
+    group_rows: list[list[Any]] = field(default_factory=list)
+    best: str = ""
+    counts: dict[str, int] = field(default_factory=dict)
+
+    def text(self) -> str:
+        """The report for a terminal: the job table, the table over seeds and folds if any, and the best setting."""
+        parts = [render_table(text_table, self.headers, self.rows, self.swept)]
+        if self.group_rows:
+            parts.append(render_table(text_table, self.group_headers, self.group_rows, self.swept))
+        parts.append(self.best)
+        return "\n\n".join(parts)
+
+
+
+def as_number(text: str | None) -> float | None:
+    """The override value as a number, or None for anything else (names, lists, booleans, null)."""
+    if text is None or text.strip().lower() in ("true", "false", "nan", "inf", "-inf"):
+        return None
+    try:
+        return float(text)
+    except ValueError:
+        return None
+
+
+
+def numeric_keys(jobs: Sequence[Run], keys: Sequence[str]) -> list[str]:
+    """The swept keys (but seeds and folds) whose values are all numbers: the x axes of the plot."""
+    return [key for key in setting_keys(keys) if all(as_number(job.overrides.get(key)) is not None for job in jobs)]
+
+
+
+def class_columns(jobs: Sequence[Run]) -> list[str]:
+    """The per-class Dice columns, in the order the classes first appear."""
+    return list(dict.fromkeys(column for job in jobs for column in job.dice_per_class()))
+
+
+
+def attention_columns(jobs: Sequence[Run]) -> list[str]:
+    """The per-slot attention-distance columns, in the order the slots first appear (none without attention maps)."""
+    return list(dict.fromkeys(column for job in jobs for column in job.attention_distances()))
+
+
+
+def job_rows(jobs: Sequence[Run], swept: Sequence[str], metric: str) -> tuple[list[str], list[list[Any]]]:
+    """The per-job table: swept parameters, Dice per class and mean, results, status and failure reason."""
+    classes, attention = class_columns(jobs), attention_columns(jobs)
+    known = metric in RESULT_COLUMNS or metric in classes or metric in attention
+    results = list(RESULT_COLUMNS) if known else [RESULT_COLUMNS[0], metric, *RESULT_COLUMNS[1:]]
+    results += attention
+    headers = ["job", *swept, *classes, *results, "status", "reason"]
+    rows = []
+    for job in jobs:
+        completed = job.status == "completed"
+        values = [_result(job, column) if completed else None for column in (*classes, *results)]
+        rows.append([job.name, *(job.overrides.get(key) for key in swept), *values, job.status, job.reason])
+    return headers, rows
+
+
+
+def _result(job: Run, column: str) -> Any:
+    """A result cell: ints stay ints (params, epochs), the rest are floats."""
+    raw = (job.metrics or {}).get(column)
+    if isinstance(raw, int) and not isinstance(raw, bool):
+        return raw
+    value = job.value(column)
+    return None if math.isnan(value) else value
+
+
+
+def repeats(swept: Sequence[str]) -> list[str]:
+    """The swept seed and fold keys, in :data:`REPEAT_KEYS` order."""
+    return [key for key in REPEAT_KEYS if key in swept]
+
+
+
+def group_rows(jobs: Sequence[Run], swept: Sequence[str], metric: str) -> tuple[list[str], list[list[Any]]]:
+    """The per-setting table over seeds and folds (empty when neither ``trainer.seed`` nor ``data.fold`` is swept)."""
+    repeated = repeats(swept)
+    if not repeated:
+        return [], []
+    keys = setting_keys(swept)
+    columns = list(dict.fromkeys([*class_columns(jobs), RESULT_COLUMNS[0], metric, "train_seconds",
+                                  *attention_columns(jobs)]))
+    headers = [*keys, *(REPEAT_KEYS[key] for key in repeated), "completed", *columns]
+    rows = []
+    for setting, group in group_by_setting(jobs, keys).items():
+        done = [job for job in group if job.status == "completed"]
+        values = [",".join(dict.fromkeys(str(job.overrides.get(key)) for job in group)) for key in repeated]
+        stats = [format_mean_std([job.value(c) for job in done], DISPLAY_DIGITS.get(c, 4)) for c in columns]
+        rows.append([*setting, *values, f"{len(done)}/{len(group)}", *stats])
+    return headers, rows
+
+
+
+def best_setting(jobs: Sequence[Run], swept: Sequence[str], metric: str, higher_is_better: bool = True) -> str:
+    """One line naming the best setting: by the mean over its seeds and folds when they are swept (over folds, its
+    cross-validation mean), never by one seed or fold."""
+    keys = setting_keys(swept)
+    scored = []
+    for setting, group in group_by_setting(jobs, keys).items():
+        mean, std = mean_std([job.value(metric) for job in group])
+        if not math.isnan(mean):
+            scored.append((mean, std, setting, group))
+    if not scored:
+        return f"best setting: none (no completed job reports {metric})"
+    mean, std, setting, group = (max if higher_is_better else min)(scored, key=lambda item: item[0])
+    done = [job.name for job in group if job.status == "completed"]
+    repeated = " × ".join(REPEAT_KEYS[key] for key in repeats(swept))
+    spread = f" ± {std:.4f} over {len(done)} {repeated}" if repeated else ""
+    return (
+        f"best setting: {setting_label(setting, keys)} -> {metric} {mean:.4f}{spread} "
+        f"(job{'s' if len(done) > 1 else ''} {', '.join(done)})"
+    )
+
+
+
+def build_summary(sweep_dir: str | Path, metric: str = "best_val_dice", higher_is_better: bool = True) -> SweepSummary:
+    """Read a sweep directory into a :class:`SweepSummary` (writes nothing)."""
+    jobs = Sweep.read(sweep_dir).runs
+    swept = swept_keys(jobs)
+    headers, rows = job_rows(jobs, swept, metric)
+    g_headers, g_rows = group_rows(jobs, swept, metric)
+    counts = {status: sum(job.status == status for job in jobs) for status in ("completed", "failed", "missing")}
+    return SweepSummary(
+        sweep_dir=Path(sweep_dir),
+        metric=metric,
+        higher_is_better=higher_is_better,
+        jobs=jobs,
+        swept=swept,
+        headers=headers,
+        rows=rows,
+        group_headers=g_headers,
+        group_rows=g_rows,
+        best=best_setting(jobs, swept, metric, higher_is_better),
+        counts=counts,
+    )
+
+
+
+def _blank_none(rows: Sequence[Sequence[Any]]) -> list[list[Any]]:
+    """CSV cells: None (a result a failed job does not have) becomes an empty cell."""
+    return [["" if value is None else value for value in row] for row in rows]
+
+
+
+def display_formats(swept: Sequence[str]) -> dict[str, CellFormat]:
+    """How the tables show cells: swept values via :func:`display_value`, 1,234 parameters, seconds to 0.1,
+    whole MB (Dice and other floats to 4 decimals, the renderer's default)."""
+    digits = {column: f".{places}f" for column, places in DISPLAY_DIGITS.items()}
+    return {**dict.fromkeys(swept, display_value), "params": ",", **digits}
+
+
+
+def render_table(render: Callable[..., str], headers: Sequence[str], rows: Sequence[Sequence[Any]],
+                 swept: Sequence[str]) -> str:
+    """``rows`` for people, by ``render`` (:func:`text_table` or :func:`markdown_table`); the reason column only
+    when some job has a reason."""
+    keep = [i for i, header in enumerate(headers) if header != "reason" or any(row[i] for row in rows)]
+    return render([headers[i] for i in keep], [[row[i] for i in keep] for row in rows],
+                  formats=display_formats(swept))
+
+
+
+def display_value(text: str | None) -> str:
+    """An override value for people: long numbers (Optuna's samples) to 4 significant digits."""
+    number = as_number(text)
+    return f"{number:.4g}" if number is not None and len(str(text)) > 8 else str(text)
+
+
+
+def render_markdown(summary: SweepSummary) -> str:
+    """The text of ``summary.md``."""
+    counts = ", ".join(f"{n} {status}" for status, n in summary.counts.items() if n)
+    direction = "higher" if summary.higher_is_better else "lower"
+    swept = ", ".join(f"`{key}`" for key in summary.swept) or "nothing"
+    parts = [
+        f"# Sweep summary: `{summary.sweep_dir}`",
+        f"{len(summary.rows)} jobs ({counts}). Swept: {swept}. Metric: `{summary.metric}` ({direction} is better).",
+        "## Jobs",
+        render_table(markdown_table, summary.headers, summary.rows, summary.swept),
+    ]
+    repeated = repeats(summary.swept)
+    if summary.group_rows:
+        over = " and ".join(f"{REPEAT_KEYS[key]} (`{key}`)" for key in repeated)
+        note = " (over folds: the cross-validation mean)" if FOLD_KEY in repeated else ""
+        parts += [
+            f"## Over {over}: mean ± std{note}",
+            render_table(markdown_table, summary.group_headers, summary.group_rows, summary.swept),
+        ]
+    parts += [f"**{summary.best}**", "![summary](summary.png)"]
+    if (summary.sweep_dir / CROSSVAL_FOLDER).is_dir():
+        parts.append(f"Scores of the out-of-fold predictions in the original geometry: `{CROSSVAL_FOLDER}/`"
+                     f" (`scripts/crossval.py`).")
+    return "\n\n".join(parts) + "\n"
+
+
+
+def render_csv(summary: SweepSummary) -> str:
+    """The text of ``summary.csv``: the job table at full precision, empty cells for missing results."""
+    buffer = io.StringIO()
+    writer = csv.writer(buffer, lineterminator="\n")
+    writer.writerow(summary.headers)
+    writer.writerows(_blank_none(summary.rows))
+    return buffer.getvalue()
+
+
+
+def _short(key: str) -> str:
+    """``model.attention.gamma`` -> ``gamma``, for plot labels."""
+    return key.rsplit(".", 1)[-1]
+
+
+
+def _plot_lines(ax: Any, jobs: Sequence[Run], key: str, metric: str) -> None:
+    """``metric`` against the numeric parameter ``key``: one line per block, mean ± std where values repeat.
+
+    A grid sweep (few distinct values) is drawn as lines; a random or Optuna search as points only.
+    """
+    values = [as_number(job.overrides.get(key)) for job in jobs]
+    linestyle = "-" if len(set(values)) <= MAX_LINE_POINTS else "none"
+    for block, group in group_runs(jobs, lambda job: job.block).items():
+        by_x: dict[float, list[float]] = {}
+        for job in group:
+            by_x.setdefault(as_number(job.overrides.get(key)), []).append(job.value(metric))  # type: ignore[arg-type]
+        points = [(x, *mean_std(ys)) for x, ys in sorted(by_x.items())]
+        points = [point for point in points if not math.isnan(point[1])]
+        if points:
+            xs, means, stds = zip(*points)
+            ax.errorbar(
+                xs, means, yerr=stds if any(stds) else None, marker="o", linestyle=linestyle, capsize=3, label=block
+            )
+    positive = [x for x in values if x is not None and x > 0]
+    if len(positive) == len(values) and max(positive) / min(positive) >= 10:
+        ax.set_xscale("log")
+    ax.set_xlabel(key)
+    ax.set_ylabel(metric)
+    ax.grid(alpha=0.3)
+    if ax.get_legend_handles_labels()[0]:
+        ax.legend(title="block", fontsize="small")
+
+
+
+def _plot_bars(ax: Any, jobs: Sequence[Run], swept: Sequence[str], metric: str) -> None:
+    """One bar per setting (mean ± std over seeds and folds); settings without a result are marked "failed"."""
+    keys = setting_keys(swept)
+    groups = group_by_setting(jobs, keys)
+    if len(keys) == 1:  # the values alone, the key as the axis label
+        labels = [display_value(setting[0]) for setting in groups]
+        ax.set_xlabel(keys[0])
+    else:
+        labels = [
+            " ".join(f"{_short(k)}={display_value(v)}" for k, v in zip(keys, setting)) or "(all jobs)"
+            for setting in groups
+        ]
+    stats = [mean_std([job.value(metric) for job in group]) for group in groups.values()]
+    heights = [0.0 if math.isnan(mean) else mean for mean, _ in stats]
+    errors = [0.0 if math.isnan(std) else std for _, std in stats]
+    bars = ax.bar(range(len(heights)), heights, yerr=errors if any(errors) else None, capsize=3, color="tab:blue")
+    for bar, (mean, _) in zip(bars, stats):
+        text = "failed" if math.isnan(mean) else f"{mean:.3f}"
+        ax.annotate(
+            text,
+            (bar.get_x() + bar.get_width() / 2, bar.get_height()),
+            ha="center",
+            va="bottom",
+            fontsize="small",
+            xytext=(0, 2),
+            textcoords="offset points",
+        )
+    long_labels = max(map(len, labels)) * len(labels) > 60
+    ax.set_xticks(
+        range(len(labels)),
+        labels,
+        fontsize="small",
+        rotation=30 if long_labels else 0,
+        ha="right" if long_labels else "center",
+    )
+    ax.margins(y=0.12)  # room for the value labels
+    ax.set_ylabel(metric)
+    ax.grid(axis="y", alpha=0.3)
+
+
+
+def render_plot(jobs: Sequence[Run], swept: Sequence[str], metric: str) -> Any:
+    """A matplotlib Figure (Agg canvas, no pyplot state): a panel per numeric swept parameter, else bars; for
+    ``metric`` and, below it, each slot's mean attention distance when the runs recorded one."""
+    from matplotlib.backends.backend_agg import FigureCanvasAgg
+    from matplotlib.figure import Figure
+
+    metrics = list(dict.fromkeys([metric, *attention_columns(jobs)]))
+    axes_keys = numeric_keys(jobs, swept)
+    if not axes_keys:
+        fig = Figure(figsize=(max(5.5, 1.2 * len(jobs)), 4.2 * len(metrics)), layout="constrained")
+        FigureCanvasAgg(fig)
+        for index, shown in enumerate(metrics):
+            _plot_bars(fig.add_subplot(len(metrics), 1, index + 1), jobs, swept, shown)
+    else:
+        panels = [(key, shown) for shown in metrics for key in axes_keys]
+        cols = min(len(axes_keys), MAX_PLOT_COLUMNS)
+        rows = math.ceil(len(panels) / cols)
+        fig = Figure(figsize=(5.0 * cols, 3.8 * rows), layout="constrained")
+        FigureCanvasAgg(fig)
+        for index, (key, shown) in enumerate(panels):
+            _plot_lines(fig.add_subplot(rows, cols, index + 1), jobs, key, shown)
+    fig.suptitle(f"{' and '.join(metrics)} over {len(jobs)} jobs", fontsize="medium")
+    return fig
+
+
+
+def summarize_sweep(
+    sweep_dir: str | Path, metric: str = "best_val_dice", higher_is_better: bool = True, plot: bool = True
+) -> SweepSummary:
+    """Write ``summary.md``, ``summary.csv`` and (if ``plot``) ``summary.png`` into ``sweep_dir``; return the summary.
+
+    Raises:
+        FileNotFoundError: ``sweep_dir`` does not exist or holds no Hydra job folder.
+    """
+    sweep_dir = Path(sweep_dir)
+    summary = build_summary(sweep_dir, metric, higher_is_better)
+    atomic_write_text(sweep_dir / "summary.csv", render_csv(summary))
+    atomic_write_text(sweep_dir / "summary.md", render_markdown(summary))
+    if plot:
+        fig = render_plot(summary.jobs, summary.swept, metric)
+        atomic_write(sweep_dir / "summary.png", lambda handle: fig.savefig(handle, format="png", dpi=110))
+    return summary

@@ -1,0 +1,165 @@
+"""A training run, behind ``scripts/train.py``: validate, read, check, plan, build, fit, as visible lines.
+
+Errors medseg raises on purpose (:class:`~medseg.errors.MedsegError`) end a single run with one line and exit
+code 1 (:func:`medseg.cli.one_line_errors`); any other error shows its traceback. In a multirun sweep a failing
+job is recorded as failed, with its reason, in its ``metrics.json``, and the sweep goes on.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import shlex
+import sys
+import traceback
+from collections.abc import Mapping
+from contextlib import contextmanager
+from dataclasses import asdict
+from pathlib import Path
+from typing import Any
+
+import torch
+from hydra.core.hydra_config import HydraConfig
+from hydra.core.override_parser.overrides_parser import OverridesParser
+from hydra.types import RunMode
+from omegaconf import DictConfig
+from torch.nn.parallel import DistributedDataParallel
+
+from medseg.config import TrainConfig
+from medseg.data.datalist import dataset_from_config
+from medseg.data.verify import check_dataset
+from medseg.errors import TrainingInterrupted
+from medseg.io import atomic_write_json
+from medseg.models import build_model
+from medseg.runtime.device import resolve_device
+from medseg.runtime.distributed import broadcast_object, on_main_rank, process_group
+from medseg.runtime.launch import DistInfo, env_rank
+from medseg.training.losses import resolve_class_weights
+from medseg.training.prepare import plan_config, prepare_data
+from medseg.training.ram import PeakRam
+from medseg.training.settings import check_config
+from medseg.training.trainer import Trainer, seed_everything
+
+log = logging.getLogger("medseg")
+
+HPARAM_KEYS = ("model.name", "model.spatial_dims", "model.bottleneck", "model.bottleneck_depth", "model.decoder",
+               "model.decoder_levels", "trainer.lr", "trainer.batch_size", "trainer.seed", "trainer.max_epochs")
+
+
+def train(cfg: TrainConfig | Mapping[str, Any] | DictConfig) -> dict[str, Any]:
+    """Validate ``cfg``, read, check and plan the data, build the model, train; returns the metrics."""
+    cfg = check_config(cfg)
+    progress = cfg.trainer.progress
+    with (process_group(resolve_device(cfg.trainer.device)) as (dist, device), deterministic(cfg.trainer.deterministic),
+          PeakRam() as ram):
+        # every rank reads and writes rank 0's run directory (ranks > 0 may have none of their own)
+        output_dir = Path(broadcast_object(cfg.output_dir, dist))
+        seed_everything(cfg.trainer.seed)
+        info = on_main_rank(lambda: dataset_from_config(cfg.data), dist)  # the demo is generated once
+        if cfg.trainer.check_data:
+            on_main_rank(lambda: check_dataset(info, progress=progress), dist)
+        resume = resume_path(cfg, output_dir)
+        start = Path(cfg.trainer.init_from) if cfg.trainer.init_from else resume  # data.plan_from=init reads it
+        cfg, plan = on_main_rank(lambda: plan_config(cfg, info, progress, start), dist)
+        class_weights = resolve_class_weights(cfg.trainer.class_weights, info, plan.class_voxels)
+        data = prepare_data(cfg, info, plan, output_dir, dist)
+        seed_everything(cfg.trainer.seed)  # the initial weights depend on the seed alone
+        model = build_model(cfg.model, info.in_channels, info.num_outputs, data.window.net_patch)
+        trainer = Trainer(cfg, data, wrap_model(model, device, dist, cfg.trainer.compile), device, output_dir, dist,
+                          class_weights)
+        if cfg.trainer.init_from:
+            trainer.init_weights(start)
+        elif resume is not None:
+            trainer.resume(resume)
+        metrics = trainer.fit()
+        metrics["peak_ram_mb"] = round(ram.peak_bytes / 2**20, 1)  # this process and its loader workers, whole run
+        if plan.memory is not None:  # the planner's estimate of one training step, beside peak_memory_mb on CUDA
+            metrics["estimated_memory_mb"] = round(plan.memory.total / 2**20, 1)
+        trainer.finish(metrics, hparams_of(cfg))
+        return metrics
+
+
+def resume_path(cfg: TrainConfig, output_dir: Path) -> Path | None:
+    """The checkpoint the run resumes: ``ckpt_path``, else under ``trainer.resume`` the run's ``last.pt`` when it
+    exists (a warning when not: the run starts from scratch); None for a new run."""
+    if cfg.ckpt_path:
+        return Path(cfg.ckpt_path)
+    last = output_dir / "checkpoints" / "last.pt"
+    if cfg.trainer.resume and not last.is_file():
+        log.warning("trainer.resume=true but %s does not exist: starting from scratch", last)
+    return last if cfg.trainer.resume and last.is_file() else None
+
+
+@contextmanager
+def deterministic(enabled: bool):
+    """``trainer.deterministic``: deterministic torch algorithms for the run (those without one warn).
+
+    cuBLAS is deterministic only with ``CUBLAS_WORKSPACE_CONFIG`` set before its first use, so it is set here
+    unless already set. The previous mode is restored at the end.
+    """
+    if not enabled:
+        yield
+        return
+    previous = torch.are_deterministic_algorithms_enabled(), torch.is_deterministic_algorithms_warn_only_enabled()
+    os.environ.setdefault("CUBLAS_WORKSPACE_CONFIG", ":4096:8")
+    torch.use_deterministic_algorithms(True, warn_only=True)
+    try:
+        yield
+    finally:
+        torch.use_deterministic_algorithms(previous[0], warn_only=previous[1])
+
+
+def wrap_model(model: torch.nn.Module, device: torch.device, dist: DistInfo, compile: bool) -> torch.nn.Module:
+    """The model on ``device``, DDP-wrapped under DDP, then compiled if asked.
+
+    Compiling after the DDP wrap lets the compiler split graphs at DDP's bucket boundaries (DDPOptimizer).
+    """
+    model = model.to(device)
+    if dist.enabled:
+        model = DistributedDataParallel(model, device_ids=[device.index] if device.type == "cuda" else None)
+    return torch.compile(model) if compile else model
+
+
+def hparams_of(cfg: TrainConfig) -> dict[str, Any]:
+    """The flat hyperparameters logged to TensorBoard's HParams tab (attention keys included)."""
+    plain = asdict(cfg)
+    out = {key: plain[key.split(".")[0]][key.split(".")[1]] for key in HPARAM_KEYS}
+    out.update({f"model.attention.{k}": v for k, v in plain["model"]["attention"].items()})
+    return {k: v if isinstance(v, (int, float, str, bool)) else str(v) for k, v in out.items()}
+
+
+def _is_multirun() -> bool:
+    return HydraConfig.initialized() and HydraConfig.get().mode == RunMode.MULTIRUN
+
+
+def resume_command() -> str | None:
+    """The command line that resumes this Hydra run: its overrides, its run directory and ``trainer.resume=true``."""
+    if not HydraConfig.initialized():
+        return None
+    hydra_cfg = HydraConfig.get()
+    dropped = ("trainer.resume", "ckpt_path", "trainer.init_from")  # resume from the run's own last.pt
+    parsed = OverridesParser.create().parse_overrides(list(hydra_cfg.overrides.task))
+    overrides = [o.input_line for o in parsed if o.key_or_group not in dropped]
+    return shlex.join(["python", sys.argv[0], *overrides, f"hydra.run.dir={hydra_cfg.runtime.output_dir}",
+                       "trainer.resume=true"])
+
+
+def train_cli(cfg: DictConfig) -> float:
+    """``scripts/train.py``'s task function; returns best val Dice (the Optuna objective)."""
+    try:
+        return float(train(cfg)["best_val_dice"])
+    except TrainingInterrupted as err:
+        log.error("%s", err)
+        command = resume_command()
+        if command and env_rank() == 0:
+            log.error("to resume: %s", command)
+        sys.exit(err.exit_code)
+    except Exception as err:
+        if not _is_multirun():
+            raise
+        reason = f"{type(err).__name__}: {err}"  # a sweep records any failure and goes on
+        log.error("job failed: %s\n%s", reason, traceback.format_exc())
+        if env_rank() == 0:  # a DDP job (SLURM tasks_per_node > 1) records its failure once
+            atomic_write_json(Path(HydraConfig.get().runtime.output_dir) / "metrics.json",
+                              {"status": "failed", "reason": reason})
+        return float("nan")

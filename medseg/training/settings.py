@@ -1,0 +1,127 @@
+"""The checks of a training config (``scripts/train.py``, ``scripts/plan.py``) against the registries it selects from.
+
+:func:`check_config` turns a composed config into a typed :class:`~medseg.config.TrainConfig`, or raises
+:class:`~medseg.errors.ConfigError` with one line that names the key and what is valid. Each choice list comes from
+the registry it describes (blocks, models, norms, losses, optimizers, ...), so a new entry needs no change here.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+from omegaconf import DictConfig, OmegaConf
+
+from medseg.attention import available_blocks
+from medseg.attention.block import FFN_KINDS
+from medseg.attention.cswin import LEPE_MODES
+from medseg.attention.mha import POSITION_ENCODINGS
+from medseg.attention.position import ROTARY_ENCODINGS
+from medseg.config import DataConfig, TrainConfig
+from medseg.data.datalist import DATASET_FORMATS
+from medseg.data.transforms import NORMALIZATIONS
+from medseg.errors import ConfigError
+from medseg.models import MODELS, NORMS
+from medseg.optim import OPTIMIZERS, SCHEDULES
+from medseg.planning.plan import check_planning
+from medseg.runtime.device import PRECISIONS
+from medseg.training.losses import LOSSES
+from medseg.training.prepare import CACHE_MODES, PLAN_SOURCES
+from medseg.typed_config import check_choices, to_typed
+
+
+def block_choices() -> list[str]:
+    """Valid values of ``model.bottleneck`` and ``model.decoder``: ``none`` and the registered blocks."""
+    return ["none", *available_blocks()]
+
+
+def _choices() -> dict[str, Sequence[str]]:
+    """Every key with a fixed set of values, and that set, read from the registry it selects from."""
+    return {
+        "model.name": list(MODELS), "model.norm": list(NORMS), "model.bottleneck": block_choices(),
+        "model.decoder": block_choices(), "model.attention.pe": list(POSITION_ENCODINGS),
+        "model.attention.rope": list(ROTARY_ENCODINGS), "model.attention.lepe": list(LEPE_MODES),
+        "model.attention.ffn": list(FFN_KINDS),
+        "data.format": list(DATASET_FORMATS), "data.cache": list(CACHE_MODES), "data.plan_from": list(PLAN_SOURCES),
+        "trainer.loss": list(LOSSES), "trainer.optimizer": list(OPTIMIZERS), "trainer.scheduler": list(SCHEDULES),
+        "trainer.precision": list(PRECISIONS),
+    }
+
+
+def _check_block_names(cfg: DictConfig) -> None:
+    """Hydra's trap: ``model.bottleneck=<name>`` next to a config group would replace the node, so a block given as a
+    mapping (a config group) instead of a name is refused."""
+    for key in ("bottleneck", "decoder"):
+        value = OmegaConf.select(cfg, f"model.{key}")
+        if isinstance(value, DictConfig):
+            raise ConfigError(
+                f"model.{key} must be a block name (a string), got a mapping {OmegaConf.to_container(value)}. "
+                f"Write model.{key}=<name>; block hyperparameters go in model.attention.*. "
+                f"Valid names: {', '.join(block_choices())}")
+
+
+def _check_start(cfg: TrainConfig) -> None:
+    """How the run starts: ``trainer.init_from`` begins a new run from another run's weights, ``trainer.resume`` and
+    ``ckpt_path`` continue one, so they exclude each other; ``data.plan_from=init`` needs a checkpoint to start from."""
+    continues = [key for key, value in (("trainer.resume", cfg.trainer.resume), ("ckpt_path", cfg.ckpt_path)) if value]
+    if cfg.trainer.init_from and continues:
+        raise ConfigError(f"trainer.init_from (a new run from another run's weights) cannot be combined with "
+                          f"{' or '.join(continues)} (continuing a run): set only one of them")
+    if cfg.data.plan_from == "init" and not (cfg.trainer.init_from or continues):
+        raise ConfigError("data.plan_from=init takes the plan from the checkpoint the run starts from: set "
+                          "trainer.init_from=<checkpoint>, or data.plan_from=data")
+
+
+def _check_values(cfg: TrainConfig) -> None:
+
+    check_choices(cfg, _choices())
+    model, data = cfg.model, cfg.data
+    if model.spatial_dims not in (2, 3):
+        raise ConfigError(f"model.spatial_dims={model.spatial_dims}: expected 2 or 3")
+    if model.channels is not None and len(model.channels) < 2:
+        raise ConfigError(f"model.channels={model.channels}: need at least two levels")
+    if model.channels is not None and model.strides is not None and len(model.strides) != len(model.channels) - 1:
+        raise ConfigError(f"model.strides has {len(model.strides)} entries; model.channels has {len(model.channels)} "
+                          f"levels, so expected {len(model.channels) - 1} strides")
+    levels = (len(model.channels) if model.channels is not None
+              else len(model.strides) + 1 if model.strides is not None else None)  # None: the depth is planned
+    if model.decoder_levels < 0 or (levels is not None and model.decoder_levels > levels - 1):
+        raise ConfigError(f"model.decoder_levels={model.decoder_levels}: expected "
+                          f"{'0 or more' if levels is None else f'0..{levels - 1}'}")
+    check_planning(cfg.plan)
+    if not 0.0 < model.attention.gamma <= 1.0:
+        raise ConfigError(f"model.attention.gamma={model.attention.gamma}: expected a decay in (0, 1]")
+    if isinstance(data.normalization, str) and data.normalization not in NORMALIZATIONS:
+        raise ConfigError(f"data.normalization={data.normalization!r}: expected one of {', '.join(NORMALIZATIONS)}")
+    if data.spacing is not None and len(data.spacing) != 3:
+        raise ConfigError(f"data.spacing={data.spacing}: expected 3 entries (mm along R, A, S), also in 2D")
+    if data.patch_size is not None and len(data.patch_size) not in (2, 3):
+        raise ConfigError(f"data.patch_size={data.patch_size}: expected 2 or 3 sizes")
+    if not 0.0 <= data.pos_fraction <= 1.0:
+        raise ConfigError(f"data.pos_fraction={data.pos_fraction}: expected a fraction in [0, 1]")
+    if data.regions is not None and not (isinstance(data.regions, Mapping) and all(
+            isinstance(v, list) and all(isinstance(i, int) for i in v) for v in data.regions.values())):
+        raise ConfigError(f"data.regions={data.regions!r}: expected a mapping region name -> list of label values, "
+                          f"e.g. {{whole_tumor:[1,2,4],tumor_core:[2,4],enhancing:[4]}}")
+    if cfg.trainer.max_minutes is not None and not cfg.trainer.max_minutes > 0:
+        raise ConfigError(f"trainer.max_minutes={cfg.trainer.max_minutes}: expected a positive budget, or null")
+    _check_start(cfg)
+    if data.fold != "all" and not (isinstance(data.fold, int) and 0 <= data.fold < data.num_folds):
+        raise ConfigError(f"data.fold={data.fold!r}: expected 0..{data.num_folds - 1} or all")
+
+
+def check_config(cfg: TrainConfig | Mapping[str, Any] | DictConfig) -> TrainConfig:
+    """Check ``cfg`` against the schema and the registries; return it as a typed :class:`TrainConfig`.
+
+    Raises:
+        ConfigError: an unknown key, a value of the wrong type, a required value left unset, an unknown
+            block or choice, or inconsistent shapes. The message names the key and lists what is valid.
+    """
+    if isinstance(cfg, TrainConfig):
+        cfg = OmegaConf.structured(cfg)
+    node = cfg if isinstance(cfg, DictConfig) else OmegaConf.create(dict(cfg))
+    _check_block_names(node)
+    data_format = OmegaConf.select(node, "data.format", default=None) or DataConfig.format
+    typed = to_typed(TrainConfig, node, context=f" for data={data_format}")
+    _check_values(typed)
+    return typed

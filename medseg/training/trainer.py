@@ -1,0 +1,437 @@
+"""The training loop: :class:`TrainStep` (one optimisation step) and :class:`Trainer` (epochs, checkpoints, logs).
+
+Randomness is a function of ``(seed, epoch)``: every epoch reseeds torch, numpy and the MONAI transforms, so a
+run resumed from ``last.pt`` replays exactly what an uninterrupted run would have done. A checkpoint written
+mid-epoch by a graceful stop (SIGINT/SIGTERM) also holds the step, the losses so far and the torch RNG: the
+resumed run replays the loader through the steps already taken (so the transforms' random streams advance as
+before), restores the RNG, and goes on from the next step.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+import time
+from collections.abc import Callable, Iterator, Mapping
+from contextlib import nullcontext
+from dataclasses import asdict, replace
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+from monai.data.utils import set_rnd
+from monai.utils import set_determinism
+from torch import nn
+from tqdm import tqdm
+
+from medseg.config import TrainConfig
+from medseg.data.labels import LabelSpec
+from medseg.errors import CheckpointError, TrainingError, TrainingInterrupted
+from medseg.io import atomic_write_json
+from medseg.models import build_model, unwrap_model
+from medseg.optim import build_optimizer, build_scheduler
+from medseg.runs.checkpoint import (
+    load_checkpoint,
+    load_fitting_state,
+    load_model_state,
+    save_checkpoint,
+    state_mismatch,
+)
+from medseg.runtime.device import amp_dtype, autocast, peak_memory_mb, reset_peak_memory
+from medseg.runtime.distributed import any_rank, broadcast_object, gather_objects
+from medseg.runtime.launch import SINGLE_PROCESS, DistInfo
+from medseg.tables import text_table
+from medseg.training.attention_logging import log_attention
+from medseg.training.budget import TimeBudget
+from medseg.training.loop import GracefulStop, replay
+from medseg.training.losses import build_loss, named_class_weights
+from medseg.training.prepare import PreparedData
+from medseg.training.tensorboard import TensorBoardLogger
+from medseg.training.validation import validate
+
+log = logging.getLogger("medseg")
+
+
+def seed_everything(seed: int) -> None:
+    """Seed Python's, numpy's and torch's global RNGs (MONAI's ``set_determinism``, every CUDA device too)."""
+    set_determinism(seed)
+
+
+def epoch_seed(seed: int, epoch: int) -> int:
+    """The seed of one epoch: distinct per (seed, epoch), the same on every resume."""
+    return (seed * 1_000_003 + epoch * 7919) % 2**31
+
+
+def differing_values(mine: Mapping[str, Any], theirs: Mapping[str, Any],
+                     prefix: str = "") -> Iterator[tuple[str, Any, Any]]:
+    """``(dotted key, mine, theirs)`` for every leaf where two nested config dicts differ (None where one lacks it)."""
+    for key in [*mine, *(k for k in theirs if k not in mine)]:
+        a, b = mine.get(key), theirs.get(key)
+        if isinstance(a, Mapping) and isinstance(b, Mapping):
+            yield from differing_values(a, b, f"{prefix}{key}.")
+        elif a != b:
+            yield f"{prefix}{key}", a, b
+
+
+class TrainStep:
+    """One optimisation step: zero grads, forward under autocast, loss in float32, backward, clip, update.
+
+    A step whose loss or gradient norm is not finite changes nothing (no weight, optimizer or scaler update)
+    and returns None; under DDP every rank then skips together, so none waits in an all-reduce the others left.
+    fp16 scales the loss (``GradScaler``), which skips overflowing steps itself.
+
+    Args:
+        model: the network, on ``device`` (possibly DDP-wrapped or compiled), in train mode.
+        loss_fn: ``loss_fn(output, label)``; ``output`` is a list under deep supervision.
+        grad_clip: max gradient norm; None: no clipping.
+        amp: autocast dtype, or None for fp32.
+    """
+
+    def __init__(self, model: nn.Module, loss_fn: Callable[..., torch.Tensor], optimizer: torch.optim.Optimizer,
+                 grad_clip: float | None, amp: torch.dtype | None, device: torch.device,
+                 dist: DistInfo = SINGLE_PROCESS) -> None:
+        self.model, self.loss_fn, self.optimizer = model, loss_fn, optimizer
+        self.grad_clip, self.amp, self.device, self.dist = grad_clip, amp, device, dist
+        self.scaler = torch.amp.GradScaler(device.type, enabled=amp == torch.float16)
+
+    def __call__(self, image: torch.Tensor, label: torch.Tensor) -> float | None:
+        """``image`` ``(B, C, *spatial)``, ``label`` ``(B, 1, *spatial)`` -> the step's loss, or None if skipped."""
+        image = image.to(self.device, non_blocking=True)
+        label = label.to(self.device, non_blocking=True)
+        with autocast(self.device, self.amp):
+            output = self.model(image)
+        loss = self.loss_fn([o.float() for o in output] if isinstance(output, list) else output.float(), label)
+        self.optimizer.zero_grad(set_to_none=True)
+        if any_rank(not bool(torch.isfinite(loss)), self.dist, self.device):
+            return None
+        self.scaler.scale(loss).backward()
+        self.scaler.unscale_(self.optimizer)
+        parameters = [p for p in self.model.parameters() if p.grad is not None]
+        norm = (nn.utils.clip_grad_norm_(parameters, self.grad_clip) if self.grad_clip
+                else nn.utils.get_total_norm([p.grad for p in parameters]))
+        if not torch.isfinite(norm) and not self.scaler.is_enabled():  # the same norm on every rank under DDP
+            self.optimizer.zero_grad(set_to_none=True)
+            return None
+        self.scaler.step(self.optimizer)
+        self.scaler.update()
+        return loss.item()
+
+
+class NonFiniteSteps:
+    """The non-finite policy: a skipped step is logged and counted; ``limit`` in a row stop training."""
+
+    def __init__(self, limit: int) -> None:
+        self.limit, self.streak, self.total = limit, 0, 0
+
+    def record(self, loss: float | None, epoch: int, step: int, last_checkpoint: Path) -> None:
+        """Count ``loss`` (None: a skipped step) of ``step`` in ``epoch`` (0-based).
+
+        Raises:
+            TrainingError: ``limit`` skipped steps in a row; the message names the last good checkpoint.
+        """
+        if loss is not None:
+            self.streak = 0
+            return
+        self.streak += 1
+        self.total += 1
+        log.warning("non-finite loss or gradient at epoch %d step %d: step skipped (%d in a row)",
+                    epoch + 1, step, self.streak)
+        if self.streak >= self.limit:
+            saved = str(last_checkpoint) if last_checkpoint.is_file() else "none yet (no epoch completed)"
+            raise TrainingError(
+                f"the loss or gradient was non-finite for {self.streak} steps in a row at epoch {epoch + 1}; "
+                f"stopping. Last good checkpoint: {saved}. Lower trainer.lr, set trainer.grad_clip, or check "
+                f"the data (scripts/check_data.py).")
+
+
+class Trainer:
+    """Trains one model on prepared data and writes checkpoints, ``metrics.json`` and TensorBoard logs.
+
+    Args:
+        cfg: the whole config, planned values resolved.
+        data: loaders and datasets from :func:`medseg.training.prepare.prepare_data`.
+        model: the network, already on ``device`` (possibly DDP-wrapped or compiled).
+        output_dir: the run directory.
+        class_weights: ``trainer.class_weights`` resolved, one per network output
+            (:func:`medseg.training.losses.resolve_class_weights`), or None.
+    """
+
+    def __init__(self, cfg: TrainConfig, data: PreparedData, model: nn.Module, device: torch.device,
+                 output_dir: Path, dist: DistInfo, class_weights: list[float] | None) -> None:
+        self.cfg, self.data, self.model, self.device, self.dist = cfg, data, model, device, dist
+        self.settings = cfg.trainer
+        self.ckpt_dir = output_dir / "checkpoints"
+        self.output_dir = output_dir
+        self.optimizer = build_optimizer(model.parameters(), self.settings)
+        self.scheduler = build_scheduler(self.optimizer, self.settings)
+        self.step = TrainStep(model, build_loss(cfg, data.info, class_weights), self.optimizer,
+                              self.settings.grad_clip, amp_dtype(self.settings.precision, device), device, dist)
+        self.loss = {"name": self.settings.loss, "class_weights": named_class_weights(class_weights, data.info)}
+        if dist.is_main:
+            weights = self.loss["class_weights"]
+            log.info("loss %s; class weights %s", self.loss["name"],
+                     ", ".join(f"{name} {w:.3g}" for name, w in weights.items()) if weights else "none")
+        self.nonfinite = NonFiniteSteps(self.settings.max_nonfinite_steps)
+        minutes = self.settings.max_minutes
+        self.budget = None if minutes is None else TimeBudget(60.0 * minutes, self.settings.max_epochs)
+        self.epoch, self.start_step = 0, 0
+        self.best_dice, self.best_epoch, self.best_per_class = -1.0, -1, {}
+        self.history: list[dict[str, Any]] = []
+        self.epoch_losses: list[float] = []  # finite losses of the current epoch so far
+        self.train_seconds = 0.0
+        self.resume_rng: dict[str, torch.Tensor | None] | None = None
+        self.tb = TensorBoardLogger(output_dir / "tensorboard") if dist.is_main else None
+
+    # --- the loop ----------------------------------------------------------------------------
+    def fit(self) -> dict[str, Any]:
+        """Train to ``max_epochs`` (from a resumed epoch if any); returns the metrics written to metrics.json."""
+        reset_peak_memory(self.device)
+        with GracefulStop(self.dist, self.device, str(self.ckpt_dir / "last.pt")) as stop, self.tb or nullcontext():
+            while self.epoch < self.settings.max_epochs:
+                started = time.perf_counter()
+                record = {"epoch": self.epoch + 1, "loss": self.train_epoch(stop),
+                          "lr": self.optimizer.param_groups[0]["lr"], "steps": len(self.data.train_loader)}
+                self.scheduler.step()
+                self.epoch += 1  # from here on, the number of completed epochs
+                trained = time.perf_counter() - started
+                self.stop_if_budget_spent(trained)
+                first_of_budget = self.budget is not None and self.epoch == 1  # timed with its validation
+                if (self.epoch % self.settings.val_every == 0 or self.epoch == self.settings.max_epochs
+                        or first_of_budget):
+                    record.update(self.validate())
+                self.train_seconds += time.perf_counter() - started
+                record["train_seconds"] = round(self.train_seconds, 2)  # so far: the curve of val Dice over time
+                if first_of_budget:
+                    self.fit_schedule_to_budget(time.perf_counter() - started, trained)
+                self.history.append(record)
+                self.save("last.pt")
+                self.log_epoch(record)
+                if stop.requested():
+                    self.interrupt(stop, step=0)
+        return self.metrics()
+
+    def train_epoch(self, stop: GracefulStop) -> float:
+        """One pass over the training loader (from ``start_step`` after a mid-epoch resume); its mean loss."""
+        self.model.train()
+        self.seed_epoch()
+        if not self.start_step:
+            self.epoch_losses, self.nonfinite.streak = [], 0
+        bar = tqdm(total=len(self.data.train_loader), initial=self.start_step, leave=False, dynamic_ncols=True,
+                   desc=f"epoch {self.epoch + 1}/{self.settings.max_epochs}",
+                   disable=not (self.settings.progress and self.dist.is_main))
+        for step, batch in replay(self.data.train_loader, self.start_step, self.restore_rng):
+            loss = self.step(batch["image"], batch["label"])
+            self.nonfinite.record(loss, self.epoch, step, self.ckpt_dir / "last.pt")
+            if loss is not None:
+                self.epoch_losses.append(loss)
+                bar.set_postfix(loss=f"{loss:.4f}")
+            bar.update()
+            if stop.requested():
+                self.interrupt(stop, step + 1)
+        bar.close()
+        self.start_step, self.resume_rng = 0, None
+        mean = float(np.mean(self.epoch_losses)) if self.epoch_losses else math.nan
+        return float(np.mean([m for m in gather_objects(mean, self.dist) if not math.isnan(m)] or [mean]))
+
+    def seed_epoch(self) -> None:
+        """Reseed torch, numpy and the transforms for this epoch (per rank under DDP, still from ``(seed, epoch)``)."""
+        seed = epoch_seed(self.settings.seed, self.epoch)
+        seed_everything(seed)
+        set_rnd(self.data.train_dataset, seed + self.dist.rank)
+
+    def validate(self) -> dict[str, Any]:
+        """Validate, keep ``best.pt`` when the mean foreground Dice beats every earlier one; the record entries."""
+        result = validate(self.model, self.data.val_dataset, self.data.window, self.cfg, self.data.info.label_spec,
+                          self.device, self.dist)
+        if self.tb is not None and result.overlay is not None and self.settings.log_images:
+            self.tb.overlay("val/overlay", *result.overlay, axis=self.data.window.slice_axis, step=self.epoch)
+        if result.dice > self.best_dice:  # never replace best.pt with a worse model
+            self.best_dice, self.best_epoch, self.best_per_class = result.dice, self.epoch, result.per_class
+            self.save("best.pt")
+        record: dict[str, Any] = {"val_dice": result.dice, "val_dice_per_class": result.per_class}
+        if self.tb is not None and self.settings.attention_maps and len(self.data.val_dataset):
+            record["attention_distance_mm"] = log_attention(
+                self.tb, self.model, self.data.val_dataset[0], self.data.window,
+                self.cfg.model.spatial_dims, self.cfg.data.spacing, self.device, self.epoch)
+        return record
+
+    def stop_if_budget_spent(self, trained: float) -> None:
+        """``trainer.max_minutes``: make this epoch (``trained`` seconds so far) the last when another would not fit."""
+        if self.budget is not None and broadcast_object(  # rank 0 decides for all
+                self.budget.spent(self.train_seconds + trained, self.epoch), self.dist):
+            self.set_max_epochs(self.epoch)
+
+    def fit_schedule_to_budget(self, first_epoch: float, trained: float) -> None:
+        """After the first epoch (``first_epoch`` seconds with its validation, ``trained`` without): the epochs the
+        budget spans become ``max_epochs``, and the schedule spans them."""
+        assert self.budget is not None
+        if self.epoch < self.settings.max_epochs:
+            horizon = self.budget.horizon(first_epoch, trained, first_epoch - trained, self.settings.val_every)
+            self.set_max_epochs(broadcast_object(horizon, self.dist), reschedule=True)
+
+    def set_max_epochs(self, epochs: int, reschedule: bool = False) -> None:
+        """End training after ``epochs`` (``trainer.max_minutes``); ``reschedule``: the schedule spans them, continued
+        from the epochs done. The checkpoints' config carries the new value, which a resumed run takes over."""
+        self.settings = replace(self.settings, max_epochs=epochs)
+        self.cfg = replace(self.cfg, trainer=self.settings)
+        if reschedule:  # torch's schedules compute each lr from the last one: start from the peak lr again
+            for group in self.optimizer.param_groups:
+                group["lr"] = group["initial_lr"]
+            self.scheduler = build_scheduler(self.optimizer, self.settings)
+            for _ in range(self.epoch):
+                self.scheduler.step()
+        if self.dist.is_main:
+            log.info("trainer.max_minutes=%g: %d epoch(s) fit the budget", self.settings.max_minutes, epochs)
+
+    def interrupt(self, stop: GracefulStop, step: int) -> None:
+        """Save ``last.pt`` (mid-epoch at ``step`` > 0) and stop with :class:`TrainingInterrupted`."""
+        path = self.save("last.pt", step=step)
+        raise TrainingInterrupted(
+            f"stopped by {stop.name} at epoch {self.epoch + 1}, step {step}; saved {path or 'last.pt (rank 0)'}. "
+            f"Resume with the same overrides plus: hydra.run.dir={self.output_dir} trainer.resume=true",
+            128 + stop.signum)
+
+    # --- checkpoints -------------------------------------------------------------------------
+    def state(self, step: int = 0) -> dict[str, Any]:
+        """Everything needed to resume; ``step`` > 0 marks a checkpoint written mid-epoch."""
+        return {
+            "model": unwrap_model(self.model).state_dict(),
+            "optimizer": self.optimizer.state_dict(),
+            "scheduler": self.scheduler.state_dict(),
+            "scaler": self.step.scaler.state_dict(),
+            "epoch": self.epoch,
+            "step": step,
+            "epoch_losses": list(self.epoch_losses) if step else [],
+            "nonfinite_streak": self.nonfinite.streak if step else 0,
+            "torch_rng": torch.get_rng_state(),
+            "cuda_rng": torch.cuda.get_rng_state(self.device) if self.device.type == "cuda" else None,
+            "best_metric": self.best_dice,
+            "best_epoch": self.best_epoch,
+            "best_per_class": self.best_per_class,
+            "history": self.history,
+            "nonfinite_total": self.nonfinite.total,
+            "train_seconds": self.train_seconds,
+            "config": asdict(self.cfg),
+            "loss": self.loss,
+            "dataset": {**self.data.info.label_spec.as_dict(), "channel_names": self.data.info.channel_names},
+        }
+
+    def save(self, name: str, step: int = 0) -> Path | None:
+        """Write checkpoint ``name`` (rank 0 only); returns its path."""
+        return save_checkpoint(self.ckpt_dir / name, self.state(step)) if self.dist.is_main else None
+
+    def resume(self, path: Path) -> None:
+        """Restore model, optimizer, scheduler, scaler, epoch/step, best metric and history from ``path``."""
+        state = load_checkpoint(path, map_location=self.device)
+        load_model_state(self.model, state["model"], path)
+        self.optimizer.load_state_dict(state["optimizer"])
+        if self.budget is not None and state["epoch"] > 0:  # the epochs the budget was found to span
+            self.set_max_epochs(state["config"]["trainer"]["max_epochs"])
+        self.scheduler.load_state_dict(state["scheduler"])
+        self.step.scaler.load_state_dict(state["scaler"])
+        self.epoch, self.start_step = state["epoch"], state["step"]
+        self.best_dice, self.best_epoch = state["best_metric"], state["best_epoch"]
+        self.best_per_class, self.history = state["best_per_class"], state["history"]
+        self.nonfinite.total, self.nonfinite.streak = state["nonfinite_total"], state["nonfinite_streak"]
+        self.train_seconds, self.epoch_losses = state["train_seconds"], state["epoch_losses"]
+        self.resume_rng = {"torch": state["torch_rng"], "cuda": state["cuda_rng"]} if self.start_step else None
+        if self.dist.is_main:
+            for tmp in self.ckpt_dir.glob(".*.pt.*.tmp"):  # unfinished writes of a killed run (targets are intact)
+                log.info("removing %s, an unfinished checkpoint write of a killed run", tmp)
+                tmp.unlink(missing_ok=True)
+            where = f"epoch {self.epoch}" + (f", step {self.start_step}" if self.start_step else "")
+            log.info("resumed from %s at %s (best val Dice %.4f)", path, where, self.best_dice)
+
+    def init_weights(self, path: Path) -> None:
+        """``trainer.init_from``: another run's weights, and nothing else of it (the optimizer, the schedule and the
+        epochs start afresh).
+
+        The model config must match the checkpoint's. Only the layers whose shape follows the number of classes or
+        input channels may differ: those keep their fresh initialisation and are named in one log line.
+
+        Raises:
+            CheckpointError: the checkpoint is missing or foreign, or its architecture differs otherwise (the message
+                names the differing tensors and model config keys).
+        """
+        state = load_checkpoint(path, map_location=self.device)
+        try:
+            source_classes = LabelSpec.from_dict(state["dataset"]).num_outputs
+            source_channels = len(state["dataset"]["channel_names"])
+            source_model = state["config"]["model"]
+        except (KeyError, TypeError) as err:
+            raise CheckpointError(f"trainer.init_from={path} lacks the config or dataset description of its run "
+                                  f"({type(err).__name__}: {err})") from None
+        with torch.random.fork_rng(devices=[]):  # the same network with the checkpoint's classes and channels
+            like_source = build_model(self.cfg.model, source_channels, source_classes, self.data.window.net_patch)
+        mismatch = state_mismatch(like_source.state_dict(), state["model"])
+        if mismatch:
+            differing = [f"model.{key}={mine} (checkpoint: {theirs})"
+                         for key, mine, theirs in differing_values(asdict(self.cfg.model), source_model)]
+            raise CheckpointError(
+                f"trainer.init_from={path} does not fit this model ({mismatch}); only the number of classes and input "
+                f"channels may differ, set the model config as the checkpoint's"
+                + (f": {', '.join(differing[:4])}" if differing else ""))
+        kept = load_fitting_state(self.model, state["model"])
+        if self.dist.is_main:
+            info, layers = self.data.info, sorted({key.rsplit(".", 1)[0] for key in kept})
+            changes = [f"{what} {before} -> {now}" for what, before, now in (
+                ("classes", source_classes, info.num_outputs), ("input channels", source_channels, info.in_channels))
+                if before != now]
+            log.info("initialised from %s (its weights only); re-initialised %d layer(s) of another shape%s: %s", path,
+                     len(layers), f" ({', '.join(changes)})" if changes else "", ", ".join(layers) or "none")
+
+    def restore_rng(self) -> None:
+        """Put back the torch (and CUDA) RNG of a mid-epoch checkpoint."""
+        assert self.resume_rng is not None
+        torch.set_rng_state(self.resume_rng["torch"].cpu())
+        if self.resume_rng["cuda"] is not None and self.device.type == "cuda":
+            torch.cuda.set_rng_state(self.resume_rng["cuda"].cpu(), self.device)
+
+    # --- outputs -----------------------------------------------------------------------------
+    def log_epoch(self, record: dict[str, Any]) -> None:
+        if not self.dist.is_main:
+            return
+        msg = f"epoch {record['epoch']}/{self.settings.max_epochs}  loss {record['loss']:.4f}"
+        if "val_dice" in record:
+            msg += f"  val Dice {record['val_dice']:.4f} (best {self.best_dice:.4f} @ {self.best_epoch})"
+        log.info(msg)
+        assert self.tb is not None
+        self.tb.scalars(record, nonfinite_steps=self.nonfinite.total)
+
+    def metrics(self) -> dict[str, Any]:
+        """The run's results, as written to ``metrics.json``."""
+        return {
+            "status": "completed",
+            "best_val_dice": self.best_dice,
+            "best_epoch": self.best_epoch,
+            "epochs": self.epoch,
+            "val_dice_per_class": self.best_per_class,
+            "train_seconds": round(self.train_seconds, 2),
+            "params": sum(p.numel() for p in unwrap_model(self.model).parameters()),
+            "peak_memory_mb": round(peak_memory_mb(self.device), 1),
+            "nonfinite_steps": self.nonfinite.total,
+            "history": self.history,
+        }
+
+    def finish(self, metrics: dict[str, Any], hparams: dict[str, Any]) -> None:
+        """Write ``metrics.json``, the TensorBoard hparams, and log the summary table (rank 0)."""
+        if not self.dist.is_main:
+            return
+        atomic_write_json(self.output_dir / "metrics.json", metrics)
+        assert self.tb is not None
+        self.tb.hparams(hparams, {"hparam/best_val_dice": metrics["best_val_dice"]})
+        log.info("run finished; outputs in %s\n%s", self.output_dir, self.summary(metrics))
+
+    def summary(self, metrics: dict[str, Any]) -> str:
+        """The end-of-run table printed to the terminal."""
+        rows = [["best val Dice (mean fg)", metrics["best_val_dice"]], ["best epoch", metrics["best_epoch"]]]
+        rows += [[f"  Dice {name}", value] for name, value in metrics["val_dice_per_class"].items()]
+        rows += [["epochs", metrics["epochs"]], ["train time (s)", f"{metrics['train_seconds']:.1f}"],
+                 ["parameters", f"{metrics['params']:,}"], ["peak memory (MB)", f"{metrics['peak_memory_mb']:.0f}"]]
+        if "peak_ram_mb" in metrics:  # medseg.training.run.train measures it
+            rows.append(["peak RAM with workers (MB)", f"{metrics['peak_ram_mb']:.0f}"])
+        if "estimated_memory_mb" in metrics:
+            rows.append(["training step, planner's estimate (MB)", f"{metrics['estimated_memory_mb']:.0f}"])
+        rows.append(["checkpoints", str(self.ckpt_dir)])
+        return text_table(["result", "value"], rows)

@@ -1,0 +1,62 @@
+"""Validation during training: sliding-window prediction of whole volumes and Dice per output (foreground class or
+region)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+import torch
+from monai.data import Dataset
+from torch import nn
+
+from medseg.config import TrainConfig
+from medseg.data.labels import IGNORE_INDEX, LabelSpec, member_masks
+from medseg.data.transforms import Window
+from medseg.inference.sliding_window import infer_volume
+from medseg.runtime.device import amp_dtype
+from medseg.runtime.distributed import gather_objects
+from medseg.runtime.launch import DistInfo
+from medseg.scoring.metrics import dice
+
+
+@dataclass
+class ValidationResult:
+    """Mean foreground Dice over cases and outputs, per output (class or region), and one case for the overlay."""
+
+    dice: float
+    per_class: dict[str, float]
+    overlay: tuple[torch.Tensor, torch.Tensor, torch.Tensor] | None
+    """``(image, label, prediction)`` ``(X, Y, Z)`` of this rank's first case, label maps in the dataset's values (None
+    without cases)."""
+
+
+def validate(model: nn.Module, dataset: Dataset, window: Window, cfg: TrainConfig, labels: LabelSpec,
+             device: torch.device, dist: DistInfo) -> ValidationResult:
+    """Predict every case of ``dataset`` (this rank's share) whole and score each output of ``labels``.
+
+    ``dataset`` gives labels as class indices (:func:`medseg.data.transforms.eval_transforms` with ``labels``). Dice
+    follows evaluate.py's convention (:func:`medseg.scoring.metrics.dice`): an output absent from both label and
+    prediction scores 1, any prediction of an output the label lacks scores 0, so validation and evaluation agree. A
+    region's prediction is its sigmoid above 0.5, its reference the union of its classes; ignore voxels count in
+    neither. Per-case scores are gathered over the ranks before averaging.
+    """
+    model.eval()
+    names = labels.output_names
+    rows, overlay = [], None
+    for index in range(len(dataset)):
+        item = dataset[index]
+        image = item["image"].unsqueeze(0).to(device)
+        probs = infer_volume(model, image, window.roi_size, cfg.model.spatial_dims, window.slice_axis,
+                               sw_batch_size=cfg.trainer.sw_batch_size, overlap=cfg.trainer.sw_overlap, device=device,
+                               amp_dtype=amp_dtype(cfg.trainer.precision, device), activation=labels.activation)
+        pred = labels.prediction_masks(probs[0].cpu().numpy())
+        classes = item["label"][0].round().long().cpu().numpy()
+        reference, valid = member_masks(classes, labels.output_classes), classes != IGNORE_INDEX
+        rows.append([dice(mask & valid, ref) for mask, ref in zip(pred, reference)])
+        if overlay is None:
+            overlay = (image[0, 0].cpu(), *(torch.from_numpy(labels.label_map(m)) for m in (reference, pred)))
+    all_rows = [row for part in gather_objects(rows, dist) for row in part]
+    per_class = np.mean(np.asarray(all_rows, dtype=float), axis=0) if all_rows else [np.nan] * len(names)
+    named = {name: float(value) for name, value in zip(names, per_class)}
+    return ValidationResult(float(np.mean(list(named.values()))) if named else float("nan"), named, overlay)
