@@ -21,7 +21,7 @@ ACTIVATIONS: dict[str, Callable[[torch.Tensor], torch.Tensor]] = {
 """Logits ``(B, C, *spatial)`` -> probabilities: softmax over the classes, or a sigmoid per region channel."""
 
 
-def slice_inferer(model: nn.Module, axis: int) -> Callable[[torch.Tensor], torch.Tensor]:
+def slice_network(model: nn.Module, axis: int) -> Callable[[torch.Tensor], torch.Tensor]:
     """Wrap a 2D model to take windows ``(B, C, *crop)`` that are one voxel thick along spatial ``axis``."""
 
     def infer(window: torch.Tensor) -> torch.Tensor:
@@ -64,12 +64,12 @@ def infer_volume(
     """
     device = device or image.device
     sw_device = sw_device or image.device
-    inferer = model if spatial_dims == 3 else slice_inferer(model, slice_axis)
+    network = model if spatial_dims == 3 else slice_network(model, slice_axis)
 
     def run(volume: torch.Tensor) -> torch.Tensor:
         with torch.no_grad(), autocast(device, amp_dtype):
             logits = sliding_window_inference(
-                volume, roi_size=list(roi_size), sw_batch_size=sw_batch_size, inferer=inferer,
+                volume, roi_size=list(roi_size), sw_batch_size=sw_batch_size, predictor=network,
                 overlap=overlap, mode="gaussian", sw_device=device, device=sw_device, progress=progress,
             )
         return ACTIVATIONS[activation](logits.float())
