@@ -35,7 +35,8 @@ class AttentionConfig:
     num_heads: int = 4
     """Attention heads; must divide the channel width of every slot."""
     gamma: float = 0.9
-    """MaSA decay base in (0, 1]; the weight between tokens n and m is gamma ** manhattan(n, m)."""
+    """MaSA decay base in [0, 1]; the weight between tokens n and m is gamma ** manhattan(n, m) (0: each token
+    attends to itself alone)."""
     heads_range: float = 0.0
     """MaSA: 0 for one gamma for all heads; > 0 for per-head 1 - (1 - gamma) * 2 ** (-heads_range * h / num_heads)."""
     spacing: list[float] | None = None

@@ -102,8 +102,8 @@ def test_bottleneck_given_as_a_mapping_is_caught() -> None:
         ("trainer.optimizer=adam", "trainer.optimizer"),
         ("trainer.scheduler=step", "trainer.scheduler"),
         ("trainer.precision=fp8", "trainer.precision"),
-        ("model.attention.gamma=1.5", "model.attention.gamma"),
-        ("model.attention.pe=learned", "model.attention.pe"),
+        ("model.bottleneck=masa model.attention.gamma=1.5", "model.attention.gamma"),
+        ("model.bottleneck=mha model.attention.pe=learned", "model.attention.pe"),
         ("data.normalization=minmax", "data.normalization"),
         ("data.cache=ssd", "data.cache"),
         ("data.fold=7", "data.fold"),
@@ -111,7 +111,7 @@ def test_bottleneck_given_as_a_mapping_is_caught() -> None:
 )
 def test_bad_values_name_their_key(override: str, key: str) -> None:
     with pytest.raises(ConfigError, match=key.replace(".", r"\.")):
-        _validated(override)
+        _validated(*override.split())
 
 
 def test_wrong_types_name_their_key() -> None:

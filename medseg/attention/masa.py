@@ -9,7 +9,6 @@ import torch
 from medseg.attention import functional
 from medseg.attention.common import AttentionRow, SpatialAttention, TokenDepthwiseConv, merge_heads, split_heads
 from medseg.attention.position import axial_rope, axis_scales, check_rope
-from medseg.errors import ConfigError
 
 
 def head_gammas(gamma: float, heads_range: float, num_heads: int) -> float | tuple[float, ...]:
@@ -18,8 +17,7 @@ def head_gammas(gamma: float, heads_range: float, num_heads: int) -> float | tup
     ``heads_range = 0`` returns the single float ``gamma`` (one decay shared by all heads);
     ``gamma = 0.75, heads_range = 4`` reproduces official RMT's multi-scale decays.
     """
-    if not 0.0 < gamma <= 1.0:
-        raise ConfigError(f"model.attention.gamma must lie in (0, 1], got {gamma}")
+    functional.check_gamma([gamma])
     if heads_range == 0:
         return gamma
     return tuple(1.0 - (1.0 - gamma) * 2.0 ** (-heads_range * h / num_heads) for h in range(num_heads))

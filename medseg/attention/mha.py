@@ -9,7 +9,7 @@ from torch import nn
 from medseg.attention import functional
 from medseg.attention.common import AttentionRow, SpatialAttention, merge_heads, split_heads
 from medseg.attention.position import axial_rope, check_rope, relative_bias, relative_bias_row, sincos_embedding
-from medseg.errors import ConfigError
+from medseg.errors import check_choice
 
 POSITION_ENCODINGS = ("sincos", "relative", "none")
 """The values of ``model.attention.pe``."""
@@ -51,8 +51,7 @@ class MultiHeadAttention(SpatialAttention):
         rope: str = "none",
     ) -> None:
         super().__init__(dim, spatial_dims, num_heads)
-        if pe not in POSITION_ENCODINGS:
-            raise ConfigError(f"model.attention.pe={pe!r} is not one of {list(POSITION_ENCODINGS)}")
+        check_choice("model.attention.pe", pe, POSITION_ENCODINGS)
         self.pe = pe
         self.rope = check_rope(rope, self.head_dim, spatial_dims)
         if pe == "relative":

@@ -16,7 +16,7 @@ import torch.nn.functional as F
 from monai.networks.blocks.pos_embed_utils import build_sincos_position_embedding
 
 from medseg.attention.common import even_split, tensor_cache
-from medseg.errors import ConfigError
+from medseg.errors import ConfigError, check_choice
 
 _INTERPOLATION = {1: "linear", 2: "bilinear", 3: "trilinear"}
 
@@ -171,8 +171,7 @@ def check_rope(rope: str, head_dim: int, spatial_dims: int) -> str:
     Raises:
         ConfigError: an unknown value, or ``axial`` with fewer than one channel pair per spatial axis.
     """
-    if rope not in ROTARY_ENCODINGS:
-        raise ConfigError(f"model.attention.rope={rope!r} is not one of {list(ROTARY_ENCODINGS)}")
+    check_choice("model.attention.rope", rope, ROTARY_ENCODINGS)
     if rope == "axial" and head_dim // 2 < spatial_dims:
         raise ConfigError(
             f"model.attention.rope=axial rotates one channel pair per spatial axis at least: it needs a head "
