@@ -8,7 +8,7 @@ import torch
 
 from medseg.attention import functional
 from medseg.attention.common import AttentionRow, SpatialAttention, TokenDepthwiseConv, merge_heads, split_heads
-from medseg.attention.position import axial_rope, axis_scales, check_rope
+from medseg.attention.position import axis_scales, check_rope, rotated_heads
 
 
 def head_gammas(gamma: float, heads_range: float, num_heads: int) -> float | tuple[float, ...]:
@@ -68,18 +68,8 @@ class MaSA(SpatialAttention):
         log_gamma = functional.log_gammas(self.gamma, self.num_heads)
         return len(log_gamma) if any(log_gamma) else 0
 
-    def queries_keys(
-        self, q: torch.Tensor, k: torch.Tensor, spatial_shape: tuple[int, ...]
-    ) -> tuple[torch.Tensor, torch.Tensor]:
-        """q, k tokens ``(B, N, C)`` -> ``(B, heads, N, head_dim)`` as the attention op gets them (rotated when
-        ``rope=axial``)."""
-        q, k = (split_heads(t, self.num_heads) for t in (q, k))
-        if self.rope == "axial":
-            q, k = axial_rope(q, spatial_shape), axial_rope(k, spatial_shape)
-        return q, k
-
     def mix(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, spatial_shape: tuple[int, ...]) -> torch.Tensor:
-        q, k = self.queries_keys(q, k, spatial_shape)
+        q, k = rotated_heads(q, k, self.num_heads, self.rope, spatial_shape)
         out = self.attention(q, k, split_heads(v, self.num_heads), spatial_shape, self.gamma, spacing=self.spacing)
         return merge_heads(out) + self.lce(v, spatial_shape)
 
@@ -93,7 +83,7 @@ class MaSA(SpatialAttention):
         self, q: torch.Tensor, k: torch.Tensor, spatial_shape: tuple[int, ...], index: int
     ) -> AttentionRow:
         """:func:`~medseg.attention.functional.masa_row`, its decay and its content part (LCE not included)."""
-        q, k = self.queries_keys(q, k, spatial_shape)
+        q, k = rotated_heads(q, k, self.num_heads, self.rope, spatial_shape)
         weights = functional.masa_row(q, k, spatial_shape, self.gamma, index, spacing=self.spacing)
         decay = self.decay_row(spatial_shape, index, q.device).expand_as(weights)
         return AttentionRow(weights, decay=decay, content=functional.softmax_row(q, k, index))
@@ -118,6 +108,6 @@ class MaSADecomposed(MaSA):
     ) -> AttentionRow:
         """:func:`~medseg.attention.functional.masa_decomposed_row` (the axial chain's effective row) and the
         decay map (LCE not included)."""
-        q, k = self.queries_keys(q, k, spatial_shape)
+        q, k = rotated_heads(q, k, self.num_heads, self.rope, spatial_shape)
         weights = functional.masa_decomposed_row(q, k, spatial_shape, self.gamma, index, spacing=self.spacing)
         return AttentionRow(weights, decay=self.decay_row(spatial_shape, index, q.device).expand_as(weights))

@@ -15,7 +15,7 @@ import torch
 import torch.nn.functional as F
 from monai.networks.blocks.pos_embed_utils import build_sincos_position_embedding
 
-from medseg.attention.common import even_split, tensor_cache
+from medseg.attention.common import even_split, split_heads, tensor_cache
 from medseg.errors import ConfigError, check_choice
 
 _INTERPOLATION = {1: "linear", 2: "bilinear", 3: "trilinear"}
@@ -178,6 +178,17 @@ def check_rope(rope: str, head_dim: int, spatial_dims: int) -> str:
             f"dimension >= {2 * spatial_dims}, got {head_dim} (fewer model.attention.num_heads)"
         )
     return rope
+
+
+def rotated_heads(
+    q: torch.Tensor, k: torch.Tensor, num_heads: int, rope: str, spatial_shape: tuple[int, ...]
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """q, k tokens ``(B, N, C)`` -> ``(B, heads, N, head_dim)`` as the attention op gets them: split into heads and,
+    with ``rope=axial``, rotated (:func:`axial_rope`)."""
+    q, k = (split_heads(t, num_heads) for t in (q, k))
+    if rope == "axial":
+        q, k = axial_rope(q, spatial_shape), axial_rope(k, spatial_shape)
+    return q, k
 
 
 @tensor_cache()
