@@ -62,7 +62,7 @@ def _plain(value: Any) -> Any:
     return OmegaConf.to_container(value) if OmegaConf.is_config(value) else value
 
 
-def _validated(attention_cfg: Mapping[str, Any]) -> dict[str, Any]:
+def _checked_keys(attention_cfg: Mapping[str, Any]) -> dict[str, Any]:
     valid = [f.name for f in fields(AttentionConfig)]
     unknown = sorted(set(attention_cfg) - set(valid))
     if unknown:
@@ -95,7 +95,7 @@ def build_attention(
     if name not in ATTENTION_BLOCKS:
         raise ConfigError(f"unknown attention block {name!r}; valid blocks: {available_blocks()}")
     cls = ATTENTION_BLOCKS[name]
-    return cls(dim, spatial_dims, **_accepted(cls, {**_validated(attention_cfg), "grid": grid}))
+    return cls(dim, spatial_dims, **_accepted(cls, {**_checked_keys(attention_cfg), "grid": grid}))
 
 
 def build_transformer_block(
@@ -110,7 +110,7 @@ def build_transformer_block(
 
     ``mlp_ratio``, ``drop_path``, ``layer_scale`` and ``ffn`` come from ``attention_cfg`` like the attention keys.
     """
-    cfg = _validated(attention_cfg)
+    cfg = _checked_keys(attention_cfg)
     attention = build_attention(name, dim, spatial_dims, grid=grid, **cfg)
     return TransformerBlock(attention, checkpointing=checkpointing, **_accepted(TransformerBlock, cfg))
 

@@ -114,7 +114,7 @@ def all_rows() -> list[str]:
 
 
 def train_config(row: str, overrides: Sequence[str] = ()) -> TrainConfig:
-    """The validated training config of ``row``: ``scripts/train.py``'s, with the row's block or network.
+    """The checked training config of ``row``: ``scripts/train.py``'s, with the row's block or network.
 
     Raises:
         ConfigError: an override names an unknown key or an invalid value.
