@@ -67,7 +67,7 @@ MAX_PATCH_COVERAGE = 0.5
 """Most of the median (resampled) volume one 3D patch may cover. nnU-Net takes the whole median volume
 when it fits; medseg keeps random crops room to move, so that foreground oversampling still changes
 what a patch sees and short trainings see more distinct views per epoch (measured on the demo data:
-README, "What is planned"). A 2D slice covers a small share of a volume and is not limited by it in
+docs/data.md, "What is planned"). A 2D slice covers a small share of a volume and is not limited by it in
 practice."""
 AXIS_NAMES = ("R", "A", "S")
 

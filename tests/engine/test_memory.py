@@ -41,7 +41,7 @@ def test_estimate_is_within_30_percent_of_the_measured_peak(one_thread: None, mo
                                                             patch: tuple[int, ...], batch: int, precision: str) -> None:
     # Measured as benchmark.py models measures: every tensor alive at the peak of the trainer's own step (forward,
     # loss, backward, clipping, AdamW) on the CPU, whose bf16 autocast runs the conv stages in CUDA's dtypes.
-    # Calibration (README, "What is planned"): 0.99-1.10.
+    # Calibration (docs/data.md, "What is planned"): 0.99-1.10.
     cfg = TrainConfig(model=model, data=DataConfig(root="unused"), trainer=TrainerConfig(precision=precision))
     gc.collect()  # garbage of earlier tests freed inside the measured step would lower its peak
     run = prepare("unet", cfg, Sizes(patch, batch, precision, reps=0, warmup=1), CPU)
