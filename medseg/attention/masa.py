@@ -33,7 +33,7 @@ class MaSA(SpatialAttention):
         dim: channel width ``C``.
         spatial_dims: 2 or 3.
         num_heads: attention heads; must divide ``dim``.
-        gamma: decay base in (0, 1].
+        gamma: decay base in [0, 1].
         heads_range: 0 for one decay; > 0 for RMT's per-head decays (:func:`head_gammas`).
         spacing: voxel spacing per spatial axis at this feature level; distances become physical
             (in units of the smallest spacing). None: distances in voxels.
