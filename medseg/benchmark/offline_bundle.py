@@ -8,7 +8,7 @@ platform::
 :func:`missing_distributions` walks medseg's requirements as installed here, with their markers evaluated for the
 target (:meth:`BundleTarget.environment`; no extras), and keeps every distribution the target does not already
 have, descending into its requirements; a provided distribution brings its own. ``--provided FILE`` is the output
-of ``python -m pip freeze`` (or ``pip list --format=freeze``) on the target (:func:`parse_freeze`); a provided
+of ``python -m pip freeze --all`` (or ``pip list --format=freeze``) on the target (:func:`parse_freeze`); a provided
 distribution whose version does not satisfy a requirement is bundled all the same. Without it, everything is
 bundled. Each distribution is pinned to the version installed here (the one medseg's tests ran with).
 
@@ -56,7 +56,7 @@ _LEGACY_MANYLINUX = {(2, 17): "manylinux2014", (2, 12): "manylinux2010", (2, 5):
 DESCRIPTION = """\
 Save the wheels medseg needs into one folder, for installing it on a machine without network (a cluster node,
 an air-gapped workstation). Run it here, with the network and medseg installed (`pip install -e .`); give the
-target's Python version and platform tags when they are not this machine's, and the target's `pip freeze` so
+target's Python version and platform tags when they are not this machine's, and its `pip freeze --all` so
 that what it already has is left out. Beside the wheels, INSTALL.txt gives the command that installs them on
 the target. See docs/offline-install.md.
 
@@ -368,7 +368,8 @@ def build_parser() -> argparse.ArgumentParser:
                              "manylinux_2_28_x86_64 brings the older manylinux tags it includes "
                              f"(default: this machine's {len(here.platforms)}, from {here.platforms[0]})")
     parser.add_argument("--provided", type=Path, metavar="FILE",
-                        help="`python -m pip freeze` of the target: what it has is not bundled (default: bundle all)")
+                        help="`python -m pip freeze --all` of the target: what it has is not bundled "
+                             "(default: bundle all)")
     return parser
 
 
