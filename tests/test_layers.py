@@ -44,7 +44,7 @@ pytestmark = pytest.mark.skipif(not LINT_IMPORTS.is_file(), reason="import-linte
 def test_the_stages_keep_their_layers() -> None:
     result = lint_imports(REPO)
     assert result.returncode == 0, result.stdout + result.stderr
-    assert "1 kept, 0 broken" in result.stdout
+    assert " 0 broken" in result.stdout
 
 
 def test_the_contract_rejects_the_old_upward_import_of_the_schema(tmp_path: Path) -> None:
