@@ -69,7 +69,7 @@ def infer_volume(
     def run(volume: torch.Tensor) -> torch.Tensor:
         with torch.no_grad(), autocast(device, amp_dtype):
             logits = sliding_window_inference(
-                volume, roi_size=list(roi_size), sw_batch_size=sw_batch_size, inferer=inferer,
+                volume, roi_size=list(roi_size), sw_batch_size=sw_batch_size, predictor=inferer,
                 overlap=overlap, mode="gaussian", sw_device=device, device=sw_device, progress=progress,
             )
         return ACTIVATIONS[activation](logits.float())
