@@ -23,7 +23,7 @@ from medseg.data.transforms import NORMALIZATIONS
 from medseg.errors import ConfigError
 from medseg.models import MODELS, NORMS
 from medseg.optim import OPTIMIZERS, SCHEDULES
-from medseg.planning.plan import check_planning
+from medseg.planning.from_config import check_planning
 from medseg.runtime.device import PRECISIONS
 from medseg.training.losses import LOSSES
 from medseg.training.prepare import CACHE_MODES, PLAN_SOURCES
