@@ -21,7 +21,7 @@ from medseg.data.transforms import check_normalization
 from medseg.errors import ConfigError
 from medseg.models import check_model
 from medseg.optim import OPTIMIZERS, SCHEDULES
-from medseg.planning.plan import check_planning
+from medseg.planning.from_config import check_planning
 from medseg.runtime.device import PRECISIONS
 from medseg.training.losses import LOSSES
 from medseg.training.prepare import CACHE_MODES, PLAN_SOURCES

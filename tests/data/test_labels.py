@@ -18,7 +18,7 @@ from monai import transforms as mt
 from medseg.config import DataConfig
 from medseg.data.datalist import dataset_from_config, load_dataset
 from medseg.data.labels import IGNORE_INDEX, LabelSpec, RandCropByPosNegForegroundd, member_masks
-from medseg.planning.plan import compute_fingerprint
+from medseg.planning.fingerprint import compute_fingerprint
 from medseg.data.reading import read_case
 from medseg.data.transforms import eval_transforms, train_transforms
 from medseg.data.verify import verify_dataset

@@ -12,17 +12,16 @@ import torch
 
 from medseg.config import DataConfig, ModelConfig, PlanningConfig, TrainConfig, TrainerConfig
 from medseg.training.settings import check_config
-from medseg.planning.plan import (
+from medseg.planning.from_config import (
     GB,
     apply_plan,
-    make_plan,
     memory_budget,
     plan_from_config,
-    plan_report,
-    planned_channels,
     unset_keys,
     voxel_budget_for,
 )
+from medseg.planning.plan import make_plan, planned_channels
+from medseg.planning.report import plan_report
 from medseg.runs.checkpoint import save_checkpoint
 from medseg.training.prepare import plan_of_checkpoint
 from medseg.errors import ConfigError

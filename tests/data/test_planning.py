@@ -15,21 +15,12 @@ import torch
 
 from medseg.config import DataConfig, ModelConfig
 from medseg.data.transforms import thick_axis
-from medseg.planning import plan as planning
 from medseg.data.datalist import load_dataset
-from medseg.planning.plan import (
-    BASE_VOXEL_BUDGET,
-    MAX_PATCH_COVERAGE,
-    SAMPLES_PER_CASE,
-    Plan,
-    apply_plan,
-    compute_fingerprint,
-    format_plan,
-    make_plan,
-    plan_for,
-    plan_report,
-    voxel_budget_for,
-)
+from medseg.planning import fingerprint as fingerprint_module
+from medseg.planning.fingerprint import SAMPLES_PER_CASE, compute_fingerprint
+from medseg.planning.from_config import apply_plan, plan_for, voxel_budget_for
+from medseg.planning.plan import BASE_VOXEL_BUDGET, MAX_PATCH_COVERAGE, Plan, make_plan
+from medseg.planning.report import format_plan, plan_report
 from medseg.data.transforms import normalization_transform, window
 from medseg.errors import DatasetError
 from tests.data.realistic import (
@@ -281,8 +272,8 @@ def test_fingerprint_cache_reused_and_invalidated(tmp_path: Path, monkeypatch: p
     first = compute_fingerprint(info, cache, progress=False)
     assert cache.is_file()
     reads = []
-    real_read = planning.read_case
-    monkeypatch.setattr(planning, "read_case", lambda entry: reads.append(entry["case"]) or real_read(entry))
+    real_read = fingerprint_module.read_case
+    monkeypatch.setattr(fingerprint_module, "read_case", lambda entry: reads.append(entry["case"]) or real_read(entry))
     assert compute_fingerprint(info, cache, progress=False) == first
     assert reads == [], "a fresh cache is reused without reading images"
     label = Path(info.training[0]["label"])

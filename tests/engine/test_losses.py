@@ -18,7 +18,7 @@ from medseg.config import ModelConfig, TrainConfig, TrainerConfig
 from medseg.data.datalist import DatasetInfo, dataset_cache_dir
 from medseg.data.labels import IGNORE_INDEX
 from medseg.errors import ConfigError
-from medseg.planning.plan import FINGERPRINT_FILE
+from medseg.planning.fingerprint import FINGERPRINT_FILE
 from medseg.runs.checkpoint import load_checkpoint, save_checkpoint
 from medseg.training.losses import (
     AUTO_WEIGHT_RATIO,
