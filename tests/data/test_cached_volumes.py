@@ -15,7 +15,7 @@ from medseg.data.transforms import IMAGE, LABEL, CompactLabeld
 from medseg.training import prepare as engine_data
 from medseg.training.prepare import PreparedData, plan_config, prepare_data
 from medseg.runtime.launch import SINGLE_PROCESS
-from tests.conftest import compose_config
+from tests.helpers.configs import compose_config
 from tests.data.realistic import write_ct_dataset
 
 

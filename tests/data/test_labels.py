@@ -101,7 +101,7 @@ def test_bad_label_sets_name_the_key(brats: dict[str, Path], tmp_path: Path, fmt
 
 def test_bad_regions_stop_training_before_it_starts(brats: dict[str, Path], tmp_path: Path) -> None:
     from medseg.training.run import train
-    from tests.conftest import MICRO_OVERRIDES, compose_config
+    from tests.helpers.configs import MICRO_OVERRIDES, compose_config
 
     cfg = compose_config([*MICRO_OVERRIDES, "data=msd", f"data.root={brats['msd']}", f"output_dir={tmp_path}",
                           "data.regions={whole:[1,2,3]}"])

@@ -17,7 +17,7 @@ from pathlib import Path
 import pytest
 
 from medseg.data.datalist import CACHE_FOLDER
-from tests.conftest import REPO
+from tests.helpers.configs import REPO
 from tests.data.realistic import write_ct_dataset
 
 TRAIN = ["data=msd", "model.channels=[8,16,32]", "data.patch_size=[32,32,8]", "data.samples_per_volume=1",
