@@ -17,8 +17,8 @@ import pytest
 from medseg import load_model, predict
 from medseg.errors import ConfigError, DatasetError
 from medseg.evaluation.evaluate import evaluate
-from tests.conftest import REPO
-from tests.engine.test_evaluate import oracle, save_test_checkpoint  # noqa: F401  (oracle is a fixture)
+from tests.helpers.checkpoints import save_test_checkpoint
+from tests.helpers.configs import REPO
 
 DOC_CKPT = "outputs/train/2025-01-31/14-02-07/checkpoints/best.pt"
 
@@ -59,7 +59,7 @@ def test_an_lps_anisotropic_array_is_predicted_as_evaluate_predicts_its_file(ckp
     np.testing.assert_array_equal(predict(path, ckpt=net), expected)
 
 
-def test_oracle_labels_come_back_on_the_arrays_voxels(tiny_demo_root: Path, tmp_path: Path, oracle: None) -> None:  # noqa: F811
+def test_oracle_labels_come_back_on_the_arrays_voxels(tiny_demo_root: Path, tmp_path: Path, oracle: None) -> None:
     """A model whose input is the one-hot label (native spacing): the label map is the label itself, voxel for
     voxel, whatever the array's axis order."""
     native = save_test_checkpoint(tmp_path / "oracle.pt", spacing=(0.8, 0.8, 2.0), normalization="none", state={},

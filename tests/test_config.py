@@ -13,8 +13,7 @@ from medseg.config import SCHEMAS, DataConfig, ModelConfig, TrainConfig, Trainer
 from medseg.errors import ConfigError
 from medseg.training.settings import check_config
 from medseg.typed_config import check_override_keys, to_typed
-
-from .conftest import REPO, compose_config, run_script
+from tests.helpers.configs import REPO, compose_config, run_script
 
 
 def _validated(*overrides: str) -> TrainConfig:

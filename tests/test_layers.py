@@ -14,7 +14,7 @@ from pathlib import Path
 import grimp
 import pytest
 
-from tests.conftest import REPO
+from tests.helpers.configs import REPO
 
 LINT_IMPORTS = Path(sys.executable).with_name("lint-imports")
 

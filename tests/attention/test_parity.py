@@ -16,8 +16,8 @@ from medseg.attention.position import axial_rope
 from medseg.config import TrainConfig
 from medseg.models import build_model
 from medseg.training.settings import check_config
+from tests.helpers.configs import compose_config
 
-from ..conftest import compose_config
 from . import reference
 
 TOL = {"rtol": 1e-6, "atol": 1e-6}

@@ -32,8 +32,8 @@ from medseg.runs.checkpoint import load_checkpoint
 from medseg.training.prepare import PreparedData, plan_config, prepare_data
 from medseg.runtime.launch import SINGLE_PROCESS
 from medseg.training.run import train
-from tests.conftest import compose_config
-from tests.data.realistic import (
+from tests.helpers.configs import compose_config
+from tests.helpers.realistic import (
     SAGITTAL_SHAPE,
     write_ct_dataset,
     write_mri_dataset,

@@ -16,7 +16,7 @@ from medseg.models.norms import GROUP_NORM_GROUPS
 from medseg.models.unet import level_spacing, per_axis_strides
 from medseg.training.settings import check_config
 
-from ..conftest import compose_config
+from ..helpers.configs import compose_config
 
 ATTENTION = {"num_heads": 4, "split_size": 2, "kernel_size": 3}
 
