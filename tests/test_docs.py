@@ -11,8 +11,7 @@ import pytest
 from omegaconf import OmegaConf
 
 from medseg.config import SCHEMAS, key_docs, reference_markdown
-
-from .conftest import REPO, run_script
+from tests.helpers.configs import REPO, run_script
 
 PAGES = [REPO / "README.md", *sorted((REPO / "docs").glob("*.md"))]
 FENCE = re.compile(r"^(```|~~~).*?^\1\s*$", re.M | re.S)
