@@ -55,9 +55,10 @@ def _source(image: str | Path | SpatialImage | np.ndarray, affine: np.ndarray | 
 
 
 def predict(image: str | Path | SpatialImage | np.ndarray, ckpt: Checkpoints, affine: np.ndarray | None = None,
-            device: str = "auto", *, return_probabilities: bool = False, tta: bool = False,
-            postprocessing: str = "auto", overlap: float = 0.5,
-            sw_batch_size: int = 4) -> np.ndarray | tuple[np.ndarray, np.ndarray]:
+            device: str = EvaluateConfig.device, *, return_probabilities: bool = False,
+            tta: bool = EvaluateConfig.tta, postprocessing: str = EvaluateConfig.postprocessing,
+            overlap: float = EvaluateConfig.overlap,
+            sw_batch_size: int = EvaluateConfig.sw_batch_size) -> np.ndarray | tuple[np.ndarray, np.ndarray]:
     """The label map of one volume, in the input's geometry.
 
     Args:
@@ -70,6 +71,8 @@ def predict(image: str | Path | SpatialImage | np.ndarray, ckpt: Checkpoints, af
         tta: mirroring test-time augmentation.
         postprocessing: ``auto``, ``none`` or a ``postprocessing.json``, as ``scripts/evaluate.py``'s.
         overlap, sw_batch_size: the sliding window's, as ``scripts/evaluate.py``'s.
+
+    Every default is :class:`~medseg.config.EvaluateConfig`'s, the one of ``scripts/evaluate.py``.
 
     Returns:
         ``(X, Y, Z)`` labels on the input's voxels in the dataset's label values (uint8; uint16 above 255): class

@@ -25,7 +25,7 @@ T = TypeVar("T")
 
 def block_names() -> str:
     """``${medseg_blocks:}`` in a sweep preset (``experiment=compare_blocks``): none and every registered block."""
-    from medseg.training.settings import block_choices  # the registries load only when a preset asks
+    from medseg.attention.registry import block_choices  # the registry loads only when a preset asks
 
     return ",".join(block_choices())
 

@@ -16,7 +16,8 @@ from __future__ import annotations
 import ast
 import inspect
 from collections.abc import Iterator
-from dataclasses import dataclass, field, fields, is_dataclass
+from dataclasses import MISSING as NO_DEFAULT
+from dataclasses import Field, dataclass, field, fields, is_dataclass
 from functools import cache
 from typing import Any
 
@@ -35,7 +36,8 @@ class AttentionConfig:
     num_heads: int = 4
     """Attention heads; must divide the channel width of every slot."""
     gamma: float = 0.9
-    """MaSA decay base in (0, 1]; the weight between tokens n and m is gamma ** manhattan(n, m)."""
+    """MaSA decay base in [0, 1]; the weight between tokens n and m is gamma ** manhattan(n, m) (0: each token
+    attends to itself alone)."""
     heads_range: float = 0.0
     """MaSA: 0 for one gamma for all heads; > 0 for per-head 1 - (1 - gamma) * 2 ** (-heads_range * h / num_heads)."""
     spacing: list[float] | None = None
@@ -390,16 +392,22 @@ def _field_docs(cls: type) -> dict[str, str]:
     return docs
 
 
-def key_docs(schema: type, prefix: str = "") -> Iterator[tuple[str, str, str]]:
-    """``(key, type, meaning)`` for every leaf key of ``schema``, in declaration order."""
+def _leaf_fields(schema: type, prefix: str = "") -> Iterator[tuple[str, Field, str]]:
+    """``(key, field, meaning)`` for every leaf key of ``schema``, in declaration order (nested nodes walked)."""
     docs = _field_docs(schema)
     for item in fields(schema):
         key = f"{prefix}{item.name}"
         nested = item.default_factory if is_dataclass(item.default_factory) else None  # type: ignore[misc]
         if nested is not None:
-            yield from key_docs(nested, f"{key}.")
+            yield from _leaf_fields(nested, f"{key}.")
         else:
-            yield key, str(item.type), docs.get(item.name, "")
+            yield key, item, docs.get(item.name, "")
+
+
+def key_docs(schema: type, prefix: str = "") -> Iterator[tuple[str, str, str]]:
+    """``(key, type, meaning)`` for every leaf key of ``schema``, in declaration order."""
+    for key, item, doc in _leaf_fields(schema, prefix):
+        yield key, str(item.type), doc
 
 
 def help_template(name: str) -> str:
@@ -410,6 +418,75 @@ def help_template(name: str) -> str:
             f"== Keys ==\n{keys}\n\n"
             "== Composed config (--cfg job prints it alone) ==\n$CONFIG\n\n"
             "Hydra's own options: --hydra-help")
+
+
+REFERENCE_PREAMBLE = """\
+# Configuration reference
+
+<!-- Generated from medseg/config.py by `python scripts/config_reference.py`; edit the schema, not this file. -->
+
+Every key, with its type, default and meaning, is defined once: the dataclasses in `medseg/config.py`, which
+Hydra composes the YAML presets onto (`configs/data/*.yaml`, `configs/experiment/*.yaml` hold only what a
+preset changes). `python scripts/train.py --help` lists every key of training with its type and meaning (each
+script's `--help` its own); `python scripts/train.py --cfg job` prints the whole composed config.
+
+The defaults below are the schema's. `python scripts/train.py` runs with the demo preset, `data=demo3d`
+([configs/data/demo3d.yaml](../configs/data/demo3d.yaml)), which sets the demo's format and folder and hand-set
+preprocessing and pooling on top of them (`data.spacing`, `data.patch_size`, `data.normalization`,
+`data.pos_fraction`, `model.strides`; and `data.num_workers=0`); `data=msd` and `data=nnunet` keep the schema's,
+so the keys left `null` are planned from the data
+([data and planning](data.md#what-is-planned-and-how-to-override-it)). The config groups are `data` (`demo3d`,
+`demo3d_planned`, `msd`, `nnunet`), `experiment` (the presets of [sweeps](sweeps.md)), `hparams_search` and
+`hydra/launcher` (`slurm`, see [performance](performance.md#slurm)).
+
+`model.bottleneck` and `model.decoder` are plain strings (a block name, or `none`) checked against the
+registry of attention blocks, and every block's hyperparameters live in the one shared node
+`model.attention.*`: each block reads the keys it uses and ignores the rest
+([attention blocks](attention.md)). A real training run needs a few hundred epochs (`trainer.max_epochs`; nnU-Net
+trains 1000 epochs of 250 steps) or a wall-clock budget (`trainer.max_minutes`).
+"""
+"""The hand-written head of ``docs/configuration.md``; the tables of :func:`reference_markdown` follow it."""
+
+ENTRY_POINTS: dict[str, str] = {"train": "scripts/train.py", "evaluate": "scripts/evaluate.py",
+                                "crossval": "scripts/crossval.py DIR", "export": "scripts/export.py",
+                                "visualize": "scripts/visualize.py", "plan": "scripts/plan.py",
+                                "check_data": "scripts/check_data.py"}
+"""The command behind each schema of :data:`SCHEMAS`."""
+
+
+def value_text(value: Any) -> str:
+    """``value`` as a user types it in an override (YAML): ``null``, ``true``, ``[16, 32]``, ``0.003``."""
+    if value is None or isinstance(value, bool):
+        return {None: "null", True: "true", False: "false"}[value]
+    if isinstance(value, list):
+        return "[" + ", ".join(value_text(entry) for entry in value) + "]"
+    return str(value)
+
+
+def default_text(item: Field) -> str:
+    """A schema field's default as :func:`value_text` writes it; ``required`` for a key without one (``MISSING``)."""
+    value = item.default_factory() if item.default_factory is not NO_DEFAULT else item.default
+    return "required" if value is NO_DEFAULT or value == MISSING else value_text(value)
+
+
+def _cell(text: str, code: bool = False) -> str:
+    """``text`` safe inside a markdown table cell: pipes escaped; outside a code span (``code``) also ``<``, which
+    markdown would read as the start of an HTML tag."""
+    text = text.replace("|", "\\|")
+    return f"`{text}`" if code else text.replace("<", "&lt;")
+
+
+def reference_markdown() -> str:
+    """``docs/configuration.md``: :data:`REFERENCE_PREAMBLE`, then one table per entry point of :data:`SCHEMAS`
+    (key, type, default, meaning), the same keys and meanings ``--help`` prints."""
+    parts = [REFERENCE_PREAMBLE]
+    for name, schema in SCHEMAS.items():
+        summary = " ".join((schema.__doc__ or "").split("\n\n")[0].split())
+        rows = [f"| `{key}` | {_cell(str(item.type), code=True)} | {_cell(default_text(item), code=True)} | "
+                f"{_cell(doc)} |" for key, item, doc in _leaf_fields(schema)]
+        parts.append(f"## {name}: `python {ENTRY_POINTS[name]}`\n\n{summary}\n\n"
+                     "| key | type | default | meaning |\n|---|---|---|---|\n" + "\n".join(rows) + "\n")
+    return "\n".join(parts)
 
 
 def _register() -> None:

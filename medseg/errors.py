@@ -8,6 +8,9 @@ example around :func:`medseg.attention.build_attention`) keep working.
 
 from __future__ import annotations
 
+from collections.abc import Collection
+from typing import Any
+
 
 class MedsegError(Exception):
     """Base of every error medseg raises on purpose; the message says what is wrong and what to do."""
@@ -38,3 +41,10 @@ class TrainingInterrupted(MedsegError):
 
     def __reduce__(self) -> tuple[type, tuple[str, int]]:  # picklable, so DDP ranks can share it
         return type(self), (str(self), self.exit_code)
+
+
+def check_choice(key: str, value: Any, choices: Collection[str]) -> None:
+    """Raise :class:`ConfigError` when ``value`` of config key ``key`` is not one of ``choices``: the one check (and
+    message) of every key with a fixed set of values, made by the builder or registry that owns the set."""
+    if value not in choices:
+        raise ConfigError(f"{key}={value!r} is not valid. Valid values: {', '.join(choices)}")

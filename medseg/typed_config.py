@@ -16,7 +16,7 @@ from typing import Any, TypeVar
 from omegaconf import DictConfig, OmegaConf
 from omegaconf.errors import ConfigKeyError, MissingMandatoryValue, ValidationError
 
-from medseg.errors import ConfigError
+from medseg.errors import ConfigError, check_choice
 
 Schema = TypeVar("Schema")
 
@@ -121,6 +121,4 @@ def _select(cfg: Any, key: str) -> Any:
 def check_choices(cfg: Any, keys: Mapping[str, Sequence[str]]) -> None:
     """Raise :class:`ConfigError` for the first key of ``keys`` whose value in ``cfg`` is not a valid choice."""
     for key, choices in keys.items():
-        value = _select(cfg, key)
-        if value not in choices:
-            raise ConfigError(f"{key}={value!r} is not valid. Valid values: {', '.join(choices)}")
+        check_choice(key, _select(cfg, key), choices)

@@ -15,7 +15,7 @@ from medseg.typed_config import to_typed
 @hydra.main(version_base="1.3", config_path="../configs", config_name="plan")
 @one_line_errors
 def main(cfg: DictConfig) -> None:
-    from medseg.planning.plan import plan_report  # numpy and nibabel load only when a job runs
+    from medseg.planning.report import plan_report  # numpy and nibabel load only when a job runs
 
     settings = to_typed(PlanConfig, cfg, context=" (e.g. data=msd data.root=/path/to/Task09_Spleen)")
     print(plan_report(settings.data, settings.model, settings.progress, settings.trainer, settings.plan))

@@ -1,43 +1,15 @@
-"""Shared test fixtures: paths, Hydra composition of the real configs, and a tiny demo dataset."""
+"""Shared fixtures and hooks: a tiny demo dataset, one training thread, an oracle model, and the GPU skip."""
 
 from __future__ import annotations
 
-import os
-import subprocess
-import sys
-from collections.abc import Sequence
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 import torch
-from hydra import compose, initialize_config_dir
-from omegaconf import DictConfig
 
-import medseg.cli  # noqa: F401  (registers the schemas the configs compose onto, and their resolvers)
-
-REPO = Path(__file__).resolve().parents[1]
-CONFIGS = REPO / "configs"
-
-# A demo run small enough for CI: 8 volumes of 32x32x16, a 3-level U-Net, 2 epochs.
-TINY_OVERRIDES = [
-    "data.num_cases=8", "data.patch_size=[32,32,16]", "data.samples_per_volume=1",
-    "model.channels=[8,16,32]", "model.strides=[2,2]", "model.attention.num_heads=4",
-    "trainer.max_epochs=2", "trainer.val_every=1", "trainer.batch_size=2", "trainer.progress=false",
-    "trainer.log_images=true",
-]
-
-# Smaller still, for runs that are repeated within one test (resume equality, fault injection).
-MICRO_OVERRIDES = [
-    "data.num_cases=8", "data.patch_size=[16,16,16]", "data.samples_per_volume=1", "data.num_workers=0",
-    "model.channels=[4,8]", "model.strides=[2]", "trainer.val_every=1", "trainer.batch_size=2",
-    "trainer.progress=false", "trainer.log_images=false",
-]
-
-
-def compose_config(overrides: Sequence[str] = (), config_name: str = "train") -> DictConfig:
-    """The real configs composed with Hydra's compose API (``hydra:`` interpolations are not available)."""
-    with initialize_config_dir(config_dir=str(CONFIGS), version_base="1.3"):
-        return compose(config_name=config_name, overrides=list(overrides))
+from medseg.inference import model as model_module
+from tests.helpers.checkpoints import OracleNet
 
 
 @pytest.fixture(scope="session")
@@ -49,12 +21,20 @@ def tiny_demo_root(tmp_path_factory: pytest.TempPathFactory) -> Path:
                                  progress=False)
 
 
-def run_script(script: str, args: Sequence[str], cwd: Path, timeout: float = 600,
-               env: dict[str, str] | None = None) -> subprocess.CompletedProcess:
-    """Run ``scripts/<script>`` with this interpreter; output captured as text."""
-    full_env = {**os.environ, "PYTHONUNBUFFERED": "1", "HYDRA_FULL_ERROR": "0", **(env or {})}
-    return subprocess.run([sys.executable, str(REPO / "scripts" / script), *args], cwd=cwd, env=full_env,
-                          capture_output=True, text=True, timeout=timeout)
+@pytest.fixture
+def one_thread() -> Iterator[None]:
+    """Train on one thread: the tiny models gain nothing from more, and on a shared 2-core machine two threads
+    that wait for each other made a 90-step run take 50 s instead of 8 s."""
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(threads)
+
+
+@pytest.fixture()
+def oracle(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Checkpoints load as :class:`~tests.helpers.checkpoints.OracleNet`: the one-hot label in, its logits out."""
+    monkeypatch.setattr(model_module, "build_model", lambda cfg, cin, cout, patch: OracleNet())
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:

@@ -1,6 +1,6 @@
 """The Python API: ``predict`` on an LPS, anisotropic array gives evaluate's labels for the same file, in the
-array's own voxel order (also permuted), from a path, a nibabel image or a loaded model; the README's snippet runs;
-``import medseg`` stays light."""
+array's own voxel order (also permuted), from a path, a nibabel image or a loaded model; the snippet of
+docs/evaluation.md runs; ``import medseg`` stays light."""
 
 from __future__ import annotations
 
@@ -17,10 +17,10 @@ import pytest
 from medseg import load_model, predict
 from medseg.errors import ConfigError, DatasetError
 from medseg.evaluation.evaluate import evaluate
-from tests.conftest import REPO
-from tests.engine.test_evaluate import oracle, save_test_checkpoint  # noqa: F401  (oracle is a fixture)
+from tests.helpers.checkpoints import save_test_checkpoint
+from tests.helpers.configs import REPO
 
-README_CKPT = "outputs/train/2025-01-31/14-02-07/checkpoints/best.pt"
+DOC_CKPT = "outputs/train/2025-01-31/14-02-07/checkpoints/best.pt"
 
 
 @pytest.fixture(scope="module")
@@ -59,7 +59,7 @@ def test_an_lps_anisotropic_array_is_predicted_as_evaluate_predicts_its_file(ckp
     np.testing.assert_array_equal(predict(path, ckpt=net), expected)
 
 
-def test_oracle_labels_come_back_on_the_arrays_voxels(tiny_demo_root: Path, tmp_path: Path, oracle: None) -> None:  # noqa: F811
+def test_oracle_labels_come_back_on_the_arrays_voxels(tiny_demo_root: Path, tmp_path: Path, oracle: None) -> None:
     """A model whose input is the one-hot label (native spacing): the label map is the label itself, voxel for
     voxel, whatever the array's axis order."""
     native = save_test_checkpoint(tmp_path / "oracle.pt", spacing=(0.8, 0.8, 2.0), normalization="none", state={},
@@ -83,13 +83,13 @@ def test_bad_arguments(ckpt: Path, tiny_demo_root: Path) -> None:
         predict(np.zeros((8, 8, 8, 2), np.float32), ckpt=ckpt, affine=np.eye(4))
 
 
-def test_readme_snippet_runs(ckpt: Path, evaluated: Path, tiny_demo_root: Path) -> None:
-    readme = (REPO / "README.md").read_text()
-    section = readme.split("### Python API", 1)[1]
+def test_the_documented_snippet_runs(ckpt: Path, evaluated: Path, tiny_demo_root: Path) -> None:
+    page = (REPO / "docs" / "evaluation.md").read_text()
+    section = page.split("## Python API", 1)[1]
     snippet = re.search(r"```python\n(.*?)```", section, re.S).group(1)
-    assert README_CKPT in snippet and "data/demo3d/" in snippet
+    assert DOC_CKPT in snippet and "data/demo3d/" in snippet
     namespace: dict = {}
-    exec(snippet.replace(README_CKPT, str(ckpt)).replace("data/demo3d/", f"{tiny_demo_root}/"), namespace)
+    exec(snippet.replace(DOC_CKPT, str(ckpt)).replace("data/demo3d/", f"{tiny_demo_root}/"), namespace)
     np.testing.assert_array_equal(namespace["labels"], np.asarray(nib.load(evaluated / "demo_000.nii.gz").dataobj))
 
 

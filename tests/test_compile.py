@@ -16,8 +16,8 @@ import pytest
 import torch
 from torch import nn
 
+from medseg.attention.registry import block_choices
 from medseg.models import build_model
-from medseg.training.settings import block_choices
 
 BLOCKS = block_choices()
 """Every value of the bottleneck slot: none and each registered block."""

@@ -6,9 +6,8 @@
 
 Pure tensor ops live in :mod:`medseg.attention.functional`; one module per block family
 (:mod:`~medseg.attention.masa`, :mod:`~medseg.attention.focused_linear`, :mod:`~medseg.attention.cswin`,
-:mod:`~medseg.attention.mha`); :mod:`~medseg.attention.registry` turns names into modules;
-:mod:`~medseg.models.inspect` (imported on its own: it reads the U-Net) recomputes a trained U-Net's
-attention rows for one voxel.
+:mod:`~medseg.attention.mha`); :mod:`~medseg.attention.registry` turns names into modules and checks a config's
+block settings. :mod:`medseg.models.inspect` recomputes a trained U-Net's attention rows for one voxel.
 """
 
 from medseg.attention.block import TransformerBlock

@@ -190,6 +190,12 @@ class AttentionRow:
     ``gain * (weights @ v)``; focused linear attention's normaliser epsilon); None where it is 1."""
 
 
+def check_spatial_dims(spatial_dims: int) -> None:
+    """``model.spatial_dims`` is 2 or 3: the one check of it, for the blocks and the training config alike."""
+    if spatial_dims not in (2, 3):
+        raise ConfigError(f"model.spatial_dims={spatial_dims}: expected 2 or 3")
+
+
 class SpatialAttention(nn.Module, ABC):
     """Base class of every registered attention block: ``(B, C, *spatial) -> (B, C, *spatial)``.
 
@@ -206,8 +212,7 @@ class SpatialAttention(nn.Module, ABC):
 
     def __init__(self, dim: int, spatial_dims: int, num_heads: int) -> None:
         super().__init__()
-        if spatial_dims not in (2, 3):
-            raise ConfigError(f"model.spatial_dims must be 2 or 3, got {spatial_dims}")
+        check_spatial_dims(spatial_dims)
         if num_heads < 1 or dim % num_heads != 0:
             raise ConfigError(
                 f"model.attention.num_heads={num_heads} must be a positive divisor of the channel width {dim}")

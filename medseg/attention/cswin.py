@@ -20,7 +20,7 @@ from medseg.attention.common import (
     to_spatial,
     to_tokens,
 )
-from medseg.errors import ConfigError
+from medseg.errors import ConfigError, check_choice
 
 LEPE_KERNEL = 3
 """CSWin's locally-enhanced positional encoding is a 3x3(x3) depthwise conv on v."""
@@ -83,8 +83,7 @@ class CSWinAttention(SpatialAttention):
         super().__init__(dim, spatial_dims, num_heads)
         if split_size < 1:
             raise ConfigError(f"model.attention.split_size must be >= 1, got {split_size}")
-        if lepe not in LEPE_MODES:
-            raise ConfigError(f"model.attention.lepe={lepe!r} is not one of {list(LEPE_MODES)}")
+        check_choice("model.attention.lepe", lepe, LEPE_MODES)
         self.split_size = int(split_size)
         self.group_heads = heads_per_axis(num_heads, spatial_dims)
         self.lepe_mode = lepe

@@ -21,6 +21,7 @@ from einops import rearrange
 from medseg.attention import position
 from medseg.attention.common import _depthwise, merge_heads, split_heads, tensor_cache
 from medseg.attention.position import axis_scales, grid_coordinates, manhattan_distance, manhattan_row
+from medseg.errors import ConfigError
 
 try:
     from torch.nn.attention.flex_attention import flex_attention
@@ -51,9 +52,15 @@ def log_gammas(gamma: Gamma, num_heads: int) -> tuple[float, ...]:
         values = [float(g) for g in (gamma if isinstance(gamma, Sequence) else [gamma])]
     if len(values) not in (1, num_heads):
         raise ValueError(f"gamma needs 1 or num_heads={num_heads} values, got {len(values)}")
-    if not all(0.0 <= g <= 1.0 for g in values):
-        raise ValueError(f"gamma must lie in [0, 1], got {values}")
+    check_gamma(values)
     return tuple(math.log(max(g, GAMMA_FLOOR)) for g in values)
+
+
+def check_gamma(values: Sequence[float]) -> None:
+    """MaSA's decays lie in [0, 1]: 1 is no decay, 0 the limit where each token attends to itself alone (its
+    bias is floored at :data:`GAMMA_FLOOR`). The one check of ``model.attention.gamma``'s range."""
+    if not all(0.0 <= g <= 1.0 for g in values):
+        raise ConfigError(f"model.attention.gamma must lie in [0, 1], got {list(values)}")
 
 
 def _decay_bias(

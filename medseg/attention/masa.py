@@ -8,8 +8,7 @@ import torch
 
 from medseg.attention import functional
 from medseg.attention.common import AttentionRow, SpatialAttention, TokenDepthwiseConv, merge_heads, split_heads
-from medseg.attention.position import axial_rope, axis_scales, check_rope
-from medseg.errors import ConfigError
+from medseg.attention.position import axis_scales, check_rope, rotated_heads
 
 
 def head_gammas(gamma: float, heads_range: float, num_heads: int) -> float | tuple[float, ...]:
@@ -18,8 +17,7 @@ def head_gammas(gamma: float, heads_range: float, num_heads: int) -> float | tup
     ``heads_range = 0`` returns the single float ``gamma`` (one decay shared by all heads);
     ``gamma = 0.75, heads_range = 4`` reproduces official RMT's multi-scale decays.
     """
-    if not 0.0 < gamma <= 1.0:
-        raise ConfigError(f"model.attention.gamma must lie in (0, 1], got {gamma}")
+    functional.check_gamma([gamma])
     if heads_range == 0:
         return gamma
     return tuple(1.0 - (1.0 - gamma) * 2.0 ** (-heads_range * h / num_heads) for h in range(num_heads))
@@ -35,7 +33,7 @@ class MaSA(SpatialAttention):
         dim: channel width ``C``.
         spatial_dims: 2 or 3.
         num_heads: attention heads; must divide ``dim``.
-        gamma: decay base in (0, 1].
+        gamma: decay base in [0, 1].
         heads_range: 0 for one decay; > 0 for RMT's per-head decays (:func:`head_gammas`).
         spacing: voxel spacing per spatial axis at this feature level; distances become physical
             (in units of the smallest spacing). None: distances in voxels.
@@ -70,18 +68,8 @@ class MaSA(SpatialAttention):
         log_gamma = functional.log_gammas(self.gamma, self.num_heads)
         return len(log_gamma) if any(log_gamma) else 0
 
-    def queries_keys(
-        self, q: torch.Tensor, k: torch.Tensor, spatial_shape: tuple[int, ...]
-    ) -> tuple[torch.Tensor, torch.Tensor]:
-        """q, k tokens ``(B, N, C)`` -> ``(B, heads, N, head_dim)`` as the attention op gets them (rotated when
-        ``rope=axial``)."""
-        q, k = (split_heads(t, self.num_heads) for t in (q, k))
-        if self.rope == "axial":
-            q, k = axial_rope(q, spatial_shape), axial_rope(k, spatial_shape)
-        return q, k
-
     def mix(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, spatial_shape: tuple[int, ...]) -> torch.Tensor:
-        q, k = self.queries_keys(q, k, spatial_shape)
+        q, k = rotated_heads(q, k, self.num_heads, self.rope, spatial_shape)
         out = self.attention(q, k, split_heads(v, self.num_heads), spatial_shape, self.gamma, spacing=self.spacing)
         return merge_heads(out) + self.lce(v, spatial_shape)
 
@@ -95,7 +83,7 @@ class MaSA(SpatialAttention):
         self, q: torch.Tensor, k: torch.Tensor, spatial_shape: tuple[int, ...], index: int
     ) -> AttentionRow:
         """:func:`~medseg.attention.functional.masa_row`, its decay and its content part (LCE not included)."""
-        q, k = self.queries_keys(q, k, spatial_shape)
+        q, k = rotated_heads(q, k, self.num_heads, self.rope, spatial_shape)
         weights = functional.masa_row(q, k, spatial_shape, self.gamma, index, spacing=self.spacing)
         decay = self.decay_row(spatial_shape, index, q.device).expand_as(weights)
         return AttentionRow(weights, decay=decay, content=functional.softmax_row(q, k, index))
@@ -120,6 +108,6 @@ class MaSADecomposed(MaSA):
     ) -> AttentionRow:
         """:func:`~medseg.attention.functional.masa_decomposed_row` (the axial chain's effective row) and the
         decay map (LCE not included)."""
-        q, k = self.queries_keys(q, k, spatial_shape)
+        q, k = rotated_heads(q, k, self.num_heads, self.rope, spatial_shape)
         weights = functional.masa_decomposed_row(q, k, spatial_shape, self.gamma, index, spacing=self.spacing)
         return AttentionRow(weights, decay=self.decay_row(spatial_shape, index, q.device).expand_as(weights))

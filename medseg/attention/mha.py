@@ -8,8 +8,8 @@ from torch import nn
 
 from medseg.attention import functional
 from medseg.attention.common import AttentionRow, SpatialAttention, merge_heads, split_heads
-from medseg.attention.position import axial_rope, check_rope, relative_bias, relative_bias_row, sincos_embedding
-from medseg.errors import ConfigError
+from medseg.attention.position import check_rope, relative_bias, relative_bias_row, rotated_heads, sincos_embedding
+from medseg.errors import check_choice
 
 POSITION_ENCODINGS = ("sincos", "relative", "none")
 """The values of ``model.attention.pe``."""
@@ -51,8 +51,7 @@ class MultiHeadAttention(SpatialAttention):
         rope: str = "none",
     ) -> None:
         super().__init__(dim, spatial_dims, num_heads)
-        if pe not in POSITION_ENCODINGS:
-            raise ConfigError(f"model.attention.pe={pe!r} is not one of {list(POSITION_ENCODINGS)}")
+        check_choice("model.attention.pe", pe, POSITION_ENCODINGS)
         self.pe = pe
         self.rope = check_rope(rope, self.head_dim, spatial_dims)
         if pe == "relative":
@@ -70,18 +69,8 @@ class MultiHeadAttention(SpatialAttention):
             x = x + sincos_embedding(spatial_shape, self.dim, x.device, x.dtype)
         return super().attend(x, spatial_shape)
 
-    def queries_keys(
-        self, q: torch.Tensor, k: torch.Tensor, spatial_shape: tuple[int, ...]
-    ) -> tuple[torch.Tensor, torch.Tensor]:
-        """q, k tokens ``(B, N, C)`` -> ``(B, heads, N, head_dim)`` as SDPA gets them (rotated when
-        ``rope=axial``; with ``pe=sincos`` the embedding is already in them, added to the tokens before ``qkv``)."""
-        q, k = (split_heads(t, self.num_heads) for t in (q, k))
-        if self.rope == "axial":
-            q, k = axial_rope(q, spatial_shape), axial_rope(k, spatial_shape)
-        return q, k
-
     def mix(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, spatial_shape: tuple[int, ...]) -> torch.Tensor:
-        q, k = self.queries_keys(q, k, spatial_shape)
+        q, k = rotated_heads(q, k, self.num_heads, self.rope, spatial_shape)
         bias = relative_bias(self.relative_table, spatial_shape).to(q.dtype) if self.pe == "relative" else None
         return merge_heads(F.scaled_dot_product_attention(q, k, split_heads(v, self.num_heads), attn_mask=bias))
 
@@ -90,7 +79,7 @@ class MultiHeadAttention(SpatialAttention):
     ) -> AttentionRow:
         """:func:`~medseg.attention.functional.softmax_row`, with the relative position bias's row when
         ``pe=relative``."""
-        q, k = self.queries_keys(q, k, spatial_shape)
+        q, k = rotated_heads(q, k, self.num_heads, self.rope, spatial_shape)
         bias = relative_bias_row(self.relative_table, spatial_shape, index) if self.pe == "relative" else None
         return AttentionRow(functional.softmax_row(q, k, index, bias))
 

@@ -15,8 +15,8 @@ import torch
 import torch.nn.functional as F
 from monai.networks.blocks.pos_embed_utils import build_sincos_position_embedding
 
-from medseg.attention.common import even_split, tensor_cache
-from medseg.errors import ConfigError
+from medseg.attention.common import even_split, split_heads, tensor_cache
+from medseg.errors import ConfigError, check_choice
 
 _INTERPOLATION = {1: "linear", 2: "bilinear", 3: "trilinear"}
 
@@ -171,14 +171,24 @@ def check_rope(rope: str, head_dim: int, spatial_dims: int) -> str:
     Raises:
         ConfigError: an unknown value, or ``axial`` with fewer than one channel pair per spatial axis.
     """
-    if rope not in ROTARY_ENCODINGS:
-        raise ConfigError(f"model.attention.rope={rope!r} is not one of {list(ROTARY_ENCODINGS)}")
+    check_choice("model.attention.rope", rope, ROTARY_ENCODINGS)
     if rope == "axial" and head_dim // 2 < spatial_dims:
         raise ConfigError(
             f"model.attention.rope=axial rotates one channel pair per spatial axis at least: it needs a head "
             f"dimension >= {2 * spatial_dims}, got {head_dim} (fewer model.attention.num_heads)"
         )
     return rope
+
+
+def rotated_heads(
+    q: torch.Tensor, k: torch.Tensor, num_heads: int, rope: str, spatial_shape: tuple[int, ...]
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """q, k tokens ``(B, N, C)`` -> ``(B, heads, N, head_dim)`` as the attention op gets them: split into heads and,
+    with ``rope=axial``, rotated (:func:`axial_rope`)."""
+    q, k = (split_heads(t, num_heads) for t in (q, k))
+    if rope == "axial":
+        q, k = axial_rope(q, spatial_shape), axial_rope(k, spatial_shape)
+    return q, k
 
 
 @tensor_cache()

@@ -7,6 +7,7 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import fields
 from typing import Any, TypeVar
 
+import torch
 from omegaconf import OmegaConf
 
 from medseg.attention.block import TransformerBlock
@@ -16,7 +17,7 @@ from medseg.attention.focused_linear import FocusedLinearAttention
 from medseg.attention.masa import MaSA, MaSADecomposed
 from medseg.attention.mha import MultiHeadAttention
 from medseg.config import AttentionConfig
-from medseg.errors import ConfigError
+from medseg.errors import ConfigError, check_choice
 
 ATTENTION_BLOCKS: dict[str, type[SpatialAttention]] = {
     "masa": MaSA,
@@ -61,7 +62,7 @@ def _plain(value: Any) -> Any:
     return OmegaConf.to_container(value) if OmegaConf.is_config(value) else value
 
 
-def _validated(attention_cfg: Mapping[str, Any]) -> dict[str, Any]:
+def _checked_keys(attention_cfg: Mapping[str, Any]) -> dict[str, Any]:
     valid = [f.name for f in fields(AttentionConfig)]
     unknown = sorted(set(attention_cfg) - set(valid))
     if unknown:
@@ -94,7 +95,7 @@ def build_attention(
     if name not in ATTENTION_BLOCKS:
         raise ConfigError(f"unknown attention block {name!r}; valid blocks: {available_blocks()}")
     cls = ATTENTION_BLOCKS[name]
-    return cls(dim, spatial_dims, **_accepted(cls, {**_validated(attention_cfg), "grid": grid}))
+    return cls(dim, spatial_dims, **_accepted(cls, {**_checked_keys(attention_cfg), "grid": grid}))
 
 
 def build_transformer_block(
@@ -109,6 +110,38 @@ def build_transformer_block(
 
     ``mlp_ratio``, ``drop_path``, ``layer_scale`` and ``ffn`` come from ``attention_cfg`` like the attention keys.
     """
-    cfg = _validated(attention_cfg)
+    cfg = _checked_keys(attention_cfg)
     attention = build_attention(name, dim, spatial_dims, grid=grid, **cfg)
     return TransformerBlock(attention, checkpointing=checkpointing, **_accepted(TransformerBlock, cfg))
+
+
+def block_choices() -> list[str]:
+    """Valid values of a U-Net slot (``model.bottleneck``, ``model.decoder``): ``none`` and the registered blocks."""
+    return ["none", *available_blocks()]
+
+
+def check_slot(key: str, name: str) -> None:
+    """A U-Net slot's block name (``model.bottleneck`` or ``model.decoder``): one of :func:`block_choices`."""
+    check_choice(key, name, block_choices())
+
+
+def check_blocks(slots: Mapping[str, str], spatial_dims: int, **attention_cfg: Any) -> None:
+    """Every check that building the slots' blocks makes, before any network exists: each named block (``none`` is
+    an empty slot) is built once on the meta device at a width its heads divide, so a value it refuses fails with
+    its own message at start-up. Widths and grids are checked again by the U-Net that has them.
+
+    Args:
+        slots: config key -> block name, e.g. ``{"model.bottleneck": "masa", "model.decoder": "none"}``.
+        spatial_dims: 2 or 3.
+        **attention_cfg: ``model.attention``.
+
+    Raises:
+        ConfigError: an unknown block name, ``model.attention`` key or value.
+    """
+    heads = max(int(attention_cfg.get("num_heads", 1)), 1)
+    grid = (1,) * spatial_dims
+    for key, name in slots.items():
+        check_slot(key, name)
+        if name != "none":
+            with torch.device("meta"):
+                build_transformer_block(name, heads * 2 * spatial_dims, spatial_dims, grid=grid, **attention_cfg)

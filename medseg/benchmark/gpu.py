@@ -31,16 +31,17 @@ part                        share  what it runs
 ``models_compiled``            80  ``models`` with ``trainer.compile=true``
 ==========================  =====  =================================================================
 
-``--dry-run`` rehearses the same parts on the CPU in well under a minute: tiny sizes, a tiny demo
-(8 cases, 3 steps), both evaluations on the CPU, the compiled part skipped (compiling on a CPU takes minutes),
-CUDA-only targets ``n/a``. The default test suite runs it.
+``--dry-run`` rehearses the same parts on the CPU: tiny sizes, a tiny demo (8 cases, 3 steps) trained in fp32
+(the model benchmarks keep bf16), both evaluations on the CPU, the compiled part skipped (compiling on a CPU takes
+minutes), CUDA-only targets ``n/a``. The default test suite runs it.
 
-On this workplace's lent GPU machine, after ``python scripts/benchmark.py gpu --prepare-wheels`` here (once;
-it downloads what that machine lacks into ``.whl/``, see :mod:`medseg.benchmark.wheels`), the device tool's
-``run`` call is ``carry: [".whl"]``, ``timeout_s: 600`` and the command :data:`DEVICE_COMMAND`::
+On any machine with a CUDA GPU and medseg's requirements (``pip install -e .``, or, without network, the wheels
+of an offline bundle: ``scripts/offline_bundle.py`` and ``docs/offline-install.md``), from the repository root::
 
-    python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl && export PYTHONPATH=/tmp/site:. || exit; PYTHONUNBUFFERED=1 python3 scripts/benchmark.py gpu --out $OUT --work /tmp/gpu_check 2>&1 | tee $OUT/gpu_check.log
-"""  # noqa: E501  (the command is quoted whole, to be copied)
+    python scripts/benchmark.py gpu --out outputs/gpu_check
+
+``results.md`` is printed at the end; ``--budget`` gives the check more (or less) time.
+"""
 
 from __future__ import annotations
 
@@ -64,7 +65,6 @@ import torch
 
 from medseg.benchmark import targets_markdown, write_report
 from medseg.benchmark.attention import Target, ratio, size_label
-from medseg.benchmark.wheels import INSTALL_PREFIX, WHEEL_DIR, describe, prepare_wheels
 from medseg.cli import one_line_errors
 from medseg.errors import MedsegError
 from medseg.runs.checkpoint import load_checkpoint
@@ -77,9 +77,6 @@ TAIL_CHARS = 3000
 STOP_GRACE_S = 10.0
 """Seconds between SIGTERM and SIGKILL for a part past its limit (training saves ``last.pt`` on SIGTERM)."""
 DICE_TOLERANCE = 1e-3
-DEVICE_COMMAND = (f"{INSTALL_PREFIX} PYTHONUNBUFFERED=1 python3 scripts/benchmark.py gpu --out $OUT "
-                  f"--work /tmp/gpu_check 2>&1 | tee $OUT/gpu_check.log")
-"""The device tool's command for this check (carry ``.whl``), quoted in the module docstring and the README."""
 NO_CUDA = "no CUDA (dry run on the CPU)"
 
 
@@ -283,41 +280,113 @@ def read_written(path: Path, reader: Callable[[Any], Outcome],
 # ------------------------------------------------------------------------------------------- plan
 
 
-def plan(work: Path, dry_run: bool) -> list[Part]:
-    """The parts of the check (see the module docstring), their commands writing under ``work``."""
-    python, benchmark = sys.executable, str(REPO / "scripts" / "benchmark.py")
-    device = "cpu" if dry_run else "cuda"
-    attention_sizes = ["4^3"] if dry_run else ["16^3", "24^3", "32^3"]
-    attention_reps = ["--reps", "1"] if dry_run else ["--reps", "10", "--max-seconds", "5"]
-    if dry_run:
-        sizes = ["--patch", "16", "16", "16", "--batch", "1", "--reps", "1", "--precision", "bf16"]
-        networks, small = ["unet+masa"], ["model.channels=[8,16]", "model.strides=[2]"]
-        cases = ["data.num_cases=8"]
-        demo = [*cases, "data.patch_size=[32,32,16]", "data.samples_per_volume=1",
-                "model.channels=[8,16]", "model.strides=[2]", "trainer.max_epochs=1", "trainer.val_every=1"]
-        memory_gb, planned = 0.2, [*cases, "trainer.batch_size=1", "data.samples_per_volume=1",
-                                   "trainer.max_epochs=1", "trainer.val_every=1"]
-    else:
-        sizes, small = ["--gpu-sizes", "--batch", "2", "--max-seconds", "15"], []
-        networks = ["unet+masa", "monai_swinunetr"]
-        demo = ["trainer.max_epochs=6", "trainer.val_every=6"]
-        memory_gb, planned = 1.0, ["trainer.batch_size=4", "trainer.max_epochs=2", "trainer.val_every=2"]
-    data_root = work / "data" / "demo3d"
-    checkpoint = work / "demo_train" / "checkpoints" / "best.pt"
+@dataclass(frozen=True)
+class Scale:
+    """What differs between the check on CUDA and its dry run on the CPU (lists: command-line arguments)."""
 
-    def models(name: str, rows: Sequence[str], overrides: Sequence[str], what: str, share_s: float,
+    device: str
+    attention: list[str]
+    """``benchmark.py attention``'s ``--sizes`` and repetitions."""
+    models: list[str]
+    """``benchmark.py models``' sizes and repetitions."""
+    networks: list[str]
+    """The networks of ``models`` and ``models_compiled``."""
+    model_overrides: list[str]
+    """The first overrides of every ``models`` part."""
+    demo: list[str]
+    """The demo training's last overrides."""
+    planned: list[str]
+    """The planner run's last overrides."""
+    memory_gb: float
+    """The memory budget the planner run's network and patch are planned for."""
+    precision: str = "bf16"
+    """``trainer.precision`` of the training parts."""
+
+
+ON_CUDA = Scale("cuda", ["16^3", "24^3", "32^3", "--reps", "10", "--max-seconds", "5"],
+                ["--gpu-sizes", "--batch", "2", "--max-seconds", "15"], ["unet+masa", "monai_swinunetr"], [],
+                ["trainer.max_epochs=6", "trainer.val_every=6"],
+                ["trainer.batch_size=4", "trainer.max_epochs=2", "trainer.val_every=2"], 1.0)
+_TINY = ["model.channels=[8,16]", "model.strides=[2]"]
+_ONE_EPOCH = ["trainer.max_epochs=1", "trainer.val_every=1"]
+DRY_RUN = Scale("cpu", ["4^3", "--reps", "1"],
+                ["--patch", "16", "16", "16", "--batch", "1", "--reps", "1", "--precision", "bf16"], ["unet+masa"],
+                _TINY, ["data.num_cases=8", "data.patch_size=[32,32,16]", "data.samples_per_volume=1", *_TINY,
+                        *_ONE_EPOCH],
+                ["data.num_cases=8", "trainer.batch_size=1", "data.samples_per_volume=1", *_ONE_EPOCH], 0.2,
+                precision="fp32")
+"""The dry run trains in fp32: a CPU without native bf16 emulates it, minutes for what takes seconds in fp32."""
+
+
+def _script(name: str) -> str:
+    return str(REPO / "scripts" / name)
+
+
+@dataclass(frozen=True)
+class PartMaker:
+    """The check's kinds of part at ``scale``, their commands writing under ``work``."""
+
+    work: Path
+    scale: Scale
+
+    @property
+    def data_root(self) -> Path:
+        """The demo dataset, which ``demo_train`` generates."""
+        return self.work / "data" / "demo3d"
+
+    def tests(self, share_s: float) -> Part:
+        junit = self.work / "gpu_tests.xml"
+        return Part("gpu_tests", "pytest -m gpu: every CUDA test", share_s,
+                    [sys.executable, "-m", "pytest", "-m", "gpu", "-v", "-p", "no:cacheprovider",
+                     f"--junitxml={junit}", str(REPO / "tests")], read_written(junit, read_pytest, load=Path))
+
+    def attention(self, share_s: float) -> Part:
+        out = self.work / "attention"
+        return Part("attention", "MaSA (FlexAttention) vs flash SDPA and MaSA's SDPA-bias path, bf16 fwd+bwd", share_s,
+                    [sys.executable, _script("benchmark.py"), "attention", "--device", self.scale.device,
+                     "--precision", "bf16", "--blocks", "masa", "sdpa", "masa_sdpa_bias", "--sizes",
+                     *self.scale.attention, "--max-memory-gb", "100", "--out", str(out)],
+                    read_written(out / "attention.json", read_attention))
+
+    def models(self, name: str, what: str, share_s: float, networks: Sequence[str], overrides: Sequence[str] = (),
                with_targets: bool = False) -> Part:
-        out = work / name
-        command = [python, benchmark, "models", *sizes, "--models", *rows, "--device", device, "--out", str(out),
-                   "--override", *small, *overrides]
+        out = self.work / name
+        command = [sys.executable, _script("benchmark.py"), "models", *self.scale.models, "--models", *networks,
+                   "--device", self.scale.device, "--out", str(out), "--override", *self.scale.model_overrides,
+                   *overrides]
         return Part(name, what, share_s, command,
                     read_written(out / "models.json", lambda report: read_models(report, with_targets)))
 
-    def evaluation(name: str, on: str, share_s: float, reference: str | None = None) -> Part:
-        out = work / name
-        command = [python, str(REPO / "scripts" / "evaluate.py"), f"ckpt={checkpoint}", f"input={data_root}",
+    def train(self, name: str, what: str, share_s: float, first: Sequence[str], last: Sequence[str],
+              reader: Callable[[Any], Outcome], requires: Path | None = None) -> Part:
+        """``train.py`` on the demo in the scale's precision, with the overrides ``first``, the common ones, then
+        ``last``."""
+        run_dir = self.work / name
+        command = [sys.executable, _script("train.py"), *first, f"trainer.precision={self.scale.precision}",
+                   f"trainer.device={self.scale.device}", f"data.root={self.data_root}", "trainer.progress=false",
+                   "trainer.check_data=false", *last, f"hydra.run.dir={run_dir}"]
+        return Part(name, what, share_s, command, read_written(run_dir / "metrics.json", reader), requires=requires)
+
+    def planner(self, share_s: float) -> Part:
+        """``train`` with the network and patch planned for the scale's memory budget: estimate vs peak."""
+        memory_gb = self.scale.memory_gb
+
+        def read(metrics: dict[str, Any]) -> Outcome:
+            config = load_checkpoint(self.work / "planner" / "checkpoints" / "last.pt")["config"]
+            return read_planner(metrics, config, memory_gb * 1024)
+
+        return self.train("planner", "train.py on the demo, network and patch planned for a memory budget: estimate "
+                          "vs peak", share_s, ["model.channels=null", "model.strides=null", "data.patch_size=null"],
+                          [f"plan.memory_gb={memory_gb:g}", *self.scale.planned], read,
+                          requires=self.data_root / "dataset.json")
+
+    def evaluation(self, name: str, on: str, share_s: float, reference: str | None = None) -> Part:
+        """``evaluate.py`` of the demo training's best checkpoint on ``on``; with ``reference``, the Dice difference
+        from that part's evaluation."""
+        out, checkpoint = self.work / name, self.work / "demo_train" / "checkpoints" / "best.pt"
+        command = [sys.executable, _script("evaluate.py"), f"ckpt={checkpoint}", f"input={self.data_root}",
                    "split=validation", f"output={out}", f"device={on}", "progress=false"]
-        reference_summary = None if reference is None else work / reference / "summary.json"
+        reference_summary = None if reference is None else self.work / reference / "summary.json"
 
         def read(summary: dict[str, Any]) -> Outcome:
             other = load_json(reference_summary) if reference_summary and reference_summary.is_file() else None
@@ -326,43 +395,25 @@ def plan(work: Path, dry_run: bool) -> list[Part]:
         return Part(name, f"evaluate.py of the demo checkpoint on its validation cases, device={on}", share_s,
                     command, read_written(out / "summary.json", read), requires=checkpoint)
 
-    def read_planned(metrics: dict[str, Any]) -> Outcome:
-        config = load_checkpoint(work / "planner" / "checkpoints" / "last.pt")["config"]
-        return read_planner(metrics, config, memory_gb * 1024)
 
-    compiled_what = "U-Net+MaSA vs SwinUNETR training step, trainer.compile=true"
-    compiled = (Part("models_compiled", compiled_what, 80, None,
-                     note="compiling on the CPU takes minutes: runs on CUDA only") if dry_run
-                else models("models_compiled", networks, ["trainer.compile=true"], compiled_what, 80, True))
-    junit = work / "gpu_tests.xml"
+def plan(work: Path, dry_run: bool) -> list[Part]:
+    """The parts of the check (see the module docstring), their commands writing under ``work``."""
+    make = PartMaker(work, DRY_RUN if dry_run else ON_CUDA)
+    networks, compiled = make.scale.networks, "U-Net+MaSA vs SwinUNETR training step, trainer.compile=true"
     return [
-        Part("gpu_tests", "pytest -m gpu: every CUDA test", 85,
-             [python, "-m", "pytest", "-m", "gpu", "-v", "-p", "no:cacheprovider", f"--junitxml={junit}",
-              str(REPO / "tests")],
-             read_written(junit, read_pytest, load=Path)),
-        Part("attention", "MaSA (FlexAttention) vs flash SDPA and MaSA's SDPA-bias path, bf16 fwd+bwd", 70,
-             [python, benchmark, "attention", "--device", device, "--precision", "bf16", "--blocks", "masa", "sdpa",
-              "masa_sdpa_bias", "--sizes", *attention_sizes, *attention_reps, "--max-memory-gb", "100",
-              "--out", str(work / "attention")],
-             read_written(work / "attention" / "attention.json", read_attention)),
-        models("models", networks, [], "U-Net+MaSA vs SwinUNETR training step, channels-last, eager", 50,
-               with_targets=True),
-        Part("demo_train", "train.py on the demo: U-Net+MaSA, bf16, a fixed number of steps", 75,
-             [python, str(REPO / "scripts" / "train.py"), "model.bottleneck=masa", "trainer.precision=bf16",
-              f"trainer.device={device}", f"data.root={data_root}", "trainer.progress=false",
-              "trainer.check_data=false", *demo, f"hydra.run.dir={work / 'demo_train'}"],
-             read_written(work / "demo_train" / "metrics.json", read_training)),
-        evaluation("evaluate_cuda", device, 25),
-        evaluation("evaluate_cpu", "cpu", 25, reference="evaluate_cuda"),
-        models("models_channels_first", ["unet+masa"], ["model.channels_last=false"],
-               "U-Net+MaSA training step, model.channels_last=false", 30),
-        Part("planner", "train.py on the demo, network and patch planned for a memory budget: estimate vs peak", 40,
-             [python, str(REPO / "scripts" / "train.py"), "model.channels=null", "model.strides=null",
-              "data.patch_size=null", "trainer.precision=bf16", f"trainer.device={device}", f"data.root={data_root}",
-              "trainer.progress=false", "trainer.check_data=false", f"plan.memory_gb={memory_gb:g}", *planned,
-              f"hydra.run.dir={work / 'planner'}"],
-             read_written(work / "planner" / "metrics.json", read_planned), requires=data_root / "dataset.json"),
-        compiled,
+        make.tests(85),
+        make.attention(70),
+        make.models("models", "U-Net+MaSA vs SwinUNETR training step, channels-last, eager", 50, networks,
+                    with_targets=True),
+        make.train("demo_train", "train.py on the demo: U-Net+MaSA, bf16, a fixed number of steps", 75,
+                   ["model.bottleneck=masa"], make.scale.demo, read_training),
+        make.evaluation("evaluate_cuda", make.scale.device, 25),
+        make.evaluation("evaluate_cpu", "cpu", 25, reference="evaluate_cuda"),
+        make.models("models_channels_first", "U-Net+MaSA training step, model.channels_last=false", 30,
+                    ["unet+masa"], ["model.channels_last=false"]),
+        make.planner(40),
+        Part("models_compiled", compiled, 80, None, note="compiling on the CPU takes minutes: runs on CUDA only")
+        if dry_run else make.models("models_compiled", compiled, 80, networks, ["trainer.compile=true"], True),
     ]
 
 
@@ -528,11 +579,7 @@ def check_meta(dry_run: bool, budget_s: float, work: Path) -> dict[str, Any]:
 
 
 def run(args: argparse.Namespace) -> int:
-    """``--prepare-wheels``: save the device's missing wheels; else run the check (see the module docstring)."""
-    if args.prepare_wheels:
-        folder = REPO / WHEEL_DIR
-        print(describe(prepare_wheels(folder), folder))
-        return 0
+    """Run the check (see the module docstring); its exit code."""
     if not args.dry_run and not torch.cuda.is_available():
         raise GpuCheckError("no CUDA device here: run the check on a GPU machine, or --dry-run to rehearse it on the "
                             "CPU")
@@ -557,6 +604,4 @@ def add_subcommand(subparsers: argparse._SubParsersAction) -> None:
     parser.add_argument("--budget", type=float, default=DEFAULT_BUDGET_S,
                         help="seconds for the whole check, split over the parts")
     parser.add_argument("--dry-run", action="store_true", help="rehearse on the CPU: tiny sizes, seconds")
-    parser.add_argument("--prepare-wheels", action="store_true",
-                        help=f"save into {WHEEL_DIR}/ the wheels the lent GPU machine lacks (needs the network)")
     parser.set_defaults(func=one_line_errors(run))

@@ -40,6 +40,7 @@ from hydra import compose, initialize_config_dir
 from omegaconf import DictConfig
 from torch import nn
 
+from medseg.attention.registry import block_choices
 from medseg.benchmark import targets_markdown, write_report
 from medseg.benchmark.attention import Target, peak_bytes, ratio, time_ms
 from medseg.config import ModelConfig, TrainConfig
@@ -52,7 +53,7 @@ from medseg.runtime.launch import SINGLE_PROCESS
 from medseg.tables import CellFormat, markdown_table, text_table
 from medseg.training.losses import build_loss
 from medseg.training.run import wrap_model
-from medseg.training.settings import block_choices, check_config
+from medseg.training.settings import check_config
 from medseg.training.trainer import TrainStep
 
 CONFIG_DIR = Path(__file__).resolve().parents[2] / "configs"
@@ -113,7 +114,7 @@ def all_rows() -> list[str]:
 
 
 def train_config(row: str, overrides: Sequence[str] = ()) -> TrainConfig:
-    """The validated training config of ``row``: ``scripts/train.py``'s, with the row's block or network.
+    """The checked training config of ``row``: ``scripts/train.py``'s, with the row's block or network.
 
     Raises:
         ConfigError: an override names an unknown key or an invalid value.

@@ -21,7 +21,7 @@ from monai import transforms as mt
 from medseg.config import DataConfig
 from medseg.data.labels import LabelSpec, RandCropByPosNegForegroundd, target_transforms, value_transforms
 from medseg.data.reading import IMAGE, LABEL, LoadCased
-from medseg.errors import ConfigError
+from medseg.errors import ConfigError, check_choice
 
 
 def thick_axis(spacing: Sequence[float]) -> int:
@@ -127,10 +127,15 @@ dict, clip to ``clip`` then ``(x - mean) / std`` (:class:`ClipZScored`; per chan
 
 def normalization_transform(normalization: str | Mapping[str, Any]) -> list[mt.Transform]:
     """The transforms of a ``data.normalization`` value: a scheme name, or a planned dict with its ``scheme``."""
+    return NORMALIZATIONS[check_normalization(normalization)](normalization)
+
+
+def check_normalization(normalization: str | Mapping[str, Any]) -> str:
+    """The scheme of a ``data.normalization`` value (a name, or a planned dict with its ``scheme``); refuses one
+    that :data:`NORMALIZATIONS` lacks."""
     scheme = normalization if isinstance(normalization, str) else normalization["scheme"]
-    if scheme not in NORMALIZATIONS:
-        raise ConfigError(f"data.normalization={scheme!r}: expected one of {', '.join(NORMALIZATIONS)}")
-    return NORMALIZATIONS[scheme](normalization)
+    check_choice("data.normalization", scheme, NORMALIZATIONS)
+    return scheme
 
 
 def preprocessing(spacing: Sequence[float], normalization: str | Mapping[str, Any],

@@ -15,7 +15,7 @@ from medseg.data.labels import LabelSpec
 from medseg.data.transforms import Window, eval_transforms, window
 from medseg.errors import CheckpointError
 from medseg.models import build_model
-from medseg.planning.plan import unset_keys
+from medseg.planning.from_config import unset_keys
 from medseg.runs.checkpoint import load_checkpoint, load_model_state
 from medseg.typed_config import to_typed
 

@@ -9,7 +9,7 @@ from typing import Any
 from torch import nn
 
 from medseg.config import ModelConfig
-from medseg.errors import ConfigError
+from medseg.errors import ConfigError, check_choice
 from medseg.models.norms import NORMS
 from medseg.models.unet import SlottedUNet, per_axis_strides
 from medseg.typed_config import to_typed
@@ -76,6 +76,12 @@ MODELS: dict[str, Callable[[ModelConfig, int, int, Sequence[int]], nn.Module]] =
 """The values of ``model.name``: name -> ``builder(model_cfg, in_channels, out_channels, patch_size)``."""
 
 
+def check_model(cfg: ModelConfig) -> None:
+    """Refuse a ``model.name`` or ``model.norm`` that no registry holds (:func:`build_model` checks this first)."""
+    check_choice("model.name", cfg.name, MODELS)
+    check_choice("model.norm", cfg.norm, NORMS)
+
+
 def build_model(model_cfg: ModelConfig | Mapping[str, Any], in_channels: int, out_channels: int,
                 patch_size: Sequence[int]) -> nn.Module:
     """Build the network of a ``model`` config (a :class:`ModelConfig`, or a mapping of its keys).
@@ -87,8 +93,7 @@ def build_model(model_cfg: ModelConfig | Mapping[str, Any], in_channels: int, ou
         ConfigError: an unknown ``model.name``, unresolved strides, or a patch the network cannot take.
     """
     cfg = to_typed(ModelConfig, model_cfg)
-    if cfg.name not in MODELS:
-        raise ConfigError(f"model.name={cfg.name!r} is not valid. Valid values: {', '.join(MODELS)}")
+    check_model(cfg)
     if cfg.strides is None:
         raise ConfigError("model.strides is null: plan it from the data first (medseg.planning.plan)")
     return MODELS[cfg.name](cfg, in_channels, out_channels, patch_size)

@@ -23,7 +23,7 @@ from medseg.attention.common import SpatialAttention
 from medseg.attention.registry import ATTENTION_BLOCKS
 from medseg.errors import ConfigError
 from medseg.models import unwrap_model
-from medseg.models.unet import SlottedUNet, level_grid, level_spacing, stride_to_level
+from medseg.models.unet import SlottedUNet, level_spacing, stride_to_level
 
 MixHook = Callable[[SpatialAttention, torch.Tensor, torch.Tensor, torch.Tensor, tuple[int, ...], torch.Tensor], None]
 """``hook(attention, q, k, v, spatial_shape, out)``: :meth:`SpatialAttention.mix`'s inputs and its output."""
@@ -97,17 +97,6 @@ def token_position(voxel: Sequence[int], stride: Sequence[int], grid: Sequence[i
     return tuple(min(int(v) // s, g - 1) for v, s, g in zip(voxel, stride, grid))
 
 
-def slot_positions(model: nn.Module, image_shape: Sequence[int], voxel: Sequence[int]) -> dict[str, tuple[int, ...]]:
-    """Per attention slot of ``model``, the token of its grid that holds ``voxel`` of an image of spatial shape
-    ``image_shape`` (the U-Net pads the image at the end of each axis, so voxel indices carry over)."""
-    net = unwrap_model(model)
-    return {
-        slot.name: token_position(voxel, stride_to_level(net.strides, slot.level),
-                                  level_grid(image_shape, net.strides, slot.level))
-        for slot in attention_slots(net)
-    }
-
-
 @contextmanager
 def capture_mix(attentions: Iterable[SpatialAttention], hook: MixHook) -> Iterator[None]:
     """For the duration, every call of ``attention.mix(q, k, v, spatial_shape)`` of the given blocks also calls
@@ -149,9 +138,15 @@ def has_attention_rows(cls: type[SpatialAttention]) -> bool:
     return cls.attention_row is not SpatialAttention.attention_row
 
 
-def _check(net: SlottedUNet, slots: list[Slot], image: torch.Tensor, query: Sequence[int],
+def _check(net: nn.Module, slots: list[Slot], image: torch.Tensor, query: Sequence[int],
            voxel_spacing: Sequence[float] | None) -> None:
-    """One-line ConfigErrors for a block without rows, a wrong image shape, query or spacing."""
+    """One-line ConfigErrors for a model without attention slots, a block without rows, a wrong image shape, query
+    or spacing."""
+    if not slots:
+        raise ConfigError(
+            f"{type(net).__name__} has no attention slot: attention maps need medseg's U-Net (model.name=unet) with "
+            f"model.bottleneck or model.decoder set to one of {list(ATTENTION_BLOCKS)}"
+        )
     for slot in slots:
         for attention in slot.attentions:
             if not has_attention_rows(type(attention)):
@@ -188,6 +183,39 @@ def _on_grid(row: torch.Tensor | None, grid: tuple[int, ...]) -> torch.Tensor | 
     return None if row is None else row[0].float().cpu().unflatten(-1, grid)
 
 
+def _attention_map(attention: SpatialAttention, slot: Slot, block: int, q: torch.Tensor, k: torch.Tensor,
+                   spatial_shape: tuple[int, ...], query: Sequence[int], strides: list[tuple[int, ...]],
+                   voxel_spacing: Sequence[float] | None) -> AttentionMap:
+    """The :class:`AttentionMap` of ``attention`` (block ``block`` of ``slot``) for the token holding voxel ``query``.
+
+    ``q, k`` are the ``(1, N, C)`` tokens of the block's ``mix`` on its ``spatial_shape`` grid; ``strides`` are the
+    U-Net's per-level strides and ``voxel_spacing`` the input's mm per voxel (or None).
+    """
+    stride = stride_to_level(strides, slot.level)
+    position = token_position(query, stride, spatial_shape)
+    row = attention.attention_row(q, k, spatial_shape, _flat_index(position, spatial_shape))
+    spacing = level_spacing(voxel_spacing, strides, slot.level)
+    return AttentionMap(
+        slot=slot.name, block=block, kind=block_kind(attention), grid=spatial_shape, query=position,
+        spacing_mm=None if spacing is None else tuple(spacing), weights=_on_grid(row.weights, spatial_shape),
+        decay=_on_grid(row.decay, spatial_shape), content=_on_grid(row.content, spatial_shape),
+        extras={key: _on_grid(value, spatial_shape) for key, value in row.extras.items()},
+        gain=None if row.gain is None else row.gain[0].float().cpu(), stride=stride,
+    )
+
+
+@contextmanager
+def _eval_mode(net: nn.Module) -> Iterator[None]:
+    """For the duration, ``net`` in eval mode; every module's train/eval mode is restored exactly on exit."""
+    modes = {module: module.training for module in net.modules()}
+    try:
+        net.eval()
+        yield
+    finally:
+        for module, training in modes.items():
+            module.training = training
+
+
 def attention_maps(
     model: nn.Module,
     image: torch.Tensor,
@@ -216,36 +244,15 @@ def attention_maps(
     """
     net = unwrap_model(model)
     slots = attention_slots(net)
-    if not slots:
-        raise ConfigError(
-            f"{type(net).__name__} has no attention slot: attention maps need medseg's U-Net (model.name=unet) with "
-            f"model.bottleneck or model.decoder set to one of {list(ATTENTION_BLOCKS)}"
-        )
     _check(net, slots, image, query, voxel_spacing)
     where = {attention: (slot, block) for slot in slots for block, attention in enumerate(slot.attentions)}
     maps: list[AttentionMap] = []
 
     def record(attention: SpatialAttention, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
                spatial_shape: tuple[int, ...], out: torch.Tensor) -> None:
-        slot, block = where[attention]
-        stride = stride_to_level(net.strides, slot.level)
-        position = token_position(query, stride, spatial_shape)
-        row = attention.attention_row(q, k, spatial_shape, _flat_index(position, spatial_shape))
-        spacing = level_spacing(voxel_spacing, net.strides, slot.level)
-        maps.append(AttentionMap(
-            slot=slot.name, block=block, kind=block_kind(attention), grid=spatial_shape, query=position,
-            spacing_mm=None if spacing is None else tuple(spacing), weights=_on_grid(row.weights, spatial_shape),
-            decay=_on_grid(row.decay, spatial_shape), content=_on_grid(row.content, spatial_shape),
-            extras={key: _on_grid(value, spatial_shape) for key, value in row.extras.items()},
-            gain=None if row.gain is None else row.gain[0].float().cpu(), stride=stride,
-        ))
+        maps.append(_attention_map(attention, *where[attention], q, k, spatial_shape, query, net.strides,
+                                   voxel_spacing))
 
-    modes = {module: module.training for module in net.modules()}
-    try:
-        net.eval()
-        with torch.no_grad(), capture_mix(where, record):
-            net(image)
-    finally:
-        for module, training in modes.items():
-            module.training = training
+    with _eval_mode(net), torch.no_grad(), capture_mix(where, record):
+        net(image)
     return maps

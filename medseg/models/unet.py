@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
 from typing import Any
 
 import torch
@@ -82,6 +83,79 @@ def check_bias_memory(attention: SpatialAttention, grid: Sequence[int], max_gb: 
     )
 
 
+@dataclass(frozen=True)
+class _ConvStyle:
+    """What every conv stage of one U-Net shares: its dimensionality, kernel size, norm (a ``NORMS`` name) and
+    dropout."""
+
+    spatial_dims: int
+    kernel_size: int
+    norm: str
+    dropout: float
+
+    def args(self, width: int) -> dict[str, Any]:
+        """Arguments of a MONAI conv block whose norms see ``width`` channels."""
+        return {"spatial_dims": self.spatial_dims, "kernel_size": self.kernel_size,
+                "norm_name": NORMS[self.norm](width), "dropout": self.dropout}
+
+
+def _encoder_stages(in_channels: int, channels: Sequence[int], strides: list[tuple[int, ...]],
+                    conv: _ConvStyle) -> tuple[UnetResBlock, nn.ModuleList]:
+    """The stem and the down stages, residual conv blocks.
+
+    ``stem``: ``(B, in_channels, *S) -> (B, channels[0], *S)``; ``down[i]``: ``(B, channels[i], *S_i) ->
+    (B, channels[i + 1], *S_i / strides[i])``, where ``S_i`` is the input size down-sampled ``i`` times.
+    """
+    stem = UnetResBlock(in_channels=in_channels, out_channels=channels[0], stride=1, **conv.args(channels[0]))
+    down = nn.ModuleList(
+        UnetResBlock(in_channels=channels[i], out_channels=channels[i + 1], stride=strides[i],
+                     **conv.args(channels[i + 1]))
+        for i in range(len(strides))
+    )
+    return stem, down
+
+
+def _decoder_stages(channels: Sequence[int], strides: list[tuple[int, ...]], conv: _ConvStyle) -> nn.ModuleList:
+    """The up stages: ``up[i]`` takes level ``i + 1`` features ``(B, channels[i + 1], *S_{i+1})`` and the skip
+    ``(B, channels[i], *S_i)`` to ``(B, channels[i], *S_i)`` (transposed conv by ``strides[i]``, then conv)."""
+    return nn.ModuleList(
+        UnetUpBlock(in_channels=channels[i + 1], out_channels=channels[i], stride=strides[i],
+                    upsample_kernel_size=strides[i], **conv.args(channels[i]))
+        for i in range(len(strides))
+    )
+
+
+@dataclass(frozen=True)
+class _SlotBuilder:
+    """Builds the attention slots of one U-Net: what every slot shares (see :class:`SlottedUNet`'s arguments)."""
+
+    spatial_dims: int
+    strides: list[tuple[int, ...]]
+    attention: Mapping[str, Any]
+    checkpointing: bool
+    patch_size: Sequence[int] | None
+
+    def build(self, name: str, level: int, width: int, depth: int, key: str) -> nn.Module:
+        """``depth`` transformer blocks ``name`` on level-``level`` features, ``(B, width, *S_level) -> (B, width,
+        *S_level)``; ``nn.Identity`` for ``"none"`` or depth 0.
+
+        The blocks get the attention spacing scaled to the level and, with a patch, the level's token grid, whose
+        dense bias :func:`check_bias_memory` checks (``key`` names the slot in its message).
+        """
+        if name == "none" or depth == 0:
+            return nn.Identity()
+        cfg = {**self.attention, "spacing": level_spacing(self.attention.get("spacing"), self.strides, level)}
+        grid = None if self.patch_size is None else level_grid(self.patch_size, self.strides, level)
+        blocks = [
+            build_transformer_block(name, width, self.spatial_dims, checkpointing=self.checkpointing, grid=grid,
+                                    **cfg)
+            for _ in range(depth)
+        ]
+        if grid is not None:
+            check_bias_memory(blocks[0].attention, grid, self.attention.get("max_bias_gb"), f"{key}={name}")
+        return nn.Sequential(*blocks)
+
+
 class SlottedUNet(nn.Module):
     """A residual U-Net whose bottleneck and low-resolution decoder stages hold attention blocks.
 
@@ -140,45 +214,18 @@ class SlottedUNet(nn.Module):
         self.total_stride = stride_to_level(self.strides, len(self.strides))
         self.deep_supervision = deep_supervision
         self.memory_format = torch.channels_last_3d if channels_last and spatial_dims == 3 else torch.contiguous_format
-        attention = dict(attention or {})
-
-        def conv(width: int) -> dict[str, Any]:
-            """Arguments of a MONAI conv block whose norms see ``width`` channels."""
-            return {"spatial_dims": spatial_dims, "kernel_size": kernel_size, "norm_name": NORMS[norm](width),
-                    "dropout": dropout}
-
-        self.stem = UnetResBlock(in_channels=in_channels, out_channels=channels[0], stride=1, **conv(channels[0]))
-        self.down = nn.ModuleList(
-            UnetResBlock(in_channels=channels[i], out_channels=channels[i + 1], stride=self.strides[i],
-                         **conv(channels[i + 1]))
-            for i in range(len(self.strides))
-        )
+        conv = _ConvStyle(spatial_dims, kernel_size, norm, dropout)
+        slots = _SlotBuilder(spatial_dims, self.strides, dict(attention or {}), checkpointing, patch_size)
         num_levels = len(self.strides)
-
-        def slot(name: str, level: int, depth: int, key: str) -> nn.Module:
-            if name == "none" or depth == 0:
-                return nn.Identity()
-            cfg = {**attention, "spacing": level_spacing(attention.get("spacing"), self.strides, level)}
-            grid = None if patch_size is None else level_grid(patch_size, self.strides, level)
-            blocks = [
-                build_transformer_block(name, channels[level], spatial_dims, checkpointing=checkpointing, grid=grid,
-                                        **cfg)
-                for _ in range(depth)
-            ]
-            if grid is not None:
-                check_bias_memory(blocks[0].attention, grid, attention.get("max_bias_gb"), f"{key}={name}")
-            return nn.Sequential(*blocks)
-
+        self.stem, self.down = _encoder_stages(in_channels, channels, self.strides, conv)
         functional.clear_cache()  # a new model: drop the cached attention tensors of earlier ones
-        self.bottleneck = slot(bottleneck, num_levels, bottleneck_depth, "model.bottleneck")
+        self.bottleneck = slots.build(bottleneck, num_levels, channels[num_levels], bottleneck_depth,
+                                      "model.bottleneck")
         # up[i] takes level i+1 features to level i; decoder slot i follows it.
-        self.up = nn.ModuleList(
-            UnetUpBlock(in_channels=channels[i + 1], out_channels=channels[i], stride=self.strides[i],
-                        upsample_kernel_size=self.strides[i], **conv(channels[i]))
-            for i in range(num_levels)
-        )
+        self.up = _decoder_stages(channels, self.strides, conv)
         self.decoder_slots = nn.ModuleList(
-            slot(decoder, i, 1 if i >= num_levels - decoder_levels else 0, f"model.decoder (level {i})")
+            slots.build(decoder, i, channels[i], 1 if i >= num_levels - decoder_levels else 0,
+                        f"model.decoder (level {i})")
             for i in range(num_levels)
         )
         self.head = UnetOutBlock(spatial_dims, channels[0], out_channels)

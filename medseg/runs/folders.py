@@ -261,6 +261,21 @@ def crossval_dir(sweep_dir: str | Path, label: str = "") -> Path:
     return folder / re.sub(r"[^\w.,=+-]+", "_", label) if label else folder
 
 
+def as_number(text: str | None) -> float | None:
+    """The override value as a number, or None for anything else (names, lists, booleans, null)."""
+    if text is None or text.strip().lower() in ("true", "false", "nan", "inf", "-inf"):
+        return None
+    try:
+        return float(text)
+    except ValueError:
+        return None
+
+
+def display_value(text: str | None) -> str:
+    """An override value for people: long numbers (Optuna's samples) to 4 significant digits."""
+    number = as_number(text)
+    return f"{number:.4g}" if number is not None and len(str(text)) > 8 else str(text)
+
 
 def setting_label(setting: Sequence[str | None], keys: Sequence[str]) -> str:
     """``"model.bottleneck=masa model.attention.gamma=0.8"``; ``"(all jobs)"`` when nothing is swept."""

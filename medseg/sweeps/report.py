@@ -29,6 +29,8 @@ from medseg.runs.folders import (
     REPEAT_KEYS,
     Run,
     Sweep,
+    as_number,
+    display_value,
     group_by_setting,
     group_runs,
     setting_keys,
@@ -74,17 +76,6 @@ class SweepSummary:
             parts.append(render_table(text_table, self.group_headers, self.group_rows, self.swept))
         parts.append(self.best)
         return "\n\n".join(parts)
-
-
-
-def as_number(text: str | None) -> float | None:
-    """The override value as a number, or None for anything else (names, lists, booleans, null)."""
-    if text is None or text.strip().lower() in ("true", "false", "nan", "inf", "-inf"):
-        return None
-    try:
-        return float(text)
-    except ValueError:
-        return None
 
 
 
@@ -223,13 +214,6 @@ def render_table(render: Callable[..., str], headers: Sequence[str], rows: Seque
     keep = [i for i, header in enumerate(headers) if header != "reason" or any(row[i] for row in rows)]
     return render([headers[i] for i in keep], [[row[i] for i in keep] for row in rows],
                   formats=display_formats(swept))
-
-
-
-def display_value(text: str | None) -> str:
-    """An override value for people: long numbers (Optuna's samples) to 4 significant digits."""
-    number = as_number(text)
-    return f"{number:.4g}" if number is not None and len(str(text)) > 8 else str(text)
 
 
 

@@ -18,15 +18,10 @@ from medseg.data.datalist import DatasetInfo, dataset_cache_dir, split_cases, sp
 from medseg.data.transforms import Window, eval_transforms, patch_sampling, train_transforms, window
 from medseg.errors import CheckpointError, ConfigError
 from medseg.io import atomic_write_json
-from medseg.planning.plan import (
-    Plan,
-    apply_plan,
-    files_digest,
-    memory_text,
-    plan_for,
-    plannable_values,
-    unset_keys,
-)
+from medseg.planning.fingerprint import files_digest
+from medseg.planning.from_config import apply_plan, plan_for, plannable_values, unset_keys
+from medseg.planning.plan import Plan
+from medseg.planning.report import memory_text
 from medseg.runs.checkpoint import load_checkpoint
 from medseg.runtime.device import resolve_device
 from medseg.runtime.launch import DistInfo

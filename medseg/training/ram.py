@@ -1,6 +1,6 @@
 """Host RAM of a training run: what it will need (the ``data.cache=auto`` decision) and what it took.
 
-Where a run's RAM goes with ``data.cache=memory`` (README "Caching"):
+Where a run's RAM goes with ``data.cache=memory`` (docs/data.md, "Caching"):
 
 * the **runtime**: the interpreter, torch, MONAI and Hydra (:data:`RUNTIME_BYTES`);
 * the **cache**: every case a process trains or validates on, its images float32 and its label int8

@@ -1,4 +1,4 @@
-"""A training run, behind ``scripts/train.py``: validate, read, check, plan, build, fit, as visible lines.
+"""A training run, behind ``scripts/train.py``: check the config, read, check the data, plan, build, fit.
 
 Errors medseg raises on purpose (:class:`~medseg.errors.MedsegError`) end a single run with one line and exit
 code 1 (:func:`medseg.cli.one_line_errors`); any other error shows its traceback. In a multirun sweep a failing

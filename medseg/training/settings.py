@@ -8,44 +8,47 @@ the registry it describes (blocks, models, norms, losses, optimizers, ...), so a
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
+from dataclasses import asdict
 from typing import Any
 
 from omegaconf import DictConfig, OmegaConf
 
-from medseg.attention import available_blocks
-from medseg.attention.block import FFN_KINDS
-from medseg.attention.cswin import LEPE_MODES
-from medseg.attention.mha import POSITION_ENCODINGS
-from medseg.attention.position import ROTARY_ENCODINGS
+from medseg.attention.common import check_spatial_dims
+from medseg.attention.registry import block_choices, check_blocks
 from medseg.config import DataConfig, TrainConfig
 from medseg.data.datalist import DATASET_FORMATS
-from medseg.data.transforms import NORMALIZATIONS
+from medseg.data.transforms import check_normalization
 from medseg.errors import ConfigError
-from medseg.models import MODELS, NORMS
+from medseg.models import check_model
 from medseg.optim import OPTIMIZERS, SCHEDULES
-from medseg.planning.plan import check_planning
+from medseg.planning.from_config import check_planning
 from medseg.runtime.device import PRECISIONS
 from medseg.training.losses import LOSSES
 from medseg.training.prepare import CACHE_MODES, PLAN_SOURCES
 from medseg.typed_config import check_choices, to_typed
 
 
-def block_choices() -> list[str]:
-    """Valid values of ``model.bottleneck`` and ``model.decoder``: ``none`` and the registered blocks."""
-    return ["none", *available_blocks()]
-
-
 def _choices() -> dict[str, Sequence[str]]:
-    """Every key with a fixed set of values, and that set, read from the registry it selects from."""
+    """The keys with a fixed set of values that no builder checks, and that set, read from the registry it selects
+    from (the blocks', the model's and the normalisation's keys are checked by their builders:
+    :func:`_check_builders`)."""
     return {
-        "model.name": list(MODELS), "model.norm": list(NORMS), "model.bottleneck": block_choices(),
-        "model.decoder": block_choices(), "model.attention.pe": list(POSITION_ENCODINGS),
-        "model.attention.rope": list(ROTARY_ENCODINGS), "model.attention.lepe": list(LEPE_MODES),
-        "model.attention.ffn": list(FFN_KINDS),
         "data.format": list(DATASET_FORMATS), "data.cache": list(CACHE_MODES), "data.plan_from": list(PLAN_SOURCES),
         "trainer.loss": list(LOSSES), "trainer.optimizer": list(OPTIMIZERS), "trainer.scheduler": list(SCHEDULES),
         "trainer.precision": list(PRECISIONS),
     }
+
+
+def _check_builders(cfg: TrainConfig) -> None:
+    """The checks the builders make (the spatial dims, the model name and norm, each slot's block and its
+    ``model.attention`` values, the normalisation), made at start-up, before any data is read."""
+    model = cfg.model
+    check_spatial_dims(model.spatial_dims)
+    check_model(model)
+    check_blocks({"model.bottleneck": model.bottleneck, "model.decoder": model.decoder}, model.spatial_dims,
+                 **asdict(model.attention))
+    if cfg.data.normalization is not None:
+        check_normalization(cfg.data.normalization)
 
 
 def _check_block_names(cfg: DictConfig) -> None:
@@ -73,11 +76,10 @@ def _check_start(cfg: TrainConfig) -> None:
 
 
 def _check_values(cfg: TrainConfig) -> None:
-
+    """Every value of ``cfg`` against what it may be, and the values against each other."""
     check_choices(cfg, _choices())
+    _check_builders(cfg)
     model, data = cfg.model, cfg.data
-    if model.spatial_dims not in (2, 3):
-        raise ConfigError(f"model.spatial_dims={model.spatial_dims}: expected 2 or 3")
     if model.channels is not None and len(model.channels) < 2:
         raise ConfigError(f"model.channels={model.channels}: need at least two levels")
     if model.channels is not None and model.strides is not None and len(model.strides) != len(model.channels) - 1:
@@ -89,10 +91,6 @@ def _check_values(cfg: TrainConfig) -> None:
         raise ConfigError(f"model.decoder_levels={model.decoder_levels}: expected "
                           f"{'0 or more' if levels is None else f'0..{levels - 1}'}")
     check_planning(cfg.plan)
-    if not 0.0 < model.attention.gamma <= 1.0:
-        raise ConfigError(f"model.attention.gamma={model.attention.gamma}: expected a decay in (0, 1]")
-    if isinstance(data.normalization, str) and data.normalization not in NORMALIZATIONS:
-        raise ConfigError(f"data.normalization={data.normalization!r}: expected one of {', '.join(NORMALIZATIONS)}")
     if data.spacing is not None and len(data.spacing) != 3:
         raise ConfigError(f"data.spacing={data.spacing}: expected 3 entries (mm along R, A, S), also in 2D")
     if data.patch_size is not None and len(data.patch_size) not in (2, 3):

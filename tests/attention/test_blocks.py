@@ -92,7 +92,7 @@ def test_spacing_changes_masa() -> None:
         ("masa", {"num_heads": 5}, "divisor"),
         ("cswin", {"num_heads": 2}, "num_heads >= 3"),
         ("mha", {"pe": "rope"}, "sincos"),
-        ("masa", {"gamma": 1.5}, r"\(0, 1\]"),
+        ("masa", {"gamma": 1.5}, r"\[0, 1\]"),
         ("masa", {"spacing": [1.0, 1.0]}, "one entry per spatial axis"),
         ("masa", {"kernel_size": 4}, "odd"),
     ],

@@ -16,8 +16,8 @@ from medseg.attention.position import axial_rope
 from medseg.config import TrainConfig
 from medseg.models import build_model
 from medseg.training.settings import check_config
+from tests.helpers.configs import compose_config
 
-from ..conftest import compose_config
 from . import reference
 
 TOL = {"rtol": 1e-6, "atol": 1e-6}
@@ -220,14 +220,15 @@ def test_flatten_positional_term_per_token_is_added_to_k_unchanged() -> None:
 
 
 @pytest.mark.parametrize(
-    ("override", "valid"),
-    [("model.attention.ffn=conv", "mlp, dwconv"), ("model.attention.lepe=window", "map, stripe"),
-     ("model.attention.rope=spiral", "none, axial")],
+    ("block", "override", "valid"),
+    [("masa", "model.attention.ffn=conv", "mlp, dwconv"), ("cswin", "model.attention.lepe=window", "map, stripe"),
+     ("masa", "model.attention.rope=spiral", "none, axial")],
 )
-def test_choice_keys_name_themselves_and_their_values(override: str, valid: str) -> None:
+def test_choice_keys_name_themselves_and_their_values(block: str, override: str, valid: str) -> None:
+    """A slot's block checks the keys it reads when the config is checked, before any data is read."""
     key = override.split("=")[0]
     with pytest.raises(ValueError, match=rf"{key.replace('.', '[.]')}=.*Valid values: {valid}"):
-        check_config(compose_config(["output_dir=unused", override]))
+        check_config(compose_config(["output_dir=unused", f"model.bottleneck={block}", override]))
 
 
 def preset_model(name: str) -> tuple[torch.nn.Module, TrainConfig]:

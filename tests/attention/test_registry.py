@@ -27,8 +27,8 @@ from medseg.benchmark import build_parser, main
 from medseg.benchmark.models import Sizes, prepare, train_config
 from medseg.config import AttentionConfig
 from medseg.training.settings import check_config
+from tests.helpers.configs import REPO, compose_config
 
-from ..conftest import REPO, compose_config
 from . import throwaway_block as throwaway
 
 
@@ -116,7 +116,7 @@ def parameters(node_id: str) -> set[str]:
 
 
 def test_a_new_block_needs_no_other_edit(throwaway_block: str, tmp_path: Path) -> None:
-    """README, "Add a new block": registered in its own file, a block is a valid value of both U-Net slots, a
+    """docs/attention.md, "Add a new block": registered in its own file, a block is a valid value of both U-Net slots, a
     row of both benchmarks, trains in a U-Net, and every generic test runs it."""
     name, row = throwaway_block, f"unet+{throwaway_block}"
     cfg = check_config(compose_config([f"model.bottleneck={name}", f"model.decoder={name}", "output_dir=x"]))

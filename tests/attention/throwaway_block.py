@@ -1,4 +1,4 @@
-"""A throwaway attention block, written as the README's "Add a new block" tells a user to write one.
+"""A throwaway attention block, written as docs/attention.md's "Add a new block" tells a user to write one.
 
 As a pytest plugin (``pytest -p tests.attention.throwaway_block``) it registers the block before any test
 module is collected, as a block registered in its own file is by the time anything imports the registry:

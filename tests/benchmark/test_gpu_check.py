@@ -1,27 +1,17 @@
-"""``benchmark.py gpu``: the dry run end to end on the CPU, the part runner's isolation, the readers, the wheel set."""
+"""``benchmark.py gpu``: the dry run end to end on the CPU, the part runner's isolation, the readers."""
 
 from __future__ import annotations
 
 import json
 import sys
-from importlib import metadata
 from pathlib import Path
 
 import pytest
 import torch
 
 from medseg.benchmark import gpu, main
-from medseg.benchmark.gpu import DEFAULT_BUDGET_S, DEVICE_COMMAND, Outcome, Part, plan, read_attention, read_pytest
-from medseg.benchmark.wheels import (
-    DEVICE_PACKAGES,
-    INSTALL_PREFIX,
-    WHEEL_DIR,
-    WheelError,
-    check_wheels,
-    missing_distributions,
-)
+from medseg.benchmark.gpu import DEFAULT_BUDGET_S, Outcome, Part, plan, read_attention, read_pytest
 
-REPO = Path(__file__).resolve().parents[2]
 STATUSES = {"passed", "failed", "skipped", "timed out"}
 
 
@@ -105,13 +95,6 @@ def test_the_plan_fits_eight_minutes_and_the_dry_run_rehearses_it(tmp_path: Path
     assert all(p.command is not None for p in gpu_plan)
 
 
-def test_device_command_is_documented_and_fits_the_device_tool() -> None:
-    assert len(DEVICE_COMMAND) <= 2000 and DEVICE_COMMAND.startswith(INSTALL_PREFIX)
-    assert DEVICE_COMMAND in (REPO / "README.md").read_text()
-    assert DEVICE_COMMAND in (gpu.__doc__ or "")
-    assert f"{WHEEL_DIR}/" in (REPO / ".gitignore").read_text().splitlines()
-
-
 JUNIT = """<?xml version="1.0" encoding="utf-8"?><testsuites><testsuite tests="3" failures="{failures}" errors="0"
 skipped="{skipped}"><testcase classname="tests.a" name="test_one"/><testcase classname="tests.a" name="test_two">{two}
 </testcase><testcase classname="tests.b" name="test_three"><skipped message="needs CUDA"/></testcase></testsuite>
@@ -142,45 +125,3 @@ def test_attention_time_target_is_cuda_only() -> None:
     assert target.value == 3.0 / 2.5 and target.met
     outcome = read_attention(_attention_report("cpu"))
     assert outcome.targets[0].value is None and outcome.figures["grids"][0]["max_abs_diff_vs_sdpa_bias"] == 0.01
-
-
-def test_missing_distributions_follow_what_the_device_lacks() -> None:
-    graph = {
-        "app": ["lib>=1", "torch", "old ; python_version < '3.12'", "new ; python_version >= '3.12'",
-                "tool ; extra == 'dev'"],
-        "lib": ["leaf", "torch>=2"], "new": [], "leaf": [], "torch": ["hidden"],
-    }
-    versions = {"lib": "1.2", "leaf": "0.1", "new": "3"}
-
-    def version_of(name: str) -> str:
-        if name not in versions:
-            raise metadata.PackageNotFoundError(name)
-        return versions[name]
-
-    found = missing_distributions(graph["app"], provided={"torch"}, version_of=version_of, requires_of=graph.get)
-    assert found == {"lib": "1.2", "new": "3", "leaf": "0.1"}  # torch is provided with its own needs
-    with pytest.raises(WheelError, match="ghost"):
-        missing_distributions(["ghost"], provided=(), version_of=version_of, requires_of=graph.get)
-
-
-def test_the_device_lacks_what_its_description_says() -> None:
-    """The device's description names what it lacks of medseg's needs: MONAI, Hydra, OmegaConf, ANTLR, nibabel."""
-    found = missing_distributions(metadata.requires("medseg") or [])
-    assert set(found) == {"monai", "hydra-core", "omegaconf", "antlr4-python3-runtime", "nibabel"}
-    assert all(found[name] == metadata.version(name) for name in found) and not set(found) & DEVICE_PACKAGES
-
-
-def test_wheel_folder_check(tmp_path: Path) -> None:
-    pins = {"monai": "1.6.1", "numpy-like": "2.0"}
-    (tmp_path / "monai-1.6.1-py3-none-any.whl").touch()
-    (tmp_path / "numpy_like-2.0-cp312-cp312-manylinux_2_17_x86_64.whl").touch()
-    assert [p.name for p in check_wheels(tmp_path, pins)] == ["monai-1.6.1-py3-none-any.whl",
-                                                              "numpy_like-2.0-cp312-cp312-manylinux_2_17_x86_64.whl"]
-    (tmp_path / "monai-1.5.0-py3-none-any.whl").touch()
-    with pytest.raises(WheelError, match="2 wheels of monai"):
-        check_wheels(tmp_path, pins)
-    (tmp_path / "monai-1.5.0-py3-none-any.whl").unlink()
-    (tmp_path / "numpy_like-2.0-cp312-cp312-manylinux_2_17_x86_64.whl").rename(
-        tmp_path / "numpy_like-2.0-cp311-cp311-win_amd64.whl")
-    with pytest.raises(WheelError, match="CPython 3.12 on x86-64 Linux"):
-        check_wheels(tmp_path, pins)

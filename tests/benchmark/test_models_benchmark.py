@@ -17,7 +17,7 @@ from medseg.models import MODELS as NETWORKS
 from medseg.training.settings import check_config
 from medseg.training.trainer import TrainStep
 
-from ..conftest import compose_config
+from ..helpers.configs import compose_config
 
 
 def test_rows_cover_every_block_and_network() -> None:

@@ -15,8 +15,8 @@ from medseg.data.transforms import IMAGE, LABEL, CompactLabeld
 from medseg.training import prepare as engine_data
 from medseg.training.prepare import PreparedData, plan_config, prepare_data
 from medseg.runtime.launch import SINGLE_PROCESS
-from tests.conftest import compose_config
-from tests.data.realistic import write_ct_dataset
+from tests.helpers.configs import compose_config
+from tests.helpers.realistic import write_ct_dataset
 
 
 @pytest.mark.parametrize(("values", "dtype"), [([0, 1, 2], torch.int8), ([-1, 0, 127], torch.int8),

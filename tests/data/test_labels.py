@@ -18,12 +18,12 @@ from monai import transforms as mt
 from medseg.config import DataConfig
 from medseg.data.datalist import dataset_from_config, load_dataset
 from medseg.data.labels import IGNORE_INDEX, LabelSpec, RandCropByPosNegForegroundd, member_masks
-from medseg.planning.plan import compute_fingerprint
+from medseg.planning.fingerprint import compute_fingerprint
 from medseg.data.reading import read_case
 from medseg.data.transforms import eval_transforms, train_transforms
 from medseg.data.verify import verify_dataset
 from medseg.errors import ConfigError, DatasetError
-from tests.data.realistic import BRATS_LABELS, BRATS_ORDER, BRATS_REGIONS, write_brats_dataset
+from tests.helpers.realistic import BRATS_LABELS, BRATS_ORDER, BRATS_REGIONS, write_brats_dataset
 
 REGIONS_OVERRIDE = {"whole_tumor": [1, 2, 4], "tumor_core": [2, 4], "enhancing": [4]}
 VALUE_OF_CLASS = {0: 0, 1: 1, 2: 2, 3: 4}
@@ -101,7 +101,7 @@ def test_bad_label_sets_name_the_key(brats: dict[str, Path], tmp_path: Path, fmt
 
 def test_bad_regions_stop_training_before_it_starts(brats: dict[str, Path], tmp_path: Path) -> None:
     from medseg.training.run import train
-    from tests.conftest import MICRO_OVERRIDES, compose_config
+    from tests.helpers.configs import MICRO_OVERRIDES, compose_config
 
     cfg = compose_config([*MICRO_OVERRIDES, "data=msd", f"data.root={brats['msd']}", f"output_dir={tmp_path}",
                           "data.regions={whole:[1,2,3]}"])

@@ -17,8 +17,8 @@ from pathlib import Path
 import pytest
 
 from medseg.data.datalist import CACHE_FOLDER
-from tests.conftest import REPO
-from tests.data.realistic import write_ct_dataset
+from tests.helpers.configs import REPO
+from tests.helpers.realistic import write_ct_dataset
 
 TRAIN = ["data=msd", "model.channels=[8,16,32]", "data.patch_size=[32,32,8]", "data.samples_per_volume=1",
          "data.num_workers=0", "trainer.max_epochs=1", "trainer.batch_size=2", "trainer.progress=false"]

@@ -1,6 +1,6 @@
 """The one image reader: raw files, RAS reading and back, cases, and the chain's loader against MONAI's own.
 
-Expected values come from the generators of :mod:`tests.data.realistic`, which build every volume in RAS voxel
+Expected values come from the generators of :mod:`tests.helpers.realistic`, which build every volume in RAS voxel
 order and store it in another orientation, and from MONAI's ``LoadImaged`` + ``EnsureChannelFirstd`` +
 ``Orientationd(axcodes="RAS")`` + ``Spacingd`` chain, which the training chain used before the reader did.
 """
@@ -31,7 +31,7 @@ from medseg.data.reading import (
 )
 from medseg.data.transforms import preprocessing
 from medseg.errors import DatasetError
-from tests.data.realistic import (
+from tests.helpers.realistic import (
     mri_case,
     save_image,
     save_nifti,

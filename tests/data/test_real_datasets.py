@@ -22,9 +22,9 @@ import torch
 
 from medseg.config import TrainConfig
 from medseg.training.settings import check_config
-from medseg.planning import plan as planning
 from medseg.data.datalist import dataset_from_config, load_dataset
 from medseg.data.transforms import thick_axis
+from medseg.planning.plan import BASE_VOXEL_BUDGET
 from medseg.training import prepare as engine_data
 from medseg.training import run as run_module
 from medseg.training import validation as validation_module
@@ -32,8 +32,8 @@ from medseg.runs.checkpoint import load_checkpoint
 from medseg.training.prepare import PreparedData, plan_config, prepare_data
 from medseg.runtime.launch import SINGLE_PROCESS
 from medseg.training.run import train
-from tests.conftest import compose_config
-from tests.data.realistic import (
+from tests.helpers.configs import compose_config
+from tests.helpers.realistic import (
     SAGITTAL_SHAPE,
     write_ct_dataset,
     write_mri_dataset,
@@ -63,8 +63,8 @@ def cpu_sized_patches(monkeypatch: pytest.MonkeyPatch) -> None:
 
     With ``channels[0]=8`` the budget is 4x these: 16k voxels in 3D (e.g. 32x32x16), 64x64 in 2D.
     """
-    monkeypatch.setitem(planning.BASE_VOXEL_BUDGET, 3, 16**3)
-    monkeypatch.setitem(planning.BASE_VOXEL_BUDGET, 2, 32**2)
+    monkeypatch.setitem(BASE_VOXEL_BUDGET, 3, 16**3)
+    monkeypatch.setitem(BASE_VOXEL_BUDGET, 2, 32**2)
 
 
 @pytest.fixture(scope="module")

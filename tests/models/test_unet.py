@@ -16,7 +16,7 @@ from medseg.models.norms import GROUP_NORM_GROUPS
 from medseg.models.unet import level_spacing, per_axis_strides
 from medseg.training.settings import check_config
 
-from ..conftest import compose_config
+from ..helpers.configs import compose_config
 
 ATTENTION = {"num_heads": 4, "split_size": 2, "kernel_size": 3}
 
@@ -134,3 +134,96 @@ def test_every_norm_the_schema_accepts_builds_and_trains(norm: str, spatial_dims
     assert out.shape == (2, 3, *patch)
     out.square().mean().backward()
     assert all(p.grad is not None and torch.isfinite(p.grad).all() for p in model.parameters())
+
+
+STATE_DICT_AT_71FC19F = [
+    ('stem.conv1.conv.weight', (8, 1, 3, 3, 3)),
+    ('stem.conv2.conv.weight', (8, 8, 3, 3, 3)),
+    ('stem.norm1.weight', (8,)),
+    ('stem.norm1.bias', (8,)),
+    ('stem.norm2.weight', (8,)),
+    ('stem.norm2.bias', (8,)),
+    ('stem.conv3.conv.weight', (8, 1, 1, 1, 1)),
+    ('stem.norm3.weight', (8,)),
+    ('stem.norm3.bias', (8,)),
+    ('down.0.conv1.conv.weight', (16, 8, 3, 3, 3)),
+    ('down.0.conv2.conv.weight', (16, 16, 3, 3, 3)),
+    ('down.0.norm1.weight', (16,)),
+    ('down.0.norm1.bias', (16,)),
+    ('down.0.norm2.weight', (16,)),
+    ('down.0.norm2.bias', (16,)),
+    ('down.0.conv3.conv.weight', (16, 8, 1, 1, 1)),
+    ('down.0.norm3.weight', (16,)),
+    ('down.0.norm3.bias', (16,)),
+    ('down.1.conv1.conv.weight', (32, 16, 3, 3, 3)),
+    ('down.1.conv2.conv.weight', (32, 32, 3, 3, 3)),
+    ('down.1.norm1.weight', (32,)),
+    ('down.1.norm1.bias', (32,)),
+    ('down.1.norm2.weight', (32,)),
+    ('down.1.norm2.bias', (32,)),
+    ('down.1.conv3.conv.weight', (32, 16, 1, 1, 1)),
+    ('down.1.norm3.weight', (32,)),
+    ('down.1.norm3.bias', (32,)),
+    ('bottleneck.0.cpe.weight', (32, 1, 3, 3, 3)),
+    ('bottleneck.0.cpe.bias', (32,)),
+    ('bottleneck.0.attention_norm.weight', (32,)),
+    ('bottleneck.0.attention_norm.bias', (32,)),
+    ('bottleneck.0.attention.qkv.weight', (96, 32)),
+    ('bottleneck.0.attention.qkv.bias', (96,)),
+    ('bottleneck.0.attention.proj.weight', (32, 32)),
+    ('bottleneck.0.attention.proj.bias', (32,)),
+    ('bottleneck.0.attention.lce.conv.weight', (32, 1, 5, 5, 5)),
+    ('bottleneck.0.attention.lce.conv.bias', (32,)),
+    ('bottleneck.0.ffn_norm.weight', (32,)),
+    ('bottleneck.0.ffn_norm.bias', (32,)),
+    ('bottleneck.0.ffn.0.weight', (128, 32)),
+    ('bottleneck.0.ffn.0.bias', (128,)),
+    ('bottleneck.0.ffn.2.weight', (32, 128)),
+    ('bottleneck.0.ffn.2.bias', (32,)),
+    ('up.0.transp_conv.conv.weight', (16, 8, 2, 2, 2)),
+    ('up.0.conv_block.conv1.conv.weight', (8, 16, 3, 3, 3)),
+    ('up.0.conv_block.conv2.conv.weight', (8, 8, 3, 3, 3)),
+    ('up.0.conv_block.norm1.weight', (8,)),
+    ('up.0.conv_block.norm1.bias', (8,)),
+    ('up.0.conv_block.norm2.weight', (8,)),
+    ('up.0.conv_block.norm2.bias', (8,)),
+    ('up.1.transp_conv.conv.weight', (32, 16, 2, 2, 1)),
+    ('up.1.conv_block.conv1.conv.weight', (16, 32, 3, 3, 3)),
+    ('up.1.conv_block.conv2.conv.weight', (16, 16, 3, 3, 3)),
+    ('up.1.conv_block.norm1.weight', (16,)),
+    ('up.1.conv_block.norm1.bias', (16,)),
+    ('up.1.conv_block.norm2.weight', (16,)),
+    ('up.1.conv_block.norm2.bias', (16,)),
+    ('decoder_slots.1.0.cpe.weight', (16, 1, 3, 3, 3)),
+    ('decoder_slots.1.0.cpe.bias', (16,)),
+    ('decoder_slots.1.0.attention_norm.weight', (16,)),
+    ('decoder_slots.1.0.attention_norm.bias', (16,)),
+    ('decoder_slots.1.0.attention.qkv.weight', (48, 16)),
+    ('decoder_slots.1.0.attention.qkv.bias', (48,)),
+    ('decoder_slots.1.0.attention.proj.weight', (16, 16)),
+    ('decoder_slots.1.0.attention.proj.bias', (16,)),
+    ('decoder_slots.1.0.attention.lce.conv.weight', (16, 1, 5, 5, 5)),
+    ('decoder_slots.1.0.attention.lce.conv.bias', (16,)),
+    ('decoder_slots.1.0.ffn_norm.weight', (16,)),
+    ('decoder_slots.1.0.ffn_norm.bias', (16,)),
+    ('decoder_slots.1.0.ffn.0.weight', (64, 16)),
+    ('decoder_slots.1.0.ffn.0.bias', (64,)),
+    ('decoder_slots.1.0.ffn.2.weight', (16, 64)),
+    ('decoder_slots.1.0.ffn.2.bias', (16,)),
+    ('head.conv.conv.weight', (2, 8, 1, 1, 1)),
+    ('head.conv.conv.bias', (2,)),
+    ('deep_heads.0.conv.conv.weight', (2, 16, 1, 1, 1)),
+    ('deep_heads.0.conv.conv.bias', (2,)),
+]
+"""``(name, shape)`` of every ``state_dict`` entry of the U-Net :func:`test_state_dict_keys_and_shapes_stay_loadable`
+builds, in order. Produced once, before ``SlottedUNet.__init__`` was split into methods, by running that test's
+constructor call at commit 71fc19f and printing ``[(k, tuple(v.shape)) for k, v in model.state_dict().items()]``."""
+
+
+def test_state_dict_keys_and_shapes_stay_loadable() -> None:
+    """Checkpoints of earlier versions load: every parameter keeps its name, order and shape (stem, anisotropic
+    down and up stages, a MaSA bottleneck, a MaSA decoder slot, the head and a deep-supervision head)."""
+    model = SlottedUNet(3, in_channels=1, out_channels=2, channels=(8, 16, 32), strides=(2, (2, 2, 1)),
+                        bottleneck="masa", bottleneck_depth=1, decoder="masa", decoder_levels=1,
+                        attention={"num_heads": 2}, deep_supervision=True)
+    assert [(key, tuple(value.shape)) for key, value in model.state_dict().items()] == STATE_DICT_AT_71FC19F

@@ -17,10 +17,9 @@ from pathlib import Path
 import pytest
 
 from medseg.runs.checkpoint import load_checkpoint
-
-from ..conftest import REPO, TINY_OVERRIDES, run_script
-from ..engine.test_distributed import free_port
-from .test_train import _check_outputs
+from tests.helpers.configs import REPO, TINY_OVERRIDES, run_script
+from tests.helpers.ports import free_port
+from tests.helpers.runs import check_run_outputs
 
 TORCHRUN_TIMEOUT = 420
 
@@ -58,7 +57,7 @@ def test_two_processes_write_one_run_and_resume(tmp_path: Path, tiny_demo_root: 
     # one run directory (rank 0's clock), nothing else written anywhere by rank 1
     (run_dir,) = run_dirs(tmp_path)
     assert sorted(p.name for p in tmp_path.iterdir()) == ["outputs"]
-    metrics = _check_outputs(run_dir, spatial_dims=3)
+    metrics = check_run_outputs(run_dir, spatial_dims=3)
     assert output_files(run_dir) == [
         ".hydra/config.yaml", ".hydra/hydra.yaml", ".hydra/overrides.yaml", "checkpoints/best.pt",
         "checkpoints/last.pt", "metrics.json", "splits.json", "tensorboard/<events>", "train.log"]

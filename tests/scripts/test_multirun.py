@@ -3,7 +3,6 @@ hparams, the experiment presets and the Optuna search."""
 
 from __future__ import annotations
 
-import csv
 import itertools
 from pathlib import Path
 
@@ -17,8 +16,8 @@ from tensorboard.plugins.hparams import plugin_data_pb2
 
 from medseg.attention import available_blocks
 from medseg.training.settings import check_config
-
-from ..conftest import CONFIGS, TINY_OVERRIDES, compose_config, run_script
+from tests.helpers.configs import CONFIGS, TINY_OVERRIDES, compose_config, run_script
+from tests.helpers.files import read_csv
 
 EXPERIMENTS = sorted(path.stem for path in (CONFIGS / "experiment").glob("*.yaml"))
 SUMMARY_FILES = ("summary.md", "summary.csv", "summary.png")
@@ -38,11 +37,6 @@ def multirun(tmp_path: Path, root: Path, *overrides: str, timeout: float = 600) 
     result = run_script("train.py", args, cwd=tmp_path, timeout=timeout)
     assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
     return sweep_dir
-
-
-def read_csv(path: Path) -> list[dict[str, str]]:
-    with path.open(newline="") as handle:
-        return list(csv.DictReader(handle))
 
 
 @pytest.fixture(scope="module")

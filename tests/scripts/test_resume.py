@@ -25,8 +25,7 @@ import torch
 
 from medseg.errors import CheckpointError
 from medseg.runs.checkpoint import load_checkpoint
-
-from ..conftest import MICRO_OVERRIDES, REPO, run_script
+from tests.helpers.configs import MICRO_OVERRIDES, REPO, run_script
 
 # A micro model on the tiny demo (8 cases, 6 of them for training): 3 steps of batch 2 per epoch.
 EPOCHS = 3

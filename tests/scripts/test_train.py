@@ -6,15 +6,11 @@ import json
 from pathlib import Path
 
 import pytest
-from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
 from medseg.evaluation.evaluate import evaluate
-from medseg.models import build_model
 from medseg.runs.checkpoint import load_checkpoint
-
-from ..conftest import TINY_OVERRIDES, run_script
-
-METRIC_KEYS = {"best_val_dice", "best_epoch", "epochs", "val_dice_per_class", "train_seconds", "params"}
+from tests.helpers.configs import TINY_OVERRIDES, run_script
+from tests.helpers.runs import check_run_outputs
 
 
 def _train(tmp_path: Path, root: Path, *overrides: str) -> Path:
@@ -25,36 +21,9 @@ def _train(tmp_path: Path, root: Path, *overrides: str) -> Path:
     return run_dir
 
 
-def _check_outputs(run_dir: Path, spatial_dims: int) -> dict:
-    metrics = json.loads((run_dir / "metrics.json").read_text())
-    assert set(metrics) >= METRIC_KEYS and metrics["status"] == "completed"
-    assert metrics["epochs"] == 2 and metrics["best_epoch"] in (1, 2)
-    assert set(metrics["val_dice_per_class"]) == {"dim sphere", "bright sphere"}
-    validated = [record["val_dice"] for record in metrics["history"] if "val_dice" in record]
-    assert metrics["best_val_dice"] == max(validated) and 0.0 <= metrics["best_val_dice"] <= 1.0
-    for name in ("last.pt", "best.pt"):
-        state = load_checkpoint(run_dir / "checkpoints" / name)
-        cfg = state["config"]
-        assert cfg["model"]["spatial_dims"] == spatial_dims and cfg["data"]["spacing"] == [0.8, 0.8, 2.0]
-        # the checkpoint alone rebuilds its model
-        model = build_model(cfg["model"], len(state["dataset"]["channel_names"]), len(state["dataset"]["labels"]),
-                            cfg["data"]["patch_size"])
-        model.load_state_dict(state["model"])
-    best = load_checkpoint(run_dir / "checkpoints" / "best.pt")
-    assert best["best_metric"] == pytest.approx(metrics["best_val_dice"])
-    events = EventAccumulator(str(run_dir / "tensorboard"), size_guidance={"images": 0}).Reload()
-    tags = events.Tags()
-    assert {"train/loss", "train/lr", "val/dice_mean", "val/dice_dim_sphere"} <= set(tags["scalars"])
-    assert "val/overlay" in tags["images"]
-    assert len(events.Scalars("train/loss")) == 2
-    splits = json.loads((run_dir / "splits.json").read_text())
-    assert not set(splits["train"]) & set(splits["val"]) and len(splits["train"]) + len(splits["val"]) == 8
-    return metrics
-
-
 def test_train_3d_with_masa_bottleneck(tmp_path: Path, tiny_demo_root: Path) -> None:
     run_dir = _train(tmp_path, tiny_demo_root, "model.bottleneck=masa", "model.decoder=focused_linear")
-    metrics = _check_outputs(run_dir, 3)
+    metrics = check_run_outputs(run_dir, 3)
     # evaluate.py on the same validation cases reports the Dice the run selected its best checkpoint by
     evaluated = evaluate({"ckpt": str(run_dir / "checkpoints" / "best.pt"), "input": str(tiny_demo_root),
                           "split": "validation", "overlap": 0.25, "output": str(tmp_path / "preds"), "progress": False})
@@ -68,7 +37,7 @@ def test_train_3d_with_masa_bottleneck(tmp_path: Path, tiny_demo_root: Path) -> 
 def test_train_2d_slices(tmp_path: Path, tiny_demo_root: Path) -> None:
     run_dir = _train(tmp_path, tiny_demo_root, "model.spatial_dims=2", "data.patch_size=[32,32]",
                      "model.bottleneck=mha")
-    _check_outputs(run_dir, 2)
+    check_run_outputs(run_dir, 2)
 
 
 def test_cfg_job_shows_the_block_as_typed(tmp_path: Path) -> None:

@@ -1,7 +1,7 @@
 """``scripts/visualize.py`` end to end: the files and the table of one query voxel; bad input gives one line, exit 1.
 
 Each run starts a Python with torch and MONAI (about 10 s on 2 busy cores): the default suite keeps one, the exit code
-of a bad voxel; the in-process tests in ``tests/engine/test_visualize.py`` cover the rest.
+of a bad voxel; the in-process tests in ``tests/visualize/test_visualize.py`` cover the rest.
 """
 
 from __future__ import annotations
@@ -11,8 +11,9 @@ from pathlib import Path
 
 import pytest
 
-from tests.conftest import run_script
-from tests.engine.test_visualize import masa_checkpoint, oblique_volume
+from tests.helpers.checkpoints import masa_checkpoint
+from tests.helpers.configs import run_script
+from tests.helpers.volumes import oblique_volume
 
 
 @pytest.fixture(scope="module")

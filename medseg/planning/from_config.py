@@ -1,0 +1,148 @@
+"""The plan of a training config: :func:`plan_from_config` plans what the data and model configs leave null around
+what they set, fits the patch to the training-memory budget of the device (:func:`memory_budget`) by the
+network's estimated memory (:mod:`medseg.planning.memory`), or on a CPU to a voxel budget, and
+:func:`apply_plan` fills the configs' ``null`` keys from the plan."""
+
+from __future__ import annotations
+
+import copy
+from collections.abc import Mapping, Sequence
+from dataclasses import replace
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from medseg.config import DataConfig, ModelConfig, PlanningConfig, TrainerConfig
+from medseg.data.datalist import DatasetInfo
+from medseg.data.transforms import samples_per_volume
+from medseg.errors import ConfigError
+from medseg.planning.fingerprint import FINGERPRINT_FILE, compute_fingerprint
+from medseg.planning.memory import MemoryEstimate, estimate_training_memory
+from medseg.planning.plan import (
+    BASE_CHANNELS,
+    BASE_VOXEL_BUDGET,
+    MemoryBudget,
+    Plan,
+    bytes_text,
+    make_plan,
+    planned_channels,
+)
+from medseg.runtime.device import amp_dtype, resolve_device
+
+REFERENCE_MEMORY_GB = 8.0
+"""nnU-Net's reference GPU memory: the budget on a GPU with more, when ``plan.memory_gb`` is null."""
+GB = 2**30
+"""Bytes per GB of ``plan.memory_gb``."""
+
+
+def voxel_budget_for(model: ModelConfig) -> int:
+    """Patch voxel budget for a model: ``BASE_VOXEL_BUDGET`` scaled by ``BASE_CHANNELS / channels[0]``.
+
+    The first level's activations (channels[0] x patch voxels) dominate memory, so halving the width
+    doubles the patch: 3D with channels[0]=32 -> 48**3 voxels, with 16 -> 2 * 48**3. A planned network
+    (``model.channels`` null) starts with ``BASE_CHANNELS``.
+    """
+    first = model.channels[0] if model.channels else BASE_CHANNELS
+    return int(BASE_VOXEL_BUDGET[model.spatial_dims] * BASE_CHANNELS / first)
+
+
+def check_planning(planning: PlanningConfig) -> None:
+    """Raise :class:`ConfigError` for a ``plan`` node that cannot be planned with (a memory budget of 0 or less)."""
+    if planning.memory_gb is not None and not planning.memory_gb > 0:
+        raise ConfigError(f"plan.memory_gb={planning.memory_gb:g}: expected a positive number of GB, or null for the "
+                          "default (the GPU's memory up to 8 GB; the voxel budget on a CPU)")
+
+
+def memory_budget(planning: PlanningConfig, device: torch.device) -> tuple[int | None, str]:
+    """The training memory (bytes) a patch planned for ``device`` may need, and where that figure comes from.
+
+    ``plan.memory_gb`` when set; else on CUDA the GPU's memory, at most ``REFERENCE_MEMORY_GB``; else None: on a
+    CPU time, not memory, limits training, and the patch keeps the voxel budget (:func:`voxel_budget_for`).
+
+    Raises:
+        ConfigError: ``plan.memory_gb`` is not positive.
+    """
+    check_planning(planning)
+    if planning.memory_gb is not None:
+        return int(planning.memory_gb * GB), f"plan.memory_gb={planning.memory_gb:g}"
+    if device.type == "cuda":
+        total = torch.cuda.get_device_properties(device).total_memory
+        return min(total, int(REFERENCE_MEMORY_GB * GB)), (
+            f"plan.memory_gb=null: the GPU's {bytes_text(total)}, at most nnU-Net's {REFERENCE_MEMORY_GB:g} GB")
+    return None, "plan.memory_gb=null on a CPU"
+
+
+def plan_from_config(fingerprint: Mapping[str, Any], data: DataConfig, model: ModelConfig,
+                     trainer: TrainerConfig | None = None, planning: PlanningConfig | None = None) -> Plan:
+    """:func:`make_plan` for the configs, keeping the user-set (non-null) spacing, patch, strides and channels.
+
+    The patch is fit to :func:`memory_budget` (for ``trainer.device``), by the estimated training memory of the
+    network for ``trainer.batch_size x data.samples_per_volume`` patches, ``trainer.precision`` and
+    ``trainer.optimizer`` (:func:`~medseg.planning.memory.estimate_training_memory`); on a CPU without
+    ``plan.memory_gb``, to :func:`voxel_budget_for`. ``model.channels`` null plans the depth with the patch and
+    the widths by :func:`planned_channels`. The plan reports the estimate at its patch. ``trainer`` and ``planning``
+    default to their configs' defaults.
+    """
+
+    trainer, planning = trainer or TrainerConfig(), planning or PlanningConfig()
+    device = resolve_device(trainer.device)
+    limit, source = memory_budget(planning, device)
+    batch = trainer.batch_size * samples_per_volume(data, model.spatial_dims)
+    amp = amp_dtype(trainer.precision, device)
+
+    def estimate(patch: Sequence[int], strides: list[list[int]]) -> MemoryEstimate:
+        channels = model.channels or planned_channels(len(strides) + 1, model.spatial_dims)
+        return estimate_training_memory(
+            replace(model, channels=list(channels), strides=strides), patch, len(fingerprint["channel_names"]),
+            len(fingerprint["labels"]), batch, amp, trainer.optimizer)
+
+    levels = len(model.channels) - 1 if model.channels else None
+    plan = make_plan(
+        fingerprint,
+        spatial_dims=model.spatial_dims,
+        num_levels=levels,
+        voxel_budget=voxel_budget_for(model),
+        target_spacing=data.spacing,
+        patch_size=data.patch_size,
+        strides=model.strides,
+        memory=None if limit is None else MemoryBudget(limit, estimate),
+    )
+    return replace(plan, channels=list(model.channels or plan.channels), memory=estimate(plan.patch_size, plan.strides),
+                   budget=f"{plan.budget}; {source}" if plan.budget else "")
+
+
+def plan_for(info: DatasetInfo, data: DataConfig, model: ModelConfig, cache_dir: str | Path | None = None,
+             progress: bool = True, trainer: TrainerConfig | None = None,
+             planning: PlanningConfig | None = None) -> Plan:
+    """Fingerprint ``info`` (cached in ``<cache_dir>/fingerprint.json``; none if None) and plan for the configs
+    (:func:`plan_from_config`)."""
+    cache_file = Path(cache_dir) / FINGERPRINT_FILE if cache_dir is not None else None
+    return plan_from_config(compute_fingerprint(info, cache_file, progress), data, model, trainer, planning)
+
+
+def plannable_values(data: DataConfig, model: ModelConfig) -> dict[str, Any]:
+    """The keys planning fills when they are null, with their values in the configs."""
+    return {"data.spacing": data.spacing, "data.patch_size": data.patch_size,
+            "data.normalization": data.normalization, "model.strides": model.strides,
+            "model.channels": model.channels}
+
+
+def unset_keys(data: DataConfig, model: ModelConfig) -> list[str]:
+    """The plannable keys the configs leave null: planning fills them."""
+    return [key for key, value in plannable_values(data, model).items() if value is None]
+
+
+def apply_plan(data: DataConfig, model: ModelConfig, plan: Plan) -> tuple[DataConfig, ModelConfig]:
+    """Copies of the configs with their null plannable keys (:func:`plannable_values`) taken from ``plan``.
+
+    User-set (non-null) values are kept; ``normalization`` becomes the plan's dict. A 2D model's two
+    in-plane spacings become the plan's 3 RAS entries (which hold them), since volumes are resampled in 3D.
+    """
+    spacing = data.spacing if data.spacing is not None and len(data.spacing) == 3 else plan.target_spacing
+    data = replace(
+        data, spacing=list(spacing), patch_size=list(data.patch_size or plan.patch_size),
+        normalization=copy.deepcopy(plan.normalization if data.normalization is None else data.normalization))
+    model = replace(model, strides=copy.deepcopy(plan.strides if model.strides is None else model.strides),
+                    channels=list(plan.channels if model.channels is None else model.channels))
+    return data, model
