@@ -18,10 +18,10 @@ from typing import Any
 import torch
 from torch import nn
 
-from medseg.version import __version__
 from medseg.errors import CheckpointError
 from medseg.io import atomic_write
 from medseg.models import unwrap_model
+from medseg.version import __version__
 
 CHECKPOINT_FORMAT = "medseg-checkpoint"
 CHECKPOINT_VERSION = 1

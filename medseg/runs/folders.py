@@ -9,24 +9,16 @@ differ between runs are the *swept* parameters. Runs that differ only in ``train
 
 from __future__ import annotations
 
-import csv
-import io
 import json
 import math
 import re
-import statistics
 from collections.abc import Callable, Hashable, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import yaml
 from hydra.core.override_parser.overrides_parser import OverridesParser
-
-from medseg.tables import CellFormat, markdown_table, text_table
-from medseg.io import atomic_write, atomic_write_text
-
-
 
 SEED_KEY = "trainer.seed"
 
