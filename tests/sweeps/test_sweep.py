@@ -146,7 +146,7 @@ def test_jobs_in_numeric_order_with_status(tmp_path: Path) -> None:
     assert "unreadable" in jobs[1].reason
 
 
-def test_collect_jobs_rejects_empty_or_absent_dirs(tmp_path: Path) -> None:
+def test_reading_a_sweep_rejects_empty_or_absent_dirs(tmp_path: Path) -> None:
     with pytest.raises(FileNotFoundError, match="does not exist"):
         Sweep.read(tmp_path / "nope")
     with pytest.raises(FileNotFoundError, match="no Hydra job"):
