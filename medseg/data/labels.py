@@ -113,7 +113,8 @@ class LabelSpec:
 
     @property
     def activation(self) -> str:
-        """``softmax`` over the classes, or ``sigmoid`` per region (a key of :data:`medseg.inference.sliding_window.ACTIVATIONS`)."""
+        """``softmax`` over the classes, or ``sigmoid`` per region (a key of
+        :data:`medseg.inference.sliding_window.ACTIVATIONS`)."""
         return "sigmoid" if self.region_based else "softmax"
 
     @property

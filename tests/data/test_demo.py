@@ -11,8 +11,7 @@ import numpy as np
 from medseg.config import DataConfig
 from medseg.data.datalist import load_dataset
 from medseg.data.demo import DEMO_SPACING, generate_demo_dataset
-from medseg.data.transforms import thick_axis
-from medseg.data.transforms import Window, eval_transforms, train_transforms, window
+from medseg.data.transforms import Window, eval_transforms, thick_axis, train_transforms, window
 
 
 def test_demo_volumes_have_lps_anisotropic_geometry_and_two_classes(tiny_demo_root: Path) -> None:

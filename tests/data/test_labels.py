@@ -18,11 +18,11 @@ from monai import transforms as mt
 from medseg.config import DataConfig
 from medseg.data.datalist import dataset_from_config, load_dataset
 from medseg.data.labels import IGNORE_INDEX, LabelSpec, RandCropByPosNegForegroundd, member_masks
-from medseg.planning.fingerprint import compute_fingerprint
 from medseg.data.reading import read_case
 from medseg.data.transforms import eval_transforms, train_transforms
 from medseg.data.verify import verify_dataset
 from medseg.errors import ConfigError, DatasetError
+from medseg.planning.fingerprint import compute_fingerprint
 from tests.helpers.realistic import BRATS_LABELS, BRATS_ORDER, BRATS_REGIONS, write_brats_dataset
 
 REGIONS_OVERRIDE = {"whole_tumor": [1, 2, 4], "tumor_core": [2, 4], "enhancing": [4]}

@@ -21,17 +21,17 @@ import pytest
 import torch
 
 from medseg.config import TrainConfig
-from medseg.training.settings import check_config
 from medseg.data.datalist import dataset_from_config, load_dataset
 from medseg.data.transforms import thick_axis
 from medseg.planning.plan import BASE_VOXEL_BUDGET
+from medseg.runs.checkpoint import load_checkpoint
+from medseg.runtime.launch import SINGLE_PROCESS
 from medseg.training import prepare as engine_data
 from medseg.training import run as run_module
 from medseg.training import validation as validation_module
-from medseg.runs.checkpoint import load_checkpoint
 from medseg.training.prepare import PreparedData, plan_config, prepare_data
-from medseg.runtime.launch import SINGLE_PROCESS
 from medseg.training.run import train
+from medseg.training.settings import check_config
 from tests.helpers.configs import compose_config
 from tests.helpers.realistic import (
     SAGITTAL_SHAPE,
