@@ -12,8 +12,8 @@ import os
 import shlex
 import sys
 import traceback
-from collections.abc import Mapping
-from contextlib import contextmanager
+from collections.abc import Iterator, Mapping
+from contextlib import ExitStack, contextmanager
 from dataclasses import asdict
 from pathlib import Path
 from typing import Any
@@ -31,6 +31,7 @@ from medseg.data.verify import check_dataset
 from medseg.errors import TrainingInterrupted
 from medseg.io import atomic_write_json
 from medseg.models import build_model
+from medseg.runs.lock import acquire
 from medseg.runtime.device import resolve_device
 from medseg.runtime.distributed import broadcast_object, on_main_rank, process_group
 from medseg.runtime.launch import DistInfo, env_rank
@@ -47,13 +48,14 @@ HPARAM_KEYS = ("model.name", "model.spatial_dims", "model.bottleneck", "model.bo
 
 
 def train(cfg: TrainConfig | Mapping[str, Any] | DictConfig) -> dict[str, Any]:
-    """Validate ``cfg``, read, check and plan the data, build the model, train; returns the metrics."""
+    """Check ``cfg``, read, check and plan the data, build the model, train; returns the metrics."""
     cfg = check_config(cfg)
     progress = cfg.trainer.progress
     with (process_group(resolve_device(cfg.trainer.device)) as (dist, device), deterministic(cfg.trainer.deterministic),
-          PeakRam() as ram):
+          PeakRam() as ram, ExitStack() as stack):
         # every rank reads and writes rank 0's run directory (ranks > 0 may have none of their own)
         output_dir = Path(broadcast_object(cfg.output_dir, dist))
+        stack.enter_context(owned_folder(output_dir, dist))
         seed_everything(cfg.trainer.seed)
         info = on_main_rank(lambda: dataset_from_config(cfg.data), dist)  # the demo is generated once
         if cfg.trainer.check_data:
@@ -77,6 +79,18 @@ def train(cfg: TrainConfig | Mapping[str, Any] | DictConfig) -> dict[str, Any]:
             metrics["estimated_memory_mb"] = round(plan.memory.total / 2**20, 1)
         trainer.finish(metrics, hparams_of(cfg))
         return metrics
+
+
+@contextmanager
+def owned_folder(output_dir: Path, dist: DistInfo) -> Iterator[None]:
+    """The run folder locked by rank 0 for the whole run (:func:`medseg.runs.lock.acquire`): a second training
+    there stops with one line on every rank; the lock goes when the run ends, however it ends."""
+    lock = on_main_rank(lambda: acquire(output_dir), dist)
+    try:
+        yield
+    finally:
+        if dist.is_main:
+            lock.unlink(missing_ok=True)
 
 
 def resume_path(cfg: TrainConfig, output_dir: Path) -> Path | None:

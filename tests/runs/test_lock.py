@@ -1,0 +1,68 @@
+"""One training per run folder: the lock file, its stale and foreign cases, and a training that finds it held."""
+
+from __future__ import annotations
+
+import os
+import socket
+import subprocess
+import sys
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from medseg.errors import ConfigError
+from medseg.runs.lock import LOCK_FILE, acquire
+from medseg.training.run import train
+from tests.helpers.runs import micro_config
+
+
+@pytest.fixture
+def other_process() -> Iterator[subprocess.Popen]:
+    """A live process of this host that is not this one."""
+    process = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
+    yield process
+    process.kill()
+    process.wait()
+
+
+def test_a_held_folder_is_refused_naming_the_holder(tmp_path: Path, other_process: subprocess.Popen) -> None:
+    (tmp_path / LOCK_FILE).write_text(f"{other_process.pid} {socket.gethostname()}\n")
+    with pytest.raises(ConfigError, match=rf"in use by another training \(process {other_process.pid} on "):
+        acquire(tmp_path)
+    assert (tmp_path / LOCK_FILE).read_text().split()[0] == str(other_process.pid), "the holder's lock stays"
+
+
+def test_the_lock_names_this_process_and_a_second_acquire_fails(tmp_path: Path) -> None:
+    path = acquire(tmp_path / "run")
+    assert path.read_text().split() == [str(os.getpid()), socket.gethostname()]
+    with pytest.raises(ConfigError, match="hydra.run.dir"):
+        acquire(tmp_path / "run")
+
+
+def test_a_stale_lock_is_taken_over(tmp_path: Path) -> None:
+    finished = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"], capture_output=True, text=True)
+    (tmp_path / LOCK_FILE).write_text(f"{finished.stdout.strip()} {socket.gethostname()}\n")
+    assert acquire(tmp_path).read_text().split()[0] == str(os.getpid())
+
+
+def test_another_host_s_lock_or_an_unreadable_one_is_kept(tmp_path: Path) -> None:
+    (tmp_path / LOCK_FILE).write_text("1 some-other-node\n")
+    with pytest.raises(ConfigError, match="process 1 on some-other-node"):
+        acquire(tmp_path)
+    (tmp_path / LOCK_FILE).write_text("")
+    with pytest.raises(ConfigError, match="a process that left no pid.*delete"):
+        acquire(tmp_path)
+
+
+def test_a_training_stops_before_any_work_in_a_held_folder_and_releases_its_own(
+        tmp_path: Path, tiny_demo_root: Path, other_process: subprocess.Popen) -> None:
+    run_dir = tmp_path / "run"
+    run_dir.mkdir()
+    (run_dir / LOCK_FILE).write_text(f"{other_process.pid} {socket.gethostname()}\n")
+    with pytest.raises(ConfigError, match="in use by another training"):
+        train(micro_config(run_dir, tiny_demo_root, "trainer.max_epochs=1"))
+    assert sorted(path.name for path in run_dir.iterdir()) == [LOCK_FILE], "nothing written"
+    (run_dir / LOCK_FILE).unlink()
+    train(micro_config(run_dir, tiny_demo_root, "trainer.max_epochs=1"))
+    assert (run_dir / "checkpoints" / "last.pt").is_file() and not (run_dir / LOCK_FILE).exists()
