@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import shutil
 import tempfile
 from collections.abc import Callable, Iterator
@@ -36,6 +37,10 @@ def _fsync(path: Path) -> None:
         os.close(fd)
 
 
+TEMP_NAME = re.compile(r"^\..+\.[a-z0-9_]{8}\.tmp")
+"""The name of :func:`atomic_save`'s temp files: ``.<name>.<mkstemp's 8 characters>.tmp<ending>``."""
+
+
 def atomic_save(path: str | Path, save: Callable[[Path], Any], ending: str = "") -> Path:
     """Call ``save(temp_path)`` on a temp file in ``path``'s folder, fsync it, then rename it to ``path``.
 
@@ -58,6 +63,15 @@ def atomic_save(path: str | Path, save: Callable[[Path], Any], ending: str = "")
         raise
     _fsync(path.parent)
     return path
+
+
+def remove_temporaries(folder: Path) -> list[Path]:
+    """Delete the temp files that :func:`atomic_save` left under ``folder`` when a process was killed mid-write, and
+    return them. Only for a folder this process owns (a locked run folder): no other writer is mid-write there."""
+    stale = [path for path in folder.rglob(".*.tmp*") if path.is_file() and TEMP_NAME.match(path.name)]
+    for path in stale:
+        path.unlink(missing_ok=True)
+    return stale
 
 
 def atomic_write(path: str | Path, write: Callable[[IO[bytes]], Any]) -> Path:

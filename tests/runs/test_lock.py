@@ -1,4 +1,5 @@
-"""One training per run folder: the lock file, its stale and foreign cases, and a training that finds it held."""
+"""One training per run folder: the lock file, its stale and foreign cases, a training that finds it held, and the
+half-written files a killed run left, removed by the next run that owns the folder."""
 
 from __future__ import annotations
 
@@ -12,6 +13,7 @@ from pathlib import Path
 import pytest
 
 from medseg.errors import ConfigError
+from medseg.io import remove_temporaries
 from medseg.runs.lock import LOCK_FILE, acquire
 from medseg.training.run import train
 from tests.helpers.runs import micro_config
@@ -66,3 +68,20 @@ def test_a_training_stops_before_any_work_in_a_held_folder_and_releases_its_own(
     (run_dir / LOCK_FILE).unlink()
     train(micro_config(run_dir, tiny_demo_root, "trainer.max_epochs=1"))
     assert (run_dir / "checkpoints" / "last.pt").is_file() and not (run_dir / LOCK_FILE).exists()
+
+
+def test_the_run_that_owns_a_folder_removes_what_a_killed_run_half_wrote(tmp_path: Path, tiny_demo_root: Path) -> None:
+    run_dir = tmp_path / "run"
+    (run_dir / "checkpoints").mkdir(parents=True)
+    (run_dir / ".hydra").mkdir()
+    half_written = [run_dir / "checkpoints" / ".last.pt.k3j_9x2q.tmp", run_dir / ".metrics.json.abcd1234.tmp",
+                    run_dir / "predictions" / ".case_000.nii.gz.zz99zz99.tmp.nii.gz"]
+    kept = [run_dir / ".hydra" / "config.yaml", run_dir / "notes.tmp", run_dir / ".keep.tmp"]
+    for path in [*half_written, *kept]:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_bytes(b"partial")
+    assert sorted(remove_temporaries(run_dir)) == sorted(half_written)
+    assert all(path.is_file() for path in kept) and not any(path.exists() for path in half_written)
+    half_written[0].write_bytes(b"partial")
+    train(micro_config(run_dir, tiny_demo_root, "trainer.max_epochs=1"))
+    assert not half_written[0].exists() and (run_dir / "checkpoints" / "last.pt").is_file()
