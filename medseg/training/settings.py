@@ -1,8 +1,10 @@
 """The checks of a training config (``scripts/train.py``, ``scripts/plan.py``) against the registries it selects from.
 
 :func:`check_config` turns a composed config into a typed :class:`~medseg.config.TrainConfig`, or raises
-:class:`~medseg.errors.ConfigError` with one line that names the key and what is valid. Each choice list comes from
-the registry it describes (blocks, models, norms, losses, optimizers, ...), so a new entry needs no change here.
+:class:`~medseg.errors.ConfigError` with one line that names the key and what is valid. The keys no builder checks
+are checked against the registry they select from (losses, optimizers, ...); the checks the builders make (each
+slot's block and its ``model.attention`` values, the model's name and norm, the normalisation) are run here at
+start-up rather than written again, so a new registry entry needs no change here.
 """
 
 from __future__ import annotations
