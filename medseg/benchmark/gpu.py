@@ -31,9 +31,10 @@ part                        share  what it runs
 ``models_compiled``            80  ``models`` with ``trainer.compile=true``
 ==========================  =====  =================================================================
 
-``--dry-run`` rehearses the same parts on the CPU: tiny sizes, a tiny demo (8 cases, 3 steps) trained in fp32
-(the model benchmarks keep bf16), both evaluations on the CPU, the compiled part skipped (compiling on a CPU takes
-minutes), CUDA-only targets ``n/a``. The default test suite runs it.
+``--dry-run`` rehearses the same parts on the CPU, each tiny: the GPU tests of one file, tiny sizes, networks 8 and
+16 wide (the planner's too: its patch and strides planned for a 20 MB budget), a tiny demo (8 cases, 3 steps)
+trained in fp32 (the model benchmarks keep bf16), both evaluations on the CPU, the compiled part skipped (compiling
+on a CPU takes minutes), CUDA-only targets ``n/a``. The default test suite runs it.
 
 On any machine with a CUDA GPU and medseg's requirements (``pip install -e .``, or, without network, the wheels
 of an offline bundle: ``scripts/offline_bundle.py`` and ``docs/offline-install.md``), from the repository root::
@@ -285,6 +286,8 @@ class Scale:
     """What differs between the check on CUDA and its dry run on the CPU (lists: command-line arguments)."""
 
     device: str
+    tests: list[str]
+    """The test files (or folders) ``gpu_tests`` selects its GPU tests from, relative to the repository root."""
     attention: list[str]
     """``benchmark.py attention``'s ``--sizes`` and repetitions."""
     models: list[str]
@@ -297,25 +300,30 @@ class Scale:
     """The demo training's last overrides."""
     planned: list[str]
     """The planner run's last overrides."""
+    planned_channels: str
+    """The planner run's ``model.channels``: ``null`` plans the widths with the depth."""
     memory_gb: float
     """The memory budget the planner run's network and patch are planned for."""
     precision: str = "bf16"
     """``trainer.precision`` of the training parts."""
 
 
-ON_CUDA = Scale("cuda", ["16^3", "24^3", "32^3", "--reps", "10", "--max-seconds", "5"],
+ON_CUDA = Scale("cuda", ["tests"], ["16^3", "24^3", "32^3", "--reps", "10", "--max-seconds", "5"],
                 ["--gpu-sizes", "--batch", "2", "--max-seconds", "15"], ["unet+masa", "monai_swinunetr"], [],
                 ["trainer.max_epochs=6", "trainer.val_every=6"],
-                ["trainer.batch_size=4", "trainer.max_epochs=2", "trainer.val_every=2"], 1.0)
+                ["trainer.batch_size=4", "trainer.max_epochs=2", "trainer.val_every=2"], "null", 1.0)
 _TINY = ["model.channels=[8,16]", "model.strides=[2]"]
 _ONE_EPOCH = ["trainer.max_epochs=1", "trainer.val_every=1"]
-DRY_RUN = Scale("cpu", ["4^3", "--reps", "1"],
+DRY_RUN = Scale("cpu", ["tests/models/test_norms.py"], ["4^3", "--reps", "1"],
                 ["--patch", "16", "16", "16", "--batch", "1", "--reps", "1", "--precision", "bf16"], ["unet+masa"],
                 _TINY, ["data.num_cases=8", "data.patch_size=[32,32,16]", "data.samples_per_volume=1", *_TINY,
                         *_ONE_EPOCH],
-                ["data.num_cases=8", "trainer.batch_size=1", "data.samples_per_volume=1", *_ONE_EPOCH], 0.2,
-                precision="fp32")
-"""The dry run trains in fp32: a CPU without native bf16 emulates it, minutes for what takes seconds in fp32."""
+                ["data.num_cases=8", "trainer.batch_size=1", "data.samples_per_volume=1", *_ONE_EPOCH], "[8,16]",
+                0.02, precision="fp32")
+"""The dry run trains in fp32 (a CPU without native bf16 emulates it, minutes for what takes seconds in fp32), and
+every part is tiny: one test file collected (collecting the whole suite takes half a minute), the networks 8 and 16
+wide; the planner plans the patch and strides of that network for a 20 MB budget (a planned 32-wide network, slided
+over the demo's volumes, took minutes on a CPU)."""
 
 
 def _script(name: str) -> str:
@@ -338,7 +346,8 @@ class PartMaker:
         junit = self.work / "gpu_tests.xml"
         return Part("gpu_tests", "pytest -m gpu: every CUDA test", share_s,
                     [sys.executable, "-m", "pytest", "-m", "gpu", "-v", "-p", "no:cacheprovider",
-                     f"--junitxml={junit}", str(REPO / "tests")], read_written(junit, read_pytest, load=Path))
+                     f"--junitxml={junit}", *(str(REPO / path) for path in self.scale.tests)],
+                    read_written(junit, read_pytest, load=Path))
 
     def attention(self, share_s: float) -> Part:
         out = self.work / "attention"
@@ -376,7 +385,8 @@ class PartMaker:
             return read_planner(metrics, config, memory_gb * 1024)
 
         return self.train("planner", "train.py on the demo, network and patch planned for a memory budget: estimate "
-                          "vs peak", share_s, ["model.channels=null", "model.strides=null", "data.patch_size=null"],
+                          "vs peak", share_s, [f"model.channels={self.scale.planned_channels}", "model.strides=null",
+                                               "data.patch_size=null"],
                           [f"plan.memory_gb={memory_gb:g}", *self.scale.planned], read,
                           requires=self.data_root / "dataset.json")
 

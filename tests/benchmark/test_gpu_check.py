@@ -16,13 +16,14 @@ STATUSES = {"passed", "failed", "skipped", "timed out"}
 
 
 def test_dry_run_records_every_part(tmp_path: Path) -> None:
+    # Not timed: a budget no part comes near (the parts' limits are tested with a hanging part below); what keeps
+    # the dry run short is its tiny sizes.
     out, work = tmp_path / "out", tmp_path / "work"
-    assert main(["gpu", "--dry-run", "--out", str(out), "--work", str(work), "--budget", "300"]) == 0
+    assert main(["gpu", "--dry-run", "--out", str(out), "--work", str(work), "--budget", "3600"]) == 0
     report = json.loads((out / "results.json").read_text())
     parts = {p["name"]: p for p in report["parts"]}
     assert list(parts) == [p.name for p in plan(work, dry_run=True)]
     assert {p["status"] for p in parts.values()} <= STATUSES - {"failed", "timed out"}
-    assert all(p["seconds"] <= p["limit_s"] for p in parts.values() if p["seconds"] is not None)
     markdown = (out / "results.md").read_text()
     assert all(f"## {name}" in markdown for name in parts)
 
@@ -52,8 +53,9 @@ def test_dry_run_records_every_part(tmp_path: Path) -> None:
 
     planner = parts["planner"]["figures"]
     metrics = json.loads((work / "planner" / "metrics.json").read_text())
-    assert metrics["estimated_memory_mb"] == planner["estimated_mib"] <= planner["budget_mib"] == 0.2 * 1024
-    assert planner["channels"][0] == 32 and len(planner["channels"]) == len(planner["strides"]) + 1  # planned
+    assert metrics["estimated_memory_mb"] == planner["estimated_mib"] <= planner["budget_mib"] == 0.02 * 1024
+    assert planner["channels"] == [8, 16] and len(planner["strides"]) == 1  # the tiny network, its strides planned
+    assert planner["patch_size"] != [48, 48, 32], "planned, not the preset's patch"
     assert parts["planner"]["targets"] == [] and "budget target" in parts["planner"]["note"]
 
     assert parts["models_compiled"]["status"] == "skipped" and parts["models_compiled"]["note"]
@@ -67,7 +69,7 @@ def test_a_failing_or_hanging_part_loses_only_itself(tmp_path: Path) -> None:
         raise KeyError("results")
 
     parts = [
-        Part("hangs", "sleeps past its limit", 1, [python, "-c", "import time; time.sleep(120)"]),
+        Part("hangs", "sleeps past its limit", 1, [python, "-c", "import time; time.sleep(120); print('woke')"]),
         Part("crashes", "exits with 3", 1, [python, "-c", "raise SystemExit(3)"]),
         Part("reads", "prints results.json as it is before it ran", 2,
              [python, "-c", f"print(open({str(out / 'results.json')!r}).read())"], lambda: Outcome({"x": 1})),
@@ -78,7 +80,7 @@ def test_a_failing_or_hanging_part_loses_only_itself(tmp_path: Path) -> None:
     assert gpu.run_check(parts, DEFAULT_BUDGET_S, out, work, gpu.check_meta(True, DEFAULT_BUDGET_S, work)) == 1
     report = json.loads((out / "results.json").read_text())
     hangs, crashes, reads, unreadable, waits, off = report["parts"]
-    assert hangs["status"] == "timed out" and hangs["seconds"] < 60
+    assert hangs["status"] == "timed out" and hangs["returncode"] is None and "woke" not in hangs["output_tail"]
     assert crashes["status"] == "failed" and crashes["returncode"] == 3
     assert reads["status"] == "passed" and reads["figures"] == {"x": 1}
     seen = json.loads(reads["output_tail"])  # results.json as written before "reads" started

@@ -8,7 +8,6 @@ import json
 import os
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 import nibabel as nib
@@ -31,16 +30,15 @@ from medseg.data.datalist import load_dataset
 def test_tree_rss_counts_the_children(tmp_path: Path) -> None:
     alone = tree_rss_bytes(os.getpid())
     assert alone > 10 * 2**20  # this interpreter with torch loaded
-    child = subprocess.Popen([sys.executable, "-c", "import time; x = bytearray(200 * 2**20); time.sleep(30)"])
-    try:
-        for _ in range(100):  # until the child has touched its 200 MB
-            if tree_rss_bytes(os.getpid()) - alone > 150 * 2**20:
-                break
-            time.sleep(0.1)
-        assert tree_rss_bytes(os.getpid()) - alone > 150 * 2**20
-    finally:
-        child.kill()
-        child.wait()
+    # the child says when it has touched its 200 MB, then waits for its stdin to close
+    with subprocess.Popen([sys.executable, "-c", "import sys; x = bytearray(200 * 2**20); print('touched', "
+                           "flush=True); sys.stdin.read()"], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                          text=True) as child:
+        try:
+            assert child.stdout.readline() == "touched\n"
+            assert tree_rss_bytes(os.getpid()) - alone > 150 * 2**20
+        finally:
+            child.kill()
 
 
 def test_nnunet_layout_links_every_case_and_splits_4d_images(tmp_path: Path, tiny_demo_root: Path) -> None:

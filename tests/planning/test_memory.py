@@ -21,28 +21,51 @@ from medseg.planning.memory import (
 )
 
 CPU = torch.device("cpu")
-NATIVE_BF16 = pytest.mark.skipif(not torch.ops.mkldnn._is_mkldnn_bf16_supported(),
-                                 reason="the CPU has no native bf16: oneDNN converts through float32 buffers, which "
-                                        "neither CUDA nor the estimate's calibration has")
 
 
-@pytest.mark.parametrize(("model", "patch", "batch", "precision"), [
-    (ModelConfig(channels=[8, 16, 32], strides=[2, 2]), (32, 32, 32), 2, "fp32"),
-    (ModelConfig(spatial_dims=2, channels=[16, 32, 64], strides=[2, 2], bottleneck="masa"), (96, 96), 4, "fp32"),
-    pytest.param(ModelConfig(channels=[16, 32, 64], strides=[2, 2]), (48, 48, 32), 2, "bf16", marks=NATIVE_BF16),
-], ids=["3d-conv", "2d-masa", "3d-conv-bf16"])
-def test_estimate_is_within_30_percent_of_the_measured_peak(one_thread: None, model: ModelConfig,
-                                                            patch: tuple[int, ...], batch: int, precision: str) -> None:
+@pytest.mark.parametrize(("model", "patch", "batch"), [
+    (ModelConfig(channels=[8, 16, 32], strides=[2, 2]), (32, 32, 32), 2),
+    (ModelConfig(spatial_dims=2, channels=[16, 32, 64], strides=[2, 2], bottleneck="masa"), (96, 96), 4),
+], ids=["3d-conv", "2d-masa"])
+def test_estimate_is_within_30_percent_of_the_measured_fp32_peak(one_thread: None, model: ModelConfig,
+                                                                 patch: tuple[int, ...], batch: int) -> None:
     # Measured as benchmark.py models measures: every tensor alive at the peak of the trainer's own step (forward,
-    # loss, backward, clipping, AdamW) on the CPU, whose bf16 autocast runs the conv stages in CUDA's dtypes.
-    # Calibration (docs/data.md, "What is planned"): 0.99-1.10.
-    cfg = TrainConfig(model=model, data=DataConfig(root="unused"), trainer=TrainerConfig(precision=precision))
+    # loss, backward, clipping, AdamW) on the CPU. Calibration (docs/data.md, "What is planned"): 0.99-1.10. A bf16
+    # peak depends on the CPU's kernels (AUTOCAST_ELEMENT_BYTES): the next test checks what does not.
+    cfg = TrainConfig(model=model, data=DataConfig(root="unused"), trainer=TrainerConfig(precision="fp32"))
     gc.collect()  # garbage of earlier tests freed inside the measured step would lower its peak
-    run = prepare("unet", cfg, Sizes(patch, batch, precision, reps=0, warmup=1), CPU)
+    run = prepare("unet", cfg, Sizes(patch, batch, "fp32", reps=0, warmup=1), CPU)
     assert run.row.status == "ok", run.row.detail
-    amp = torch.bfloat16 if precision == "bf16" else None
-    estimate = estimate_training_memory(model, patch, IN_CHANNELS, NUM_CLASSES, batch, amp)
+    estimate = estimate_training_memory(model, patch, IN_CHANNELS, NUM_CLASSES, batch)
     assert estimate.total / (run.row.train_peak_mib * MIB) == pytest.approx(1.0, abs=0.3)
+
+
+def _kept_activation_bytes(net: torch.nn.Module, image: torch.Tensor, amp: bool) -> int:
+    """Bytes of the tensors autograd keeps for the backward pass of ``net(image)``, the weights' aside (once each)."""
+    weights = {p.data_ptr() for p in net.parameters()}
+    kept: dict[tuple, int] = {}
+
+    def keep(tensor: torch.Tensor) -> torch.Tensor:
+        if tensor.data_ptr() not in weights:
+            kept[(tensor.data_ptr(), tensor.dtype, tuple(tensor.shape))] = tensor.numel() * tensor.element_size()
+        return tensor
+
+    with torch.autocast("cpu", dtype=torch.bfloat16, enabled=amp), torch.autograd.graph.saved_tensors_hooks(
+            keep, lambda tensor: tensor):
+        net(image)
+    return sum(kept.values())
+
+
+@pytest.mark.parametrize("bottleneck", ["none", "masa"])
+def test_autocast_keeps_the_estimate_s_share_of_the_fp32_activations(one_thread: None, bottleneck: str) -> None:
+    # What autocast keeps for the backward pass is decided by its dtype rules, the same on every machine (a bf16
+    # peak is not: it holds the kernels' buffers, which differ between CPUs and GPUs); measured 0.51-0.53.
+    model = ModelConfig(channels=[8, 16, 32], strides=[2, 2], bottleneck=bottleneck)
+    torch.manual_seed(0)
+    net = build_model(model, IN_CHANNELS, NUM_CLASSES, (32, 32, 16))
+    image = torch.randn(2, IN_CHANNELS, 32, 32, 16)
+    kept = {amp: _kept_activation_bytes(net, image, amp) for amp in (False, True)}
+    assert kept[True] / kept[False] == pytest.approx(AUTOCAST_ELEMENT_BYTES / FLOAT32_BYTES, rel=0.1)
 
 
 def test_parts_of_the_estimate() -> None:
