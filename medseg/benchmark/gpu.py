@@ -613,5 +613,6 @@ def add_subcommand(subparsers: argparse._SubParsersAction) -> None:
     parser.add_argument("--work", type=Path, default=None, help="the parts' outputs and logs (default OUT/work)")
     parser.add_argument("--budget", type=float, default=DEFAULT_BUDGET_S,
                         help="seconds for the whole check, split over the parts")
-    parser.add_argument("--dry-run", action="store_true", help="rehearse on the CPU: tiny sizes, seconds")
+    parser.add_argument("--dry-run", action="store_true",
+                        help="rehearse on the CPU: tiny sizes, a few minutes (each part starts its own process)")
     parser.set_defaults(func=one_line_errors(run))
