@@ -24,6 +24,7 @@ from typing import Any
 
 from medseg.io import atomic_write, atomic_write_text
 from medseg.runs.folders import (
+    COMPUTE_KEYS,
     CROSSVAL_FOLDER,
     FOLD_KEY,
     REPEAT_KEYS,
@@ -39,7 +40,7 @@ from medseg.runs.folders import (
 )
 from medseg.tables import CellFormat, format_mean_std, markdown_table, mean_std, text_table
 
-RESULT_COLUMNS = ("best_val_dice", "best_epoch", "train_seconds", "params", "peak_memory_mb")
+RESULT_COLUMNS = ("best_val_dice", "best_epoch", *COMPUTE_KEYS)
 """Columns copied from ``metrics.json`` into every row, after the per-class Dice."""
 
 MAX_PLOT_COLUMNS = 3
