@@ -10,12 +10,14 @@ from __future__ import annotations
 
 import importlib.util
 import json
+import logging
 from pathlib import Path
 from statistics import fmean
 from typing import Any
 
 import numpy as np
 import pytest
+from omegaconf import OmegaConf
 from scipy import ndimage, stats
 
 from medseg.data.labels import LabelSpec
@@ -23,6 +25,7 @@ from medseg.errors import ConfigError, DatasetError
 from medseg.evaluation.compare import FILES, FOREGROUND, build_comparison
 from medseg.scoring.paired import BETTER, NO_EVIDENCE, WORSE
 from medseg.scoring.per_case import score_masks
+from medseg.sweeps.callbacks import SummarizeSweep
 from tests.helpers.configs import REPO
 from tests.helpers.files import read_csv
 from tests.helpers.sweeps import make_crossvalidated_sweep, metric_rows
@@ -191,3 +194,20 @@ def test_the_reference_must_pick_one_setting(tmp_path: Path) -> None:
     chosen = build_comparison(sweep, "model.bottleneck=none model.attention.gamma=0.9")
     assert chosen.reference.label == "model.bottleneck=none model.attention.gamma=0.9"
     assert len(chosen.foreground()) == 3
+
+
+def test_the_callback_compares_after_the_cross_validation_and_never_raises(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture) -> None:
+    sweep, _ = fake_sweep(tmp_path)
+    monkeypatch.setattr(SummarizeSweep, "_cross_validate", staticmethod(lambda sweep_dir, config: True))  # crossval/ is
+    config = OmegaConf.create({"hydra": {"sweep": {"dir": str(sweep)}}})  # there already, written by hand
+    with caplog.at_level(logging.INFO, logger="medseg"):
+        SummarizeSweep().on_multirun_end(config)
+    assert all((sweep / name).is_file() for name in FILES) and "comparison written to" in caplog.text
+    for name in FILES:
+        (sweep / name).unlink()
+    caplog.clear()
+    with caplog.at_level(logging.ERROR, logger="medseg"):
+        SummarizeSweep(reference="model.bottleneck=mha").on_multirun_end(config)
+    assert f"retry with: python scripts/compare.py {sweep} 'reference=model.bottleneck=mha'" in caplog.text
+    assert (sweep / "summary.md").is_file() and not (sweep / "compare.md").exists()
