@@ -208,7 +208,7 @@ def best_setting(sweep: Sweep, metric: str, higher_is_better: bool = True) -> st
     if isinstance(tested, str):
         return f"highest mean: {described}; the ranking is by mean and untested against {runner_up}: {tested}"
     difference, outcome = tested
-    versus = (f"the runner-up {runner_up} on {difference.cases} out-of-fold cases (difference "
+    versus = (f"the runner-up {runner_up} on {difference.cases} out-of-fold cases (Dice difference "
               f"{difference.mean:+.4f}, {CONFIDENCE:.0%} CI [{difference.low:+.4f}, {difference.high:+.4f}], "
               f"Wilcoxon p={difference.p:.3g})")
     if outcome == BETTER:

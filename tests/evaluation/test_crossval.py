@@ -112,7 +112,7 @@ def test_a_sweep_over_gamma_and_folds_gets_a_cross_validation_per_gamma(tmp_path
     # so the highest mean of the training's validation is no best setting, and the comparison finds no difference
     assert ("no best setting: model.attention.gamma=0.9 -> best_val_dice 0.7250 ± 0.0354 over 2 folds (jobs 2, 3) "
             "has the highest mean but is not significantly better than the runner-up model.attention.gamma=0.8 on 8 "
-            "out-of-fold cases (difference +0.0000") in markdown
+            "out-of-fold cases (Dice difference +0.0000") in markdown
     compared = json.loads((sweep / "compare.json").read_text())
     assert compared["reference"] == "model.attention.gamma=0.8"
     row = next(r for r in compared["comparisons"] if r["output"] == "foreground mean" and r["metric"] == "dice")

@@ -247,7 +247,7 @@ def test_the_best_mean_is_the_best_setting_only_when_significantly_better(tmp_pa
     metrics = {"model.bottleneck=none": completed(0.70), "model.bottleneck=masa": completed(0.75)}
     summary = build_summary(make_crossvalidated_sweep(tmp_path / "multirun", rows, metrics=metrics))
     described = "model.bottleneck=masa -> best_val_dice 0.7500 ± 0.0000 over 2 folds (jobs 2, 3)"
-    versus = "the runner-up model.bottleneck=none on 20 out-of-fold cases (difference "
+    versus = "the runner-up model.bottleneck=none on 20 out-of-fold cases (Dice difference "
     if shift:
         assert summary.best.startswith(f"best setting: {described}; significantly better than {versus}+0.05")
     else:
