@@ -1,7 +1,7 @@
 """Crash-safe file writes: write to a temporary file beside the target, fsync, then rename atomically.
 
 One mechanism (:func:`atomic_save`) serves bytes (:func:`atomic_write`), text, JSON and NIfTI images;
-:func:`replaced_folder` does the same for a whole folder of outputs.
+:func:`replaced_folder` does the same for a whole folder of outputs; :func:`json_safe` makes results strict JSON.
 
 A process killed at any moment leaves either the old file or the new one, never a torn file.
 """
@@ -9,6 +9,7 @@ A process killed at any moment leaves either the old file or the new one, never 
 from __future__ import annotations
 
 import json
+import math
 import os
 import re
 import shutil
@@ -92,6 +93,17 @@ def atomic_write_text(path: str | Path, text: str) -> Path:
 def atomic_write_json(path: str | Path, obj: Any) -> Path:
     """Atomically replace ``path`` with ``obj`` as indented JSON."""
     return atomic_write_text(path, json.dumps(obj, indent=2) + "\n")
+
+
+def json_safe(value: Any) -> Any:
+    """NaN and inf become null (strict JSON has neither)."""
+    if isinstance(value, float) and not math.isfinite(value):
+        return None
+    if isinstance(value, dict):
+        return {k: json_safe(v) for k, v in value.items()}
+    if isinstance(value, list):
+        return [json_safe(v) for v in value]
+    return value
 
 
 def write_nifti(path: str | Path, array: np.ndarray, affine: np.ndarray,

@@ -45,10 +45,10 @@ from medseg.inference.cases import Case
 from medseg.inference.ensemble import Ensemble, check_compatible
 from medseg.inference.model import EvalModel, load_model
 from medseg.inference.output import label_map_path, read_masks
-from medseg.io import atomic_write_json, atomic_write_text, replaced_folder
+from medseg.io import atomic_write_json, atomic_write_text, json_safe, replaced_folder
 from medseg.postprocessing.components import POSTPROCESSING_FILE, STEPS, OutOfFoldCase, decide
 from medseg.runs.folders import Run, Sweep, cross_validations, crossval_dir
-from medseg.scoring.per_case import json_safe, read_reference, summarize, write_metrics_csv
+from medseg.scoring.per_case import read_reference, summarize, write_metrics_csv
 from medseg.tables import markdown_table, mean_std, text_table
 from medseg.typed_config import to_typed
 

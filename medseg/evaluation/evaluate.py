@@ -66,10 +66,9 @@ from medseg.inference.ensemble import Ensemble
 from medseg.inference.inferer import segment
 from medseg.inference.output import check_output, write_label_map, write_masks, write_probabilities
 from medseg.inference.settings import check_config
-from medseg.io import atomic_write_json
+from medseg.io import atomic_write_json, json_safe
 from medseg.postprocessing.components import Postprocessing, from_setting
 from medseg.scoring.per_case import (
-    json_safe,
     read_reference,
     score_masks,
     summarize,

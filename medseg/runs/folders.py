@@ -32,6 +32,15 @@ CROSSVAL_FOLDER = "crossval"
 
 BLOCK_KEY = "model.bottleneck"
 
+COMPUTE_KEYS = ("train_seconds", "params", "peak_memory_mb")
+"""The ``metrics.json`` keys of a run's compute, in the order reports show them (each report shows those present)."""
+
+FLOPS_KEY = "flops"
+"""The ``metrics.json`` key of the FLOPs of one training-patch forward, when the run recorded them."""
+
+DEVICE_KEY = "device"
+"""The ``metrics.json`` key of the device the run trained on (``cpu``, ``cuda:0``)."""
+
 ATTENTION_KEY = "attention_distance_mm"
 """The epoch-record key (``trainer.attention_maps=true``) of each slot's mean attention distance in mm; a run's is
 its best epoch's, one column per slot after the results (:func:`attention_column`)."""
@@ -64,6 +73,20 @@ class Run:
     def finished(self) -> bool:
         """The job has completed (its ``metrics.json`` says so) and left its best checkpoint."""
         return self.status == "completed" and self.checkpoint.is_file()
+
+    @property
+    def device(self) -> str:
+        """The device the run trained on: ``metrics.json``'s, else its config's ``trainer.device`` unless that is
+        ``auto``; ``""`` when unknown."""
+        recorded = (self.metrics or {}).get(DEVICE_KEY)
+        if isinstance(recorded, str):
+            return recorded
+        try:
+            config = _read_yaml(self.path / ".hydra" / "config.yaml") or {}
+        except yaml.YAMLError:
+            return ""
+        asked = (config.get("trainer") or {}).get("device") if isinstance(config, dict) else None
+        return asked if isinstance(asked, str) and asked != "auto" else ""
 
     @property
     def status(self) -> str:

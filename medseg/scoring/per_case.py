@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import csv
 import io
-import math
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
@@ -76,17 +75,6 @@ def write_metrics_csv(path: Path, rows: Sequence[Mapping[str, Any]]) -> Path:
     writer.writeheader()
     writer.writerows(rows)
     return atomic_write_text(path, buffer.getvalue())
-
-
-def json_safe(value: Any) -> Any:
-    """NaN and inf become null (strict JSON has neither)."""
-    if isinstance(value, float) and not math.isfinite(value):
-        return None
-    if isinstance(value, dict):
-        return {k: json_safe(v) for k, v in value.items()}
-    if isinstance(value, list):
-        return [json_safe(v) for v in value]
-    return value
 
 
 def summarize(rows: Sequence[Mapping[str, Any]], labels: Mapping[int, str]) -> dict[str, Any]:

@@ -23,24 +23,29 @@ log = logging.getLogger("medseg")
 
 class SummarizeSweep(Callback):
     """At the end of every multirun, write ``summary.md``, ``summary.csv`` and ``summary.png`` in the sweep dir; first,
-    when the sweep sweeps ``data.fold``, cross-validate it (``crossval/``, as ``scripts/crossval.py DIR`` does).
+    when the sweep sweeps ``data.fold``, cross-validate it (``crossval/``, as ``scripts/crossval.py DIR`` does) and,
+    when it has several settings, compare them with the reference (``compare.*``, as ``scripts/compare.py DIR``).
 
     It never fails a sweep: any error is logged with the command that retries it (``scripts/crossval.py``,
-    ``scripts/summarize.py``).
+    ``scripts/compare.py``, ``scripts/summarize.py``).
 
     Args:
         metric: the ``metrics.json`` key that ranks settings.
         higher_is_better: the direction of ``metric``.
         enabled: set ``hydra.callbacks.summarize_sweep.enabled=false`` to skip the summary (and the cross-validation).
-        crossval: set ``hydra.callbacks.summarize_sweep.crossval=false`` to skip the cross-validation.
+        crossval: set ``hydra.callbacks.summarize_sweep.crossval=false`` to skip the cross-validation (and the
+            comparison).
+        reference: the setting the comparison compares the others with (``key=value`` pairs, space-separated; None:
+            ``scripts/compare.py``'s default, ``model.bottleneck=none``).
     """
 
     def __init__(self, metric: str = "best_val_dice", higher_is_better: bool = True, enabled: bool = True,
-                 crossval: bool = True) -> None:
+                 crossval: bool = True, reference: str | None = None) -> None:
         self.metric = metric
         self.higher_is_better = higher_is_better
         self.enabled = enabled
         self.crossval = crossval
+        self.reference = reference
         self.sweep_dir: str | None = None
 
     def on_multirun_start(self, config: DictConfig, **kwargs: Any) -> None:
@@ -52,8 +57,8 @@ class SummarizeSweep(Callback):
         if not self.enabled:
             return
         sweep_dir = self.sweep_dir or self._sweep_dir(config)
-        if self.crossval and sweep_dir is not None:
-            self._cross_validate(sweep_dir, config)
+        if self.crossval and sweep_dir is not None and self._cross_validate(sweep_dir, config):
+            self._compare(sweep_dir, self.reference)
         try:
             from medseg.sweeps.report import summarize_sweep
 
@@ -70,13 +75,15 @@ class SummarizeSweep(Callback):
         log.info("sweep summary written to %s/summary.{md,csv,png}\n%s", sweep_dir, summary.text())
 
     @staticmethod
-    def _cross_validate(sweep_dir: str, config: DictConfig) -> None:
-        """``scripts/crossval.py sweep_dir`` when the sweep's jobs differ in ``data.fold``; log, never raise."""
+    def _cross_validate(sweep_dir: str, config: DictConfig) -> bool:
+        """``scripts/crossval.py sweep_dir`` when the sweep's jobs differ in ``data.fold``; log, never raise. True when
+        the sweep has several settings to compare (cross-validated, or not: the comparison reports which lack it)."""
         try:
-            from medseg.runs.folders import FOLD_KEY, Sweep
+            from medseg.runs.folders import FOLD_KEY, Sweep, setting_keys
 
-            if FOLD_KEY not in Sweep.read(sweep_dir).swept:
-                return
+            swept = Sweep.read(sweep_dir).swept
+            if FOLD_KEY not in swept:
+                return False
             from medseg.evaluation.crossval import cross_validate, score_table
 
             progress = bool(OmegaConf.select(config, "trainer.progress", default=True))
@@ -85,6 +92,21 @@ class SummarizeSweep(Callback):
         except Exception as err:  # a cross-validation must never turn a finished sweep into a failed one
             log.error("could not cross-validate the sweep in %s (%s: %s); retry with: python scripts/crossval.py %s",
                       sweep_dir, type(err).__name__, err, sweep_dir)
+            return False
+        return bool(setting_keys(swept))
+
+    @staticmethod
+    def _compare(sweep_dir: str, reference: str | None) -> None:
+        """``scripts/compare.py sweep_dir reference=...``; log, never raise."""
+        try:
+            from medseg.evaluation.compare import DEFAULT_REFERENCE, compare_sweep, setting_table
+
+            reference = reference or DEFAULT_REFERENCE
+            comparison = compare_sweep(sweep_dir, reference)
+            log.info("comparison written to %s/compare.{md,csv,json,png}\n%s", sweep_dir, setting_table(comparison))
+        except Exception as err:  # a comparison must never turn a finished sweep into a failed one
+            log.error("could not compare the settings of the sweep in %s (%s: %s); retry with: python "
+                      "scripts/compare.py %s 'reference=%s'", sweep_dir, type(err).__name__, err, sweep_dir, reference)
 
     @staticmethod
     def _sweep_dir(config: DictConfig) -> str | None:

@@ -4,8 +4,10 @@ A sweep directory (``multirun/<date>/<time>/``) holds one folder per job, each w
 applied (``.hydra/overrides.yaml``) and, once the job ends, medseg's ``metrics.json``. The parameters whose
 values differ between jobs are the *swept* parameters; they become the leading columns of the report.
 Jobs that differ only in ``trainer.seed`` or ``data.fold`` are one *setting*, summarised as mean ± std over its
-seeds and folds (over folds, that mean is the setting's cross-validation mean); the best setting is ranked by
-that mean, never by a single seed or fold.
+seeds and folds (over folds, that mean is the setting's cross-validation mean); settings are ranked by that mean,
+never by a single seed or fold, and the first is named the best setting only when it is significantly better than
+the runner-up in the paired test of :mod:`medseg.evaluation.compare` on the cross-validation's out-of-fold cases
+(a sweep without folds, or without ``crossval/``, is ranked by mean and untested).
 
 :func:`summarize_sweep` writes ``summary.md``, ``summary.csv`` and ``summary.png`` into the sweep directory
 (atomically) and returns a :class:`SweepSummary`; ``scripts/summarize.py`` and the Hydra callback in
@@ -22,24 +24,28 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from medseg.errors import MedsegError
+from medseg.evaluation.compare import FILES, FOREGROUND, NEEDS_FOLDS, paired, read_settings
 from medseg.io import atomic_write, atomic_write_text
 from medseg.runs.folders import (
+    COMPUTE_KEYS,
     CROSSVAL_FOLDER,
     FOLD_KEY,
     REPEAT_KEYS,
     Run,
     Sweep,
     as_number,
+    dice_column,
     display_value,
     group_by_setting,
     group_runs,
     setting_keys,
     setting_label,
-    swept_keys,
 )
+from medseg.scoring.paired import BETTER, CONFIDENCE, PairedDifference, verdict
 from medseg.tables import CellFormat, format_mean_std, markdown_table, mean_std, text_table
 
-RESULT_COLUMNS = ("best_val_dice", "best_epoch", "train_seconds", "params", "peak_memory_mb")
+RESULT_COLUMNS = ("best_val_dice", "best_epoch", *COMPUTE_KEYS)
 """Columns copied from ``metrics.json`` into every row, after the per-class Dice."""
 
 MAX_PLOT_COLUMNS = 3
@@ -148,32 +154,72 @@ def group_rows(jobs: Sequence[Run], swept: Sequence[str], metric: str) -> tuple[
 
 
 
-def best_setting(jobs: Sequence[Run], swept: Sequence[str], metric: str, higher_is_better: bool = True) -> str:
-    """One line naming the best setting: by the mean over its seeds and folds when they are swept (over folds, its
-    cross-validation mean), never by one seed or fold."""
-    keys = setting_keys(swept)
+def per_case_key(metric: str, outputs: Sequence[str]) -> tuple[str, str] | None:
+    """The cross-validation's per-case values behind ``metric``: the foreground Dice for ``best_val_dice``, a class's
+    Dice for its ``dice_<class>``; None for any other metric."""
+    if metric == RESULT_COLUMNS[0]:
+        return FOREGROUND, "dice"
+    return next(((output, "dice") for output in outputs if dice_column(output) == metric), None)
+
+
+def runner_up_test(sweep: Sweep, best: str, runner_up: str, metric: str,
+                   higher_is_better: bool) -> tuple[PairedDifference, str] | str:
+    """The paired test of the settings labelled ``best`` and ``runner_up`` (best minus runner-up) on the
+    cross-validation's per-case values of ``metric``, with its verdict; else why they cannot be tested."""
+    if FOLD_KEY not in sweep.swept:
+        return NEEDS_FOLDS
+    if not (sweep.path / CROSSVAL_FOLDER).is_dir():
+        return f"no cross-validation in {CROSSVAL_FOLDER}/ (python scripts/crossval.py {sweep.path})"
+    try:
+        settings = {setting.label: setting for setting in read_settings(sweep)}
+        if best not in settings or runner_up not in settings:
+            return f"not both are cross-validated in {CROSSVAL_FOLDER}/ (python scripts/crossval.py {sweep.path})"
+        key = per_case_key(metric, [output for output, _ in settings[best].scores])
+        if key is None:
+            return f"the cross-validation has no per-case {metric} to test"
+        difference = paired(settings[best], settings[runner_up], key)
+    except MedsegError as err:
+        return str(err)
+    return difference, verdict(difference, difference.p, higher_is_better)
+
+
+def best_setting(sweep: Sweep, metric: str, higher_is_better: bool = True) -> str:
+    """One line on the best setting: ranked by the mean over its seeds and folds when they are swept (over folds, its
+    cross-validation mean), never by one seed or fold; named the best only when it is significantly better than the
+    runner-up on the cross-validation's paired cases (:func:`runner_up_test`), else said to be untested or not
+    significantly better."""
+    keys = setting_keys(sweep.swept)
     scored = []
-    for setting, group in group_by_setting(jobs, keys).items():
+    for setting, group in group_by_setting(sweep.runs, keys).items():
         mean, std = mean_std([job.value(metric) for job in group])
         if not math.isnan(mean):
-            scored.append((mean, std, setting, group))
+            scored.append((mean, std, setting_label(setting, keys), group))
     if not scored:
         return f"best setting: none (no completed job reports {metric})"
-    mean, std, setting, group = (max if higher_is_better else min)(scored, key=lambda item: item[0])
+    (mean, std, label, group), *others = sorted(scored, key=lambda item: item[0], reverse=higher_is_better)
     done = [job.name for job in group if job.status == "completed"]
-    repeated = " × ".join(REPEAT_KEYS[key] for key in repeats(swept))
+    repeated = " × ".join(REPEAT_KEYS[key] for key in repeats(sweep.swept))
     spread = f" ± {std:.4f} over {len(done)} {repeated}" if repeated else ""
-    return (
-        f"best setting: {setting_label(setting, keys)} -> {metric} {mean:.4f}{spread} "
-        f"(job{'s' if len(done) > 1 else ''} {', '.join(done)})"
-    )
-
+    described = f"{label} -> {metric} {mean:.4f}{spread} (job{'s' if len(done) > 1 else ''} {', '.join(done)})"
+    if not others:
+        return f"best setting: {described}"
+    runner_up = others[0][2]
+    tested = runner_up_test(sweep, label, runner_up, metric, higher_is_better)
+    if isinstance(tested, str):
+        return f"highest mean: {described}; the ranking is by mean and untested against {runner_up}: {tested}"
+    difference, outcome = tested
+    versus = (f"the runner-up {runner_up} on {difference.cases} out-of-fold cases (Dice difference "
+              f"{difference.mean:+.4f}, {CONFIDENCE:.0%} CI [{difference.low:+.4f}, {difference.high:+.4f}], "
+              f"Wilcoxon p={difference.p:.3g})")
+    if outcome == BETTER:
+        return f"best setting: {described}; significantly better than {versus}"
+    return f"no best setting: {described} has the highest mean but is not significantly better than {versus}"
 
 
 def build_summary(sweep_dir: str | Path, metric: str = "best_val_dice", higher_is_better: bool = True) -> SweepSummary:
     """Read a sweep directory into a :class:`SweepSummary` (writes nothing)."""
-    jobs = Sweep.read(sweep_dir).runs
-    swept = swept_keys(jobs)
+    sweep = Sweep.read(sweep_dir)
+    jobs, swept = sweep.runs, sweep.swept
     headers, rows = job_rows(jobs, swept, metric)
     g_headers, g_rows = group_rows(jobs, swept, metric)
     counts = {status: sum(job.status == status for job in jobs) for status in ("completed", "failed", "missing")}
@@ -187,7 +233,7 @@ def build_summary(sweep_dir: str | Path, metric: str = "best_val_dice", higher_i
         rows=rows,
         group_headers=g_headers,
         group_rows=g_rows,
-        best=best_setting(jobs, swept, metric, higher_is_better),
+        best=best_setting(sweep, metric, higher_is_better),
         counts=counts,
     )
 
@@ -237,6 +283,9 @@ def render_markdown(summary: SweepSummary) -> str:
             render_table(markdown_table, summary.group_headers, summary.group_rows, summary.swept),
         ]
     parts += [f"**{summary.best}**", "![summary](summary.png)"]
+    if (summary.sweep_dir / FILES[0]).is_file():
+        parts.append("Every setting against the reference, paired on the out-of-fold cases: `compare.md` "
+                     "(`scripts/compare.py`).")
     if (summary.sweep_dir / CROSSVAL_FOLDER).is_dir():
         parts.append(f"Scores of the out-of-fold predictions in the original geometry: `{CROSSVAL_FOLDER}/`"
                      f" (`scripts/crossval.py`).")

@@ -410,6 +410,7 @@ class Trainer:
             "train_seconds": round(self.train_seconds, 2),
             "params": sum(p.numel() for p in unwrap_model(self.model).parameters()),
             "peak_memory_mb": round(peak_memory_mb(self.device), 1),
+            "device": str(self.device),
             "nonfinite_steps": self.nonfinite.total,
             "history": self.history,
         }

@@ -100,7 +100,7 @@ def test_a_sweep_over_gamma_and_folds_gets_a_cross_validation_per_gamma(tmp_path
     for job, dice in zip(range(4), (0.6, 0.8, 0.7, 0.75)):
         (sweep / str(job) / "metrics.json").write_text(json.dumps({"status": "completed", "best_val_dice": dice}))
     config = OmegaConf.create({"hydra": {"sweep": {"dir": str(sweep)}}, "trainer": {"progress": False}})
-    callback = SummarizeSweep()
+    callback = SummarizeSweep(reference="model.attention.gamma=0.8")
     callback.on_multirun_start(config)
     callback.on_multirun_end(config)
     for gamma, jobs in (("0.8", ["0", "1"]), ("0.9", ["2", "3"])):
@@ -108,7 +108,16 @@ def test_a_sweep_over_gamma_and_folds_gets_a_cross_validation_per_gamma(tmp_path
         assert [f["job"] for f in summary["folds"]] == jobs and summary["num_scored"] == 8
     markdown = (sweep / "summary.md").read_text()
     assert "| 0.8 | 0,1 | 2/2 |" in markdown and "0.7000 ± 0.1414" in markdown
-    assert "best setting: model.attention.gamma=0.9 -> best_val_dice 0.7250 ± 0.0354 over 2 folds" in markdown
+    # the two gammas' folds are the same networks (the checkpoints' seed is the fold): identical out-of-fold cases,
+    # so the highest mean of the training's validation is no best setting, and the comparison finds no difference
+    assert ("no best setting: model.attention.gamma=0.9 -> best_val_dice 0.7250 ± 0.0354 over 2 folds (jobs 2, 3) "
+            "has the highest mean but is not significantly better than the runner-up model.attention.gamma=0.8 on 8 "
+            "out-of-fold cases (Dice difference +0.0000") in markdown
+    compared = json.loads((sweep / "compare.json").read_text())
+    assert compared["reference"] == "model.attention.gamma=0.8"
+    row = next(r for r in compared["comparisons"] if r["output"] == "foreground mean" and r["metric"] == "dice")
+    assert (row["setting"], row["cases"], row["difference"], row["p"]) == ("model.attention.gamma=0.9", 8, 0.0, 1.0)
+    assert row["verdict"] == "no evidence of a difference" and (sweep / "compare.png").is_file()
 
 
 def test_a_multirun_without_finished_folds(tmp_path: Path, tiny_demo_root: Path) -> None:

@@ -22,7 +22,7 @@ from medseg.training import run as run_module
 from medseg.training import trainer as trainer_module
 from tests.helpers.configs import MICRO_OVERRIDES, compose_config
 
-METRIC_KEYS = {"best_val_dice", "best_epoch", "epochs", "val_dice_per_class", "train_seconds", "params"}
+METRIC_KEYS = {"best_val_dice", "best_epoch", "epochs", "val_dice_per_class", "train_seconds", "params", "device"}
 
 
 def micro_config(run_dir: Path, root: Path, *overrides: str) -> DictConfig:

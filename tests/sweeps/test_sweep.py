@@ -14,6 +14,7 @@ from pathlib import Path
 from statistics import fmean, stdev
 from typing import Any
 
+import numpy as np
 import pytest
 import yaml
 from hydra.core.utils import JobReturn, JobStatus
@@ -26,6 +27,7 @@ from medseg.sweeps.report import build_summary, numeric_keys, summarize_sweep
 from medseg.tables import format_mean_std, mean_std
 from tests.helpers.configs import REPO
 from tests.helpers.files import read_csv
+from tests.helpers.sweeps import make_crossvalidated_sweep, metric_rows
 
 PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
 COMMON = ["data.root=/data/demo3d", "trainer.max_epochs=1"]
@@ -198,9 +200,12 @@ def test_seed_groups_mean_and_std(seed_sweep: Path) -> None:
     assert numbers(by_block["none"]["best_val_dice"]) == pytest.approx([fmean(none), stdev(none)], abs=1e-4)
     assert by_block["masa"]["completed"] == "2/3"
     assert numbers(by_block["masa"]["best_val_dice"]) == pytest.approx([fmean(masa), stdev(masa)], abs=1e-4)
-    # the best setting: its mean and std over its 2 completed seeds, and their jobs (3 and 4)
-    assert "model.bottleneck=masa" in summary.best
-    assert numbers(summary.best) == pytest.approx([fmean(masa), stdev(masa), 2, 3, 4], abs=1e-4)
+    # the highest mean: its mean and std over its 2 completed seeds, and their jobs (3 and 4); without folds the
+    # ranking is untested
+    assert summary.best.startswith("highest mean: model.bottleneck=masa")
+    assert numbers(summary.best)[:5] == pytest.approx([fmean(masa), stdev(masa), 2, 3, 4], abs=1e-4)
+    assert summary.best.endswith("the ranking is by mean and untested against model.bottleneck=none: a verdict "
+                                 "needs cross-validation (data.fold=0,1,2,3,4)")
     summarize_sweep(seed_sweep)
     _, seeds = markdown_tables((seed_sweep / "summary.md").read_text())
     assert [row["model.bottleneck"] for row in seeds] == ["none", "masa"]
@@ -221,12 +226,34 @@ def test_folds_are_one_setting_ranked_by_the_cross_validation_mean(tmp_path: Pat
     for gamma, values in dice.items():
         assert rows[gamma]["folds"] == "0,1,2" and rows[gamma]["completed"] == "3/3"
         assert numbers(rows[gamma]["best_val_dice"]) == pytest.approx([fmean(values), stdev(values)], abs=1e-4)
-    assert summary.best.startswith("best setting: model.attention.gamma=0.9 -> best_val_dice")
+    assert summary.best.startswith("highest mean: model.attention.gamma=0.9 -> best_val_dice")
     assert numbers(summary.best)[:3] == pytest.approx([0.9, fmean(dice["0.9"]), stdev(dice["0.9"])], abs=1e-4)
-    assert "over 3 folds" in summary.best and "data.fold" not in summary.best
+    assert "over 3 folds" in summary.best and "data.fold" not in summary.best.partition(";")[0]
+    assert "untested against model.attention.gamma=0.8: no cross-validation in crossval/" in summary.best
     assert numeric_keys(summary.jobs, summary.swept) == ["model.attention.gamma"]
     markdown = (sweep / "summary.md").read_text()
     assert "## Over folds (`data.fold`): mean ± std (over folds: the cross-validation mean)" in markdown
+
+
+@pytest.mark.parametrize("shift", [0.05, 0.0])
+def test_the_best_mean_is_the_best_setting_only_when_significantly_better(tmp_path: Path, shift: float) -> None:
+    """masa has the higher mean validation Dice; on the cross-validation's 20 paired cases its Dice is the reference's
+    plus ``shift`` plus noise: named the best setting for a real difference, not for none."""
+    rng = np.random.default_rng(11)
+    cases = [f"case_{i:02d}" for i in range(20)]
+    base = rng.uniform(0.6, 0.9, len(cases))
+    rows = {f"model.bottleneck={block}": [metric_rows(dict(zip(cases, base + extra + rng.normal(0, 0.02, 20))))]
+            for block, extra in (("none", 0.0), ("masa", shift))}
+    metrics = {"model.bottleneck=none": completed(0.70), "model.bottleneck=masa": completed(0.75)}
+    summary = build_summary(make_crossvalidated_sweep(tmp_path / "multirun", rows, metrics=metrics))
+    described = "model.bottleneck=masa -> best_val_dice 0.7500 ± 0.0000 over 2 folds (jobs 2, 3)"
+    versus = "the runner-up model.bottleneck=none on 20 out-of-fold cases (Dice difference "
+    if shift:
+        assert summary.best.startswith(f"best setting: {described}; significantly better than {versus}+0.05")
+    else:
+        assert summary.best.startswith(f"no best setting: {described} has the highest mean but is not significantly "
+                                       f"better than {versus}")
+    assert re.search(r"95% CI \[[-+]0\.\d{4}, [-+]0\.\d{4}\], Wilcoxon p=", summary.best)
 
 
 def test_mean_std_edge_cases() -> None:
@@ -239,10 +266,10 @@ def test_other_metric_and_direction(grid_sweep: Path) -> None:
     (grid_sweep / "0" / "metrics.json").write_text(json.dumps(completed(0.70, seconds=5.0)))
     summary = build_summary(grid_sweep, metric="train_seconds", higher_is_better=False)
     assert "gamma=0.8" in summary.best and "train_seconds" in summary.best
-    assert numbers(summary.best)[-2] == 5.0  # the value, then the job
+    assert numbers(summary.best.partition(";")[0])[-2] == 5.0  # the value, then the job
     per_class = build_summary(grid_sweep, metric="dice_dim_sphere")
     assert "gamma=0.9" in per_class.best and "dice_dim_sphere" in per_class.best
-    assert numbers(per_class.best)[-2] == pytest.approx(0.72 - 0.05)
+    assert numbers(per_class.best.partition(";")[0])[-2] == pytest.approx(0.72 - 0.05)
     assert per_class.headers.count("dice_dim_sphere") == 1
 
 
@@ -320,7 +347,7 @@ def test_summarize_script(grid_sweep: Path, tmp_path: Path, capsys: pytest.Captu
     script = _summarize_script()
     assert script.main([str(grid_sweep), "--no-plot"]) == 0
     out = capsys.readouterr().out
-    assert "best setting: model.bottleneck=none model.attention.gamma=0.9" in out
+    assert "highest mean: model.bottleneck=none model.attention.gamma=0.9" in out
     assert (grid_sweep / "summary.md").is_file() and not (grid_sweep / "summary.png").exists()
     assert script.main([str(tmp_path / "absent")]) == 1
     assert "does not exist" in capsys.readouterr().err

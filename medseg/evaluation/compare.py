@@ -1,0 +1,436 @@
+"""The verdict of a cross-validated sweep: does each setting differ from a reference setting, and at what compute?
+
+Behind ``scripts/compare.py DIR [reference=model.bottleneck=none]``, and run by the multirun callback after the
+cross-validation when ``data.fold`` is swept. A *setting* is the jobs that differ only in ``data.fold`` and
+``trainer.seed``; the cross-validation (:mod:`medseg.evaluation.crossval`) scored each seed of it on its out-of-fold
+cases, one ``crossval/<setting>/metrics.csv`` per seed. For every setting:
+
+1. the out-of-fold Dice, HD95 and NSD of each case, per output (class or region) and for the foreground mean (the
+   mean over the outputs of the case), averaged over the seeds case by case (every seed scored the same cases);
+2. each setting but the reference is paired with the reference on the same cases
+   (:mod:`medseg.scoring.paired`): the mean difference (setting minus reference) with its bootstrap 95 % confidence
+   interval, the Wilcoxon signed-rank p-value, Holm's correction across the settings compared (for each output and
+   metric), and a verdict in words: *better*, *worse* or *no evidence of a difference* at α = 0.05;
+3. its compute: the mean over its completed jobs of the compute keys of ``metrics.json``
+   (:data:`~medseg.runs.folders.COMPUTE_KEYS`, and the FLOPs of a training-patch forward when recorded), the
+   foreground Dice per GFLOP and, where every job trained on a GPU, per GPU-hour of one run's training.
+
+:func:`compare_sweep` writes ``compare.md``, ``compare.csv``, ``compare.json`` and ``compare.png`` (a forest plot)
+atomically into the sweep directory. A sweep without folds, a reference that names no setting or several, and
+settings scored on different cases stop with one line, before anything is written.
+"""
+
+from __future__ import annotations
+
+import csv
+import io
+import logging
+import math
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from hydra.errors import OverrideParseException
+
+from medseg.errors import ConfigError, DatasetError
+from medseg.io import atomic_write, atomic_write_json, atomic_write_text, json_safe
+from medseg.runs.folders import (
+    COMPUTE_KEYS,
+    FLOPS_KEY,
+    FOLD_KEY,
+    Run,
+    Sweep,
+    cross_validations,
+    crossval_dir,
+    parse_overrides,
+    setting_keys,
+    setting_label,
+    setting_of,
+)
+from medseg.scoring.paired import (
+    ALPHA,
+    BETTER,
+    CONFIDENCE,
+    RESAMPLES,
+    WORSE,
+    PairedDifference,
+    check_same_cases,
+    holm,
+    paired_cases,
+    paired_difference,
+    verdict,
+)
+from medseg.tables import markdown_table, text_table
+
+log = logging.getLogger("medseg")
+
+DEFAULT_REFERENCE = "model.bottleneck=none"
+"""The setting every other is compared with, unless ``reference=`` names another."""
+METRICS = {"dice": True, "hd95_mm": False, "nsd": True}
+"""The compared ``metrics.csv`` columns -> whether higher is better."""
+FOREGROUND = "foreground mean"
+"""The output name of the per-case mean over the outputs."""
+FILES = ("compare.md", "compare.csv", "compare.json", "compare.png")
+"""What :func:`compare_sweep` writes into the sweep directory."""
+NEEDS_FOLDS = "a verdict needs cross-validation (data.fold=0,1,2,3,4)"
+"""Why a sweep without folds gets no verdict."""
+EFFICIENCY = ("dice_per_gflop", "dice_per_gpu_hour")
+"""The efficiency columns: foreground Dice per GFLOP of a training-patch forward, per GPU-hour of one run."""
+METHOD = (f"Paired on the same out-of-fold cases (seeds averaged per case): the mean difference setting − reference "
+          f"with a {CONFIDENCE:.0%} bootstrap confidence interval (BCa, {RESAMPLES} resamples of the cases), the "
+          f"two-sided Wilcoxon signed-rank p-value, Holm's correction across the settings compared (per output and "
+          f"metric); *better* or *worse* when the Holm p < {ALPHA} and the interval excludes zero, else *no evidence "
+          f"of a difference*.")
+
+Scores = dict[tuple[str, str], dict[str, float]]
+"""``(output, metric) -> case -> value``: outputs in ``metrics.csv`` order, then the foreground mean."""
+
+
+@dataclass
+class Setting:
+    """One setting of the sweep with its cross-validated per-case scores, seeds averaged."""
+
+    label: str
+    """``model.bottleneck=masa`` (:func:`setting_label`)."""
+    jobs: list[Run]
+    """Every job of the setting (all seeds and folds)."""
+    crossvals: list[Path]
+    """The ``metrics.csv`` of each cross-validated seed, averaged into :attr:`scores`."""
+    scores: Scores
+
+    @property
+    def cases(self) -> int:
+        return len(next(iter(self.scores.values())))
+
+    @property
+    def dice(self) -> float:
+        """The mean over the cases of the foreground Dice."""
+        values = self.scores[(FOREGROUND, "dice")].values()
+        return math.fsum(values) / len(values)
+
+    @property
+    def compute(self) -> dict[str, float]:
+        """The mean over the completed jobs of each compute key of ``metrics.json`` that they report."""
+        out = {}
+        for key in dict.fromkeys((*COMPUTE_KEYS, FLOPS_KEY)):
+            values = [value for job in self.jobs if not math.isnan(value := job.value(key))]
+            if values:
+                out[key] = math.fsum(values) / len(values)
+        return out
+
+    @property
+    def efficiency(self) -> dict[str, float]:
+        """Foreground Dice per GFLOP (with recorded FLOPs), per GPU-hour (where every completed job ran on CUDA)."""
+        compute, out = self.compute, {}
+        if compute.get(FLOPS_KEY):
+            out["dice_per_gflop"] = self.dice / (compute[FLOPS_KEY] / 1e9)
+        done = [job for job in self.jobs if job.status == "completed"]
+        if done and all(job.device.startswith("cuda") for job in done) and compute.get("train_seconds"):
+            out["dice_per_gpu_hour"] = self.dice / (compute["train_seconds"] / 3600)
+        return out
+
+
+@dataclass(frozen=True)
+class Row:
+    """One setting against the reference, for one output and metric."""
+
+    setting: str
+    output: str
+    metric: str
+    difference: PairedDifference
+    p_holm: float
+    verdict: str
+
+
+@dataclass
+class Comparison:
+    """Every setting of a sweep against its reference."""
+
+    sweep_dir: Path
+    reference: Setting
+    settings: list[Setting]
+    """Every cross-validated setting, the reference included, in job order."""
+    rows: list[Row] = field(default_factory=list)
+
+    def foreground(self, metric: str = "dice") -> dict[str, Row]:
+        """The rows of the foreground mean of ``metric``, by setting."""
+        return {row.setting: row for row in self.rows if row.output == FOREGROUND and row.metric == metric}
+
+
+def read_scores(path: Path) -> Scores:
+    """The per-case values of a cross-validation's ``metrics.csv`` (a row per case and output), with the foreground
+    mean of each case (the mean over its outputs; not finite when one of them is not).
+
+    Raises:
+        DatasetError: the file cannot be read, or lacks a column.
+    """
+    try:
+        with path.open(newline="") as handle:
+            rows = list(csv.DictReader(handle))
+        values = [(row["class_name"], row["case"], {metric: float(row[metric]) for metric in METRICS}) for row in rows]
+    except (OSError, KeyError, ValueError) as err:
+        raise DatasetError(f"{path}: cannot read the per-case scores ({type(err).__name__}: {err}); rerun "
+                           f"python scripts/crossval.py on the sweep") from None
+    if not values:
+        raise DatasetError(f"{path}: no scored case; see why in the summary.md beside it")
+    outputs = list(dict.fromkeys(output for output, _, _ in values))
+    scores: Scores = {}
+    for output, case, metrics in values:
+        for metric, value in metrics.items():
+            scores.setdefault((output, metric), {})[case] = value
+    for metric in METRICS:
+        per_case = [scores[(output, metric)] for output in outputs]
+        scores[(FOREGROUND, metric)] = {case: math.fsum(o.get(case, math.nan) for o in per_case) / len(per_case)
+                                        for case in per_case[0]}
+    return scores
+
+
+def average_seeds(per_seed: Mapping[str, Scores]) -> Scores:
+    """The case-by-case mean over the seeds (``crossval`` folder -> scores) of each output and metric.
+
+    Raises:
+        DatasetError: the seeds scored different outputs or cases.
+    """
+    (first_name, first), *others = per_seed.items()
+    for name, scores in others:
+        if set(scores) != set(first):
+            raise DatasetError(f"{name} and {first_name} score different outputs; cross-validate the seeds of one "
+                               f"setting with the same labels")
+        for key in first:
+            check_same_cases(scores[key], first[key], name, first_name)
+    return {key: {case: math.fsum(scores[key][case] for scores in per_seed.values()) / len(per_seed)
+                  for case in cases} for key, cases in first.items()}
+
+
+def read_settings(sweep: Sweep) -> list[Setting]:
+    """Every setting of ``sweep`` that has a cross-validation, in job order; a setting (or a seed of one) without
+    ``crossval/.../metrics.csv`` is left out with a warning.
+
+    Raises:
+        ConfigError: ``data.fold`` is not swept. DatasetError: see :func:`read_scores`, :func:`average_seeds`.
+    """
+    if FOLD_KEY not in sweep.swept:
+        raise ConfigError(f"{sweep.path}: its jobs do not differ in {FOLD_KEY}; {NEEDS_FOLDS}: sweep the folds with "
+                          f"the settings, python scripts/train.py -m ... data.fold=0,1,2,3,4")
+    keys = setting_keys(sweep.swept)
+    grouped: dict[tuple[str | None, ...], dict[str, list[Run]]] = {}
+    for label, jobs in cross_validations(sweep.runs).items():
+        grouped.setdefault(setting_of(jobs[0], keys), {})[label] = jobs
+    settings = []
+    for values, seeds in grouped.items():
+        label = setting_label(values, keys)
+        paths = {crossval_dir(sweep.path, seed) / "metrics.csv": seed for seed in seeds}
+        found = [path for path in paths if path.is_file()]
+        for path in paths.keys() - set(found):
+            log.warning("%s: no %s (python scripts/crossval.py %s); %s left out of the comparison", sweep.path,
+                        path.relative_to(sweep.path), sweep.path, paths[path] or label)
+        if found:
+            per_seed = {str(path.parent.relative_to(sweep.path)): read_scores(path) for path in found}
+            jobs = [job for group in seeds.values() for job in group]
+            settings.append(Setting(label, jobs, found, average_seeds(per_seed)))
+    return settings
+
+
+def select_reference(settings: Sequence[Setting], spec: str) -> Setting:
+    """The one setting whose jobs have every ``key=value`` of ``spec`` (space-separated) among their overrides.
+
+    Raises:
+        ConfigError: ``spec`` is no ``key=value`` list, or it matches no setting or several.
+    """
+    try:
+        wanted = parse_overrides(spec.split())
+    except OverrideParseException as err:
+        raise ConfigError(f"reference={spec}: not key=value pairs ({err})") from None
+    matches = [s for s in settings if all(s.jobs[0].overrides.get(key) == value for key, value in wanted.items())]
+    if len(matches) != 1:
+        found = "no" if not matches else f"{len(matches)} ({'; '.join(s.label for s in matches)})"
+        raise ConfigError(f"reference={spec} matches {found} cross-validated settings; choose one of: "
+                          f"{'; '.join(s.label for s in settings)} (reference=KEY=VALUE ...)")
+    return matches[0]
+
+
+def paired(setting: Setting, reference: Setting, key: tuple[str, str], resamples: int = RESAMPLES) -> PairedDifference:
+    """``setting`` minus ``reference`` on their common cases for one ``(output, metric)``.
+
+    Raises:
+        DatasetError: they were not scored on the same outputs or cases.
+    """
+    if set(setting.scores) != set(reference.scores):
+        outputs = [sorted({output for output, _ in s.scores}) for s in (setting, reference)]
+        raise DatasetError(f"{setting.label} scores the outputs {outputs[0]}, {reference.label} {outputs[1]}: a paired "
+                           f"comparison needs the same labels")
+    return paired_difference(*paired_cases(setting.scores[key], reference.scores[key], setting.label,
+                                           reference.label), resamples=resamples)
+
+
+def compare_settings(settings: Sequence[Setting], reference: Setting, resamples: int = RESAMPLES) -> list[Row]:
+    """Every setting but ``reference`` against it, for every output and metric; Holm's correction across the
+    settings, for each output and metric. Rows by setting, then output, then metric."""
+    others = [setting for setting in settings if setting is not reference]
+    by_setting: dict[str, list[Row]] = {setting.label: [] for setting in others}
+    for key in reference.scores:
+        differences = [paired(setting, reference, key, resamples) for setting in others]
+        adjusted = holm([difference.p for difference in differences])
+        for setting, difference, p in zip(others, differences, adjusted):
+            by_setting[setting.label].append(Row(setting.label, *key, difference, p,
+                                                 verdict(difference, p, METRICS[key[1]])))
+    return [row for rows in by_setting.values() for row in rows]
+
+
+def build_comparison(sweep_dir: str | Path, reference: str = DEFAULT_REFERENCE,
+                     resamples: int = RESAMPLES) -> Comparison:
+    """Read and compare a cross-validated sweep (see the module docstring); writes nothing.
+
+    Raises:
+        ConfigError: no sweep, no folds, fewer than two cross-validated settings, or a bad ``reference``.
+        DatasetError: unreadable scores, or settings scored on different cases.
+    """
+    sweep_dir = Path(sweep_dir).expanduser()
+    try:
+        sweep = Sweep.read(sweep_dir)
+    except FileNotFoundError as err:
+        raise ConfigError(f"{err}; give the folder of a multirun (python scripts/train.py -m ... "
+                          f"data.fold=0,1,2,3,4)") from None
+    settings = read_settings(sweep)
+    if len(settings) < 2:
+        raise ConfigError(f"{sweep_dir}: {len(settings)} cross-validated setting(s); a comparison needs two or more "
+                          f"(cross-validate with python scripts/crossval.py {sweep_dir})")
+    chosen = select_reference(settings, reference)
+    return Comparison(sweep_dir, chosen, settings, compare_settings(settings, chosen, resamples))
+
+
+def _interval(difference: PairedDifference) -> str:
+    return "" if math.isnan(difference.low) else f"[{difference.low:+.4f}, {difference.high:+.4f}]"
+
+
+def _p(value: float) -> str:
+    return "" if math.isnan(value) else f"{value:.2g}" if value < 0.001 else f"{value:.3f}"
+
+
+def setting_table(comparison: Comparison, render: Any = text_table) -> str:
+    """One row per setting (the reference first): seeds, cases, foreground Dice, its difference, interval, p-values and
+    verdict, then each compute column that some setting has and the efficiency."""
+    rows_by_setting = comparison.foreground()
+    ordered = [comparison.reference, *(s for s in comparison.settings if s is not comparison.reference)]
+    compute = [key for key in dict.fromkeys((*COMPUTE_KEYS, FLOPS_KEY)) if any(key in s.compute for s in ordered)]
+    efficiency = [key for key in EFFICIENCY if any(key in s.efficiency for s in ordered)]
+    headers = ["setting", "seeds", "cases", "dice", "Δ dice", "95% CI", "p", "Holm p", "verdict",
+               *compute, *efficiency]
+    rows = []
+    for setting in ordered:
+        row = rows_by_setting.get(setting.label)
+        tested = ([f"{row.difference.mean:+.4f}", _interval(row.difference), _p(row.difference.p), _p(row.p_holm),
+                   row.verdict] if row else ["", "", "", "", "reference"])
+        rows.append([setting.label, len(setting.crossvals), setting.cases, setting.dice, *tested,
+                     *(setting.compute.get(key) for key in compute), *(setting.efficiency.get(k) for k in efficiency)])
+    formats = {"params": ",.0f", FLOPS_KEY: ".4g", "train_seconds": ".1f", "peak_memory_mb": ".0f"}
+    return render(headers, rows, formats=formats)
+
+
+def detail_table(comparison: Comparison, render: Any = markdown_table) -> str:
+    """One row per setting, output and metric: cases, both means, the difference, interval, p-values, verdict."""
+    headers = ["setting", "output", "metric", "cases", "mean", "reference", "Δ", "95% CI", "p", "Holm p", "verdict"]
+    rows = [[row.setting, row.output, row.metric, row.difference.cases, row.difference.setting_mean,
+             row.difference.reference_mean, f"{row.difference.mean:+.4f}", _interval(row.difference),
+             _p(row.difference.p), _p(row.p_holm), row.verdict] for row in comparison.rows]
+    return render(headers, rows)
+
+
+def render_markdown(comparison: Comparison) -> str:
+    """The text of ``compare.md``."""
+    compared = len(comparison.settings) - 1
+    return "\n\n".join([
+        f"# Comparison: `{comparison.sweep_dir}`",
+        f"Reference: `{comparison.reference.label}`; {compared} setting(s) compared on "
+        f"{comparison.reference.cases} out-of-fold cases of the cross-validation (`crossval/`). {METHOD}",
+        "## Foreground mean Dice, and compute",
+        setting_table(comparison, markdown_table),
+        "![forest plot](compare.png)",
+        "## Every output and metric (HD95: lower is better; cases with an infinite HD95 left out)",
+        detail_table(comparison),
+    ]) + "\n"
+
+
+def row_record(row: Row) -> dict[str, Any]:
+    """A row of ``compare.csv`` and of ``compare.json``'s comparisons."""
+    d = row.difference
+    return {"setting": row.setting, "output": row.output, "metric": row.metric,
+            "higher_is_better": METRICS[row.metric], "cases": d.cases, "mean": d.setting_mean,
+            "reference_mean": d.reference_mean, "difference": d.mean, "ci_low": d.low, "ci_high": d.high, "p": d.p,
+            "p_holm": row.p_holm, "verdict": row.verdict}
+
+
+def setting_record(setting: Setting, sweep_dir: Path) -> dict[str, Any]:
+    """A setting of ``compare.json``: its cross-validations, cases, foreground Dice, compute and efficiency."""
+    return {"setting": setting.label, "crossval": [str(path.relative_to(sweep_dir)) for path in setting.crossvals],
+            "cases": setting.cases, "dice": setting.dice, "compute": setting.compute,
+            "devices": sorted({job.device for job in setting.jobs if job.status == "completed"}),
+            **setting.efficiency}
+
+
+def render_json(comparison: Comparison) -> dict[str, Any]:
+    """The content of ``compare.json``."""
+    return json_safe({
+        "sweep_dir": str(comparison.sweep_dir), "reference": comparison.reference.label, "alpha": ALPHA,
+        "confidence": CONFIDENCE, "method": METHOD,
+        "settings": [setting_record(setting, comparison.sweep_dir) for setting in comparison.settings],
+        "comparisons": [row_record(row) for row in comparison.rows],
+    })
+
+
+def render_csv(comparison: Comparison) -> str:
+    """The text of ``compare.csv``: a row per setting, output and metric, with the setting's compute."""
+    by_label = {setting.label: setting for setting in comparison.settings}
+    records = [{**row_record(row), **by_label[row.setting].compute, **by_label[row.setting].efficiency}
+               for row in comparison.rows]
+    headers = list(dict.fromkeys(key for record in records for key in record))
+    buffer = io.StringIO()
+    writer = csv.DictWriter(buffer, fieldnames=headers, lineterminator="\n")
+    writer.writeheader()
+    writer.writerows(records)
+    return buffer.getvalue()
+
+
+VERDICT_COLOURS = {BETTER: "tab:green", WORSE: "tab:red"}
+"""Forest-plot colours; *no evidence* is grey."""
+
+
+def render_plot(comparison: Comparison) -> Any:
+    """The forest plot (a matplotlib Figure, Agg canvas): a panel per metric of the foreground mean, one row per
+    setting with its mean difference and confidence interval, and a line at zero."""
+    from matplotlib.backends.backend_agg import FigureCanvasAgg
+    from matplotlib.figure import Figure
+
+    labels = [s.label for s in comparison.settings if s is not comparison.reference]
+    fig = Figure(figsize=(4.2 * len(METRICS), 1.4 + 0.45 * len(labels)), layout="constrained")
+    FigureCanvasAgg(fig)
+    for index, metric in enumerate(METRICS):
+        ax = fig.add_subplot(1, len(METRICS), index + 1)
+        rows = comparison.foreground(metric)
+        for y, label in enumerate(labels):
+            d = rows[label].difference
+            if not math.isnan(d.mean):
+                ax.errorbar(d.mean, y, xerr=[[d.mean - d.low], [d.high - d.mean]], fmt="o", capsize=3,
+                            color=VERDICT_COLOURS.get(rows[label].verdict, "tab:gray"))
+        ax.axvline(0.0, color="black", linewidth=0.8)
+        ax.set_yticks(range(len(labels)), labels if index == 0 else [""] * len(labels), fontsize="small")
+        ax.set_ylim(len(labels) - 0.5, -0.5)
+        ax.set_xlabel(f"Δ {metric} ({'higher' if METRICS[metric] else 'lower'} is better)")
+        ax.grid(axis="x", alpha=0.3)
+    fig.suptitle(f"setting − {comparison.reference.label}: foreground mean, {CONFIDENCE:.0%} CI "
+                 f"(green better, red worse, grey no evidence)", fontsize="medium")
+    return fig
+
+
+def compare_sweep(sweep_dir: str | Path, reference: str = DEFAULT_REFERENCE,
+                  resamples: int = RESAMPLES) -> Comparison:
+    """Compare a cross-validated sweep (:func:`build_comparison`) and write :data:`FILES` into it atomically."""
+    comparison = build_comparison(sweep_dir, reference, resamples)
+    folder = comparison.sweep_dir
+    atomic_write_text(folder / "compare.csv", render_csv(comparison))
+    atomic_write_json(folder / "compare.json", render_json(comparison))
+    atomic_write_text(folder / "compare.md", render_markdown(comparison))
+    fig = render_plot(comparison)
+    atomic_write(folder / "compare.png", lambda handle: fig.savefig(handle, format="png", dpi=110))
+    return comparison

@@ -1,0 +1,213 @@
+"""The verdict of a cross-validated sweep: predictions made worse by a known amount are found worse, with an interval
+that holds the true difference; ``scripts/compare.py`` writes its four files from the per-case rows (seeds averaged,
+Holm across the settings, compute beside them); sweeps it cannot judge stop with one line.
+
+The sweeps are built as training and cross-validation leave them (``tests/helpers/sweeps.py``: job folders with
+overrides and metrics.json, ``crossval/<setting>/metrics.csv`` written by hand), without training.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import logging
+from pathlib import Path
+from statistics import fmean
+from typing import Any
+
+import numpy as np
+import pytest
+from omegaconf import OmegaConf
+from scipy import ndimage, stats
+
+from medseg.data.labels import LabelSpec
+from medseg.errors import ConfigError, DatasetError
+from medseg.evaluation.compare import FILES, FOREGROUND, build_comparison
+from medseg.scoring.paired import BETTER, NO_EVIDENCE, WORSE
+from medseg.scoring.per_case import score_masks
+from medseg.sweeps.callbacks import SummarizeSweep
+from tests.helpers.configs import REPO
+from tests.helpers.files import read_csv
+from tests.helpers.sweeps import make_crossvalidated_sweep, metric_rows
+
+PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
+SIDES = range(5, 10)
+"""The cube sides (voxels) of the synthetic cases, drawn uniformly."""
+
+
+def shifted_then_eroded_dice(side: int) -> tuple[float, float]:
+    """By hand: the Dice of a cube of ``side`` predicted shifted by one voxel, and of that prediction eroded by one
+    voxel (a cube of side - 2, inside the reference)."""
+    shifted = (side - 1) * side**2 / side**3
+    eroded = 2 * (side - 2) ** 3 / ((side - 2) ** 3 + side**3)
+    return shifted, eroded
+
+
+def test_eroded_predictions_are_worse_by_the_true_amount(tmp_path: Path) -> None:
+    """Reference: each cube predicted one voxel off; the other setting: those predictions eroded by one voxel. The
+    true mean difference is the expectation over the cube sides, computed by hand; the interval must hold it."""
+    rng = np.random.default_rng(7)
+    labels = LabelSpec.plain({0: "background", 1: "cube"})
+    rows: dict[str, list[dict[str, Any]]] = {"model.bottleneck=none": [], "model.bottleneck=masa": []}
+    for number in range(30):
+        side = int(rng.choice(SIDES))
+        corner = rng.integers(2, 16 - side - 1, size=3)
+        reference = np.zeros((16, 16, 16), np.int64)
+        reference[tuple(slice(c, c + side) for c in corner)] = 1
+        prediction = np.roll(reference.astype(bool), 1, axis=0)
+        for setting, mask in zip(rows, (prediction, ndimage.binary_erosion(prediction))):
+            rows[setting] += score_masks(f"case_{number:02d}", mask[None], reference, (1.0, 1.0, 1.0), labels, 1.0)
+    sweep = make_crossvalidated_sweep(tmp_path / "multirun", {setting: [r] for setting, r in rows.items()})
+
+    comparison = build_comparison(sweep)
+    row = comparison.foreground()["model.bottleneck=masa"]
+    true_difference = fmean(eroded - shifted for shifted, eroded in map(shifted_then_eroded_dice, SIDES))
+    assert row.verdict == WORSE and row.difference.cases == 30
+    assert row.difference.low <= true_difference <= row.difference.high < 0
+    assert comparison.reference.label == "model.bottleneck=none"
+
+
+def _script() -> Any:
+    spec = importlib.util.spec_from_file_location("compare_script", REPO / "scripts" / "compare.py")
+    module = importlib.util.module_from_spec(spec)  # type: ignore[arg-type]
+    spec.loader.exec_module(module)  # type: ignore[union-attr]
+    return module
+
+
+CASES = [f"case_{i:02d}" for i in range(24)]
+CLASSES = ("liver", "tumour")
+COMPUTE = {"params": 1000, "train_seconds": 36.0, "peak_memory_mb": 100.0, "device": "cuda:0"}
+
+
+def seed_rows(rng: np.random.Generator, base: dict[str, np.ndarray], shift: float) -> list[dict[str, Any]]:
+    """One seed's metrics.csv rows: each class's base Dice per case, plus ``shift`` and noise."""
+    rows = []
+    for index, name in enumerate(CLASSES, start=1):
+        rows += metric_rows(dict(zip(CASES, base[name] + shift + rng.normal(0, 0.02, len(CASES)))), name, index)
+    return rows
+
+
+def fake_sweep(tmp_path: Path) -> tuple[Path, dict[str, list[list[dict[str, Any]]]]]:
+    """none (the reference), masa (+0.05 Dice) and identity (the same distribution as none), two seeds each."""
+    rng = np.random.default_rng(3)
+    base = {name: rng.uniform(0.6, 0.9, len(CASES)) for name in CLASSES}
+    rows = {f"model.bottleneck={block}": [seed_rows(rng, base, shift) for _ in range(2)]
+            for block, shift in (("none", 0.0), ("masa", 0.05), ("identity", 0.0))}
+    metrics = {setting: COMPUTE for setting in rows}
+    metrics["model.bottleneck=masa"] = {**COMPUTE, "flops": 2e9}
+    return make_crossvalidated_sweep(tmp_path / "multirun", rows, metrics=metrics), rows
+
+
+def foreground_dice(seeds: list[list[dict[str, Any]]]) -> np.ndarray:
+    """By hand: per case (in CASES order), the mean over the seeds and classes of the Dice."""
+    return np.array([fmean(row["dice"] for rows in seeds for row in rows if row["case"] == case) for case in CASES])
+
+
+def test_compare_script_writes_the_four_files(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    sweep, rows = fake_sweep(tmp_path)
+    assert (sweep / "crossval" / "model.bottleneck=masa_trainer.seed=1" / "metrics.csv").is_file()  # crossval's layout
+    assert _script().main([str(sweep), "reference=model.bottleneck=none"]) == 0
+    out = capsys.readouterr().out
+    assert "model.bottleneck=masa" in out and f"{sweep}/compare.png" in out
+    assert all((sweep / name).is_file() for name in FILES) and not list(sweep.glob(".compare*"))
+    assert (sweep / "compare.png").read_bytes().startswith(PNG_MAGIC)
+
+    dice = {setting: foreground_dice(seeds) for setting, seeds in rows.items()}
+    reference, masa = dice["model.bottleneck=none"], dice["model.bottleneck=masa"]
+    raw = {s: stats.wilcoxon(dice[s] - reference).pvalue for s in list(rows)[1:]}
+    low, high = sorted(raw, key=raw.get)
+    holm = {low: min(1.0, 2 * raw[low])}
+    holm[high] = max(holm[low], raw[high])
+
+    compared = json.loads((sweep / "compare.json").read_text())
+    settings = {s["setting"]: s for s in compared["settings"]}
+    assert list(settings) == list(rows) and compared["reference"] == "model.bottleneck=none"
+    for setting, values in dice.items():
+        assert settings[setting]["dice"] == pytest.approx(values.mean()) and settings[setting]["cases"] == len(CASES)
+        assert settings[setting]["compute"] == pytest.approx({k: v for k, v in COMPUTE.items() if k != "device"}
+                                                             | ({"flops": 2e9} if "masa" in setting else {}))
+        assert settings[setting]["dice_per_gpu_hour"] == pytest.approx(values.mean() / 0.01)  # 36 s = 0.01 h
+    assert settings["model.bottleneck=masa"]["dice_per_gflop"] == pytest.approx(masa.mean() / 2)  # 2 GFLOPs
+    foreground = {r["setting"]: r for r in compared["comparisons"]
+                  if r["output"] == FOREGROUND and r["metric"] == "dice"}
+    for setting, row in foreground.items():
+        assert row["difference"] == pytest.approx((dice[setting] - reference).mean())
+        assert row["p"] == pytest.approx(raw[setting]) and row["p_holm"] == pytest.approx(holm[setting])
+        assert row["ci_low"] < row["difference"] < row["ci_high"]
+    assert foreground["model.bottleneck=masa"]["verdict"] == BETTER
+    assert foreground["model.bottleneck=identity"]["verdict"] == NO_EVIDENCE
+
+    table = read_csv(sweep / "compare.csv")
+    assert len(table) == 2 * (len(CLASSES) + 1) * 3  # settings x (classes, foreground) x (dice, hd95, nsd)
+    assert {"setting", "output", "metric", "cases", "difference", "ci_low", "ci_high", "p", "p_holm", "verdict",
+            "params", "train_seconds", "peak_memory_mb", "dice_per_gpu_hour", "dice_per_gflop"} <= set(table[0])
+    hd95 = next(r for r in table if r["setting"] == "model.bottleneck=masa" and r["metric"] == "hd95_mm"
+                and r["output"] == "liver")
+    assert hd95["verdict"] == WORSE, "the fake HD95 is the Dice: higher is worse"
+    markdown = (sweep / "compare.md").read_text()
+    assert "| model.bottleneck=none | 2 | 24 |" in markdown and "| reference |" in markdown
+    assert "![forest plot](compare.png)" in markdown
+
+
+def test_help_explains_the_method_in_three_lines(capsys: pytest.CaptureFixture[str]) -> None:
+    with pytest.raises(SystemExit) as exit_code:
+        _script().main(["--help"])
+    assert exit_code.value.code == 0
+    method = capsys.readouterr().out.split("\n\n")[1]
+    assert len(method.splitlines()) == 3
+    assert all(word in method for word in ("paired", "bootstrap", "Wilcoxon", "Holm", "no evidence"))
+
+
+def test_pairing_refuses_settings_scored_on_different_cases(tmp_path: Path) -> None:
+    dice = dict.fromkeys(CASES[:6], 0.8)
+    fewer = {case: dice[case] for case in CASES[:4]}
+    sweep = make_crossvalidated_sweep(tmp_path / "cases", {"model.bottleneck=none": [metric_rows(dice)],
+                                                           "model.bottleneck=masa": [metric_rows(fewer)]})
+    with pytest.raises(DatasetError, match="model.bottleneck=masa lacks 2 case\\(s\\): case_04, case_05"):
+        build_comparison(sweep)
+    seeds = make_crossvalidated_sweep(tmp_path / "seeds", {"model.bottleneck=none": [metric_rows(dice)] * 2,
+                                                           "model.bottleneck=masa": [metric_rows(dice),
+                                                                                     metric_rows(fewer)]})
+    with pytest.raises(DatasetError, match="trainer.seed=1 lacks 2 case\\(s\\): case_04, case_05"):
+        build_comparison(seeds)
+
+
+def test_a_sweep_without_folds_needs_cross_validation(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    rows = [metric_rows(dict.fromkeys(CASES[:4], 0.8))]
+    sweep = make_crossvalidated_sweep(tmp_path / "multirun", {"model.bottleneck=none": rows,
+                                                              "model.bottleneck=masa": rows}, folds=1)
+    assert _script().main([str(sweep)]) == 1
+    error = capsys.readouterr().err
+    assert len(error.strip().splitlines()) == 1 and error.startswith("error: ")
+    assert "a verdict needs cross-validation (data.fold=0,1,2,3,4)" in error
+    assert not any((sweep / name).exists() for name in FILES)
+
+
+def test_the_reference_must_pick_one_setting(tmp_path: Path) -> None:
+    rows = [metric_rows(dict.fromkeys(CASES[:4], 0.8))]
+    settings = {f"model.bottleneck={b} model.attention.gamma={g}": rows for b in ("none", "masa") for g in (0.8, 0.9)}
+    sweep = make_crossvalidated_sweep(tmp_path / "multirun", settings)
+    with pytest.raises(ConfigError, match="reference=model.bottleneck=mha matches no cross-validated settings"):
+        build_comparison(sweep, "model.bottleneck=mha")
+    with pytest.raises(ConfigError, match="reference=model.bottleneck=none matches 2 "):
+        build_comparison(sweep)
+    chosen = build_comparison(sweep, "model.bottleneck=none model.attention.gamma=0.9")
+    assert chosen.reference.label == "model.bottleneck=none model.attention.gamma=0.9"
+    assert len(chosen.foreground()) == 3
+
+
+def test_the_callback_compares_after_the_cross_validation_and_never_raises(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture) -> None:
+    sweep, _ = fake_sweep(tmp_path)
+    monkeypatch.setattr(SummarizeSweep, "_cross_validate", staticmethod(lambda sweep_dir, config: True))  # crossval/ is
+    config = OmegaConf.create({"hydra": {"sweep": {"dir": str(sweep)}}})  # there already, written by hand
+    with caplog.at_level(logging.INFO, logger="medseg"):
+        SummarizeSweep().on_multirun_end(config)
+    assert all((sweep / name).is_file() for name in FILES) and "comparison written to" in caplog.text
+    for name in FILES:
+        (sweep / name).unlink()
+    caplog.clear()
+    with caplog.at_level(logging.ERROR, logger="medseg"):
+        SummarizeSweep(reference="model.bottleneck=mha").on_multirun_end(config)
+    assert f"retry with: python scripts/compare.py {sweep} 'reference=model.bottleneck=mha'" in caplog.text
+    assert (sweep / "summary.md").is_file() and not (sweep / "compare.md").exists()
