@@ -4,10 +4,12 @@ One mechanism (:func:`atomic_save`) serves bytes (:func:`atomic_write`), text, J
 :func:`replaced_folder` does the same for a whole folder of outputs.
 
 A process killed at any moment leaves either the old file or the new one, never a torn file.
+A full disk or quota is one :class:`~medseg.errors.NoSpaceError` naming the file, whose previous version is intact.
 """
 
 from __future__ import annotations
 
+import errno
 import json
 import os
 import re
@@ -20,6 +22,8 @@ from typing import IO, Any
 
 import nibabel as nib
 import numpy as np
+
+from medseg.errors import NoSpaceError
 
 
 def _umask() -> int:
@@ -41,27 +45,63 @@ TEMP_NAME = re.compile(r"^\..+\.[a-z0-9_]{8}\.tmp")
 """The name of :func:`atomic_save`'s temp files: ``.<name>.<mkstemp's 8 characters>.tmp<ending>``."""
 
 
+NO_SPACE = (errno.ENOSPC, errno.EDQUOT)
+"""The errnos of a full disk and of a full quota."""
+
+
+def _out_of_space(err: BaseException) -> bool:
+    """Whether ``err``, or an error it was raised from or while handling, is a full disk or quota: an ``OSError``
+    of :data:`NO_SPACE` (or the :class:`~medseg.errors.NoSpaceError` made of one), or the ``RuntimeError`` of torch's
+    zip writer that names one (``torch.save`` to a path)."""
+    seen: set[int] = set()
+    current: BaseException | None = err
+    while current is not None and id(current) not in seen:
+        seen.add(id(current))
+        if isinstance(current, NoSpaceError) or isinstance(current, OSError) and current.errno in NO_SPACE:
+            return True
+        if isinstance(current, RuntimeError) and any(
+                text in str(current) for text in ("No space left", "Disk quota exceeded", "errno 28")):
+            return True
+        current = current.__cause__ or current.__context__
+    return False
+
+
+def _no_space_error(path: Path, existed: bool) -> NoSpaceError:
+    """The one error of a write into ``path`` that ran out of space (``existed``: a previous version was there)."""
+    kept = "its previous version is intact" if existed else "nothing was written"
+    return NoSpaceError(f"no space left writing {path}; {kept}")
+
+
 def atomic_save(path: str | Path, save: Callable[[Path], Any], ending: str = "") -> Path:
     """Call ``save(temp_path)`` on a temp file in ``path``'s folder, fsync it, then rename it to ``path``.
 
     ``ending`` ends the temp file's name, for writers that choose the format by it (nibabel: ``.nii.gz``).
+
+    Raises:
+        NoSpaceError: the disk or quota is full (:func:`_out_of_space`); ``path`` is as it was, the temp file gone.
     """
     path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, name = tempfile.mkstemp(prefix=f".{path.name}.", suffix=f".tmp{ending}", dir=path.parent)
-    tmp = Path(name)
+    existed = path.exists()
     try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        fd, name = tempfile.mkstemp(prefix=f".{path.name}.", suffix=f".tmp{ending}", dir=path.parent)
+        tmp = Path(name)
         try:
-            os.fchmod(fd, 0o666 & ~_umask())  # mkstemp makes the file owner-only; give it normal permissions
-        finally:
-            os.close(fd)
-        save(tmp)
-        _fsync(tmp)
-        os.replace(tmp, path)
-    except BaseException:
-        tmp.unlink(missing_ok=True)
+            try:
+                os.fchmod(fd, 0o666 & ~_umask())  # mkstemp makes the file owner-only; give it normal permissions
+            finally:
+                os.close(fd)
+            save(tmp)
+            _fsync(tmp)
+            os.replace(tmp, path)
+        except BaseException:
+            tmp.unlink(missing_ok=True)
+            raise
+        _fsync(path.parent)
+    except Exception as err:
+        if _out_of_space(err):
+            raise _no_space_error(path, existed) from None
         raise
-    _fsync(path.parent)
     return path
 
 
@@ -121,8 +161,12 @@ def write_nifti(path: str | Path, array: np.ndarray, affine: np.ndarray,
 @contextmanager
 def replaced_folder(target: str | Path) -> Iterator[Path]:
     """A temporary folder beside ``target`` that replaces it (two renames) when the block ends without an error;
-    removed otherwise, leaving ``target`` as it was. The folder gets normal permissions (the umask's)."""
+    removed otherwise, leaving ``target`` as it was. The folder gets normal permissions (the umask's).
+
+    A full disk in the block is a :class:`~medseg.errors.NoSpaceError`.
+    """
     target = Path(target)
+    existed = target.exists()
     target.parent.mkdir(parents=True, exist_ok=True)
     temp = Path(tempfile.mkdtemp(prefix=f".{target.name}.", suffix=".tmp", dir=target.parent))
     temp.chmod(0o777 & ~_umask())  # mkdtemp makes the folder owner-only
@@ -133,6 +177,8 @@ def replaced_folder(target: str | Path) -> Iterator[Path]:
             target.rename(old)
         temp.rename(target)
         shutil.rmtree(old, ignore_errors=True)
-    except BaseException:
+    except BaseException as err:
         shutil.rmtree(temp, ignore_errors=True)
+        if isinstance(err, Exception) and _out_of_space(err):  # named by the folder: a file in it is temporary
+            raise _no_space_error(target, existed) from None
         raise

@@ -1,15 +1,19 @@
-"""Crash-safe writes: NIfTI onto a source image's grid and header, by ending, and nothing torn or left behind."""
+"""Crash-safe writes: NIfTI onto a source image's grid and header, by ending, and nothing torn or left behind; a full
+disk as one error with the old file intact."""
 
 from __future__ import annotations
 
+import errno
 import gzip
+import os
 from pathlib import Path
 
 import nibabel as nib
 import numpy as np
 import pytest
 
-from medseg.io import atomic_save, write_nifti
+from medseg.errors import NoSpaceError
+from medseg.io import atomic_save, atomic_write, atomic_write_json, replaced_folder, write_nifti
 
 AFFINE = np.array([[0.0, 0.0, 2.0, -10.0], [-0.7, 0.0, 0.0, 20.0], [0.0, -0.7, 0.0, 5.0], [0.0, 0.0, 0.0, 1.0]])
 """An oblique-free PIR-like affine with a non-zero origin."""
@@ -69,3 +73,35 @@ def test_a_failed_write_keeps_the_old_file_and_leaves_no_temp_file(tmp_path: Pat
         atomic_save(target, half_then_crash, ".nii.gz")
     assert target.read_bytes() == b"old"
     assert [p.name for p in tmp_path.iterdir()] == ["pred.nii.gz"]
+
+
+def _disk_full_after(written: int):
+    """A writer for :func:`atomic_write` that writes ``written`` bytes, then finds the disk full."""
+
+    def write(handle) -> None:
+        handle.write(b"x" * written)
+        raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
+
+    return write
+
+
+def test_a_full_disk_is_one_error_naming_the_file_and_the_previous_version_stays(tmp_path: Path) -> None:
+    target = atomic_write_json(tmp_path / "summary.json", {"old": True})
+    with pytest.raises(NoSpaceError, match=rf"^no space left writing {target}; its previous version is intact$"):
+        atomic_write(target, _disk_full_after(10))
+    assert target.read_text() == '{\n  "old": true\n}\n'
+    with pytest.raises(NoSpaceError, match=r"new\.json; nothing was written$"):
+        atomic_write(tmp_path / "new.json", _disk_full_after(0))
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["summary.json"], "no temp file left"
+
+
+def test_a_full_disk_in_a_replaced_folder_names_the_folder_and_keeps_it(tmp_path: Path) -> None:
+    target = tmp_path / "export"
+    target.mkdir()
+    (target / "model.pt").write_text("old")
+    with (pytest.raises(NoSpaceError, match=rf"^no space left writing {target}; its previous version is intact$"),
+          replaced_folder(target) as folder):
+        atomic_write(folder / "model.pt", _disk_full_after(5))
+    assert (target / "model.pt").read_text() == "old"
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["export"]
+

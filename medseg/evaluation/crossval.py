@@ -39,7 +39,7 @@ from medseg.config import CrossvalConfig, EvaluateConfig
 from medseg.data.datalist import dataset_from_config
 from medseg.data.labels import LabelSpec, member_masks
 from medseg.data.reading import read_file
-from medseg.errors import ConfigError, DatasetError, MedsegError
+from medseg.errors import ConfigError, DatasetError, MedsegError, NoSpaceError
 from medseg.evaluation.evaluate import evaluate_case
 from medseg.inference.cases import Case
 from medseg.inference.ensemble import Ensemble, check_compatible
@@ -256,6 +256,8 @@ def run_folds(folds: Sequence[Fold], sweep: Path, label: str, settings: Crossval
                     try:
                         rows += evaluate_case(ensemble, case, predictions, save_masks=True)
                         scored.append(case)
+                    except NoSpaceError:  # no case can be written: stop
+                        raise
                     except MedsegError as err:  # a case that cannot be read is reported; the others go on
                         failed.append({"case": case.case, "reason": str(err)})
                         log.error("case %s failed: %s", case.case, err)

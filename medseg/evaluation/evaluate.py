@@ -37,8 +37,8 @@ many they skipped. Label values that are not classes of the checkpoint count as 
 
 A case that cannot be evaluated (unreadable file, wrong channel count, a label whose shape or
 geometry differs from its image) is reported by name and recorded in ``summary.json``; the other
-cases are still evaluated, and the exit code is 1. A missing or foreign checkpoint, or an input
-without images, stops at once with a one-line error.
+cases are still evaluated, and the exit code is 1. A missing or foreign checkpoint, an input
+without images or a full disk stops at once with a one-line error.
 
 Modules: :mod:`.settings` (the checked settings), :mod:`.cases` (finding the cases of ``input``),
 :mod:`.model` (the network of a checkpoint), :mod:`.predict` (prediction in the original geometry),
@@ -60,7 +60,7 @@ from omegaconf import DictConfig
 from tqdm import tqdm
 
 from medseg.config import EvaluateConfig
-from medseg.errors import DatasetError
+from medseg.errors import DatasetError, NoSpaceError
 from medseg.inference.cases import Case, find_cases
 from medseg.inference.ensemble import Ensemble
 from medseg.inference.inferer import segment
@@ -138,6 +138,7 @@ def evaluate(cfg: EvaluateConfig | Mapping[str, Any] | DictConfig) -> Evaluation
     Raises:
         EvaluationError: bad settings, no images, or outputs that would overwrite inputs.
         CheckpointError: a missing, foreign or incompatible checkpoint.
+        NoSpaceError: the disk is full (the files written before are intact).
     """
     settings = check_config(cfg)
     started = time.perf_counter()
@@ -158,6 +159,8 @@ def evaluate(cfg: EvaluateConfig | Mapping[str, Any] | DictConfig) -> Evaluation
             done = bar.n + len(ensemble)
             try:
                 rows = evaluate_case(ensemble, case, output, postprocessing, on_model=lambda: bar.update())
+            except NoSpaceError:  # no case can be written: stop
+                raise
             except DatasetError as err:
                 result.failed.append({"case": case.case, "reason": str(err)})
                 log.error("case %s failed: %s", case.case, err)

@@ -27,7 +27,7 @@ from tqdm import tqdm
 
 from medseg.config import TrainConfig
 from medseg.data.labels import LabelSpec
-from medseg.errors import CheckpointError, TrainingError, TrainingInterrupted
+from medseg.errors import CheckpointError, NoSpaceError, TrainingError, TrainingInterrupted
 from medseg.io import atomic_write_json
 from medseg.models import build_model, unwrap_model
 from medseg.optim import build_optimizer, build_scheduler
@@ -61,6 +61,12 @@ def seed_everything(seed: int) -> None:
 def epoch_seed(seed: int, epoch: int) -> int:
     """The seed of one epoch: distinct per (seed, epoch), the same on every resume."""
     return (seed * 1_000_003 + epoch * 7919) % 2**31
+
+
+def saved_at(epoch: int, step: int) -> str:
+    """Where a checkpoint of ``epoch`` completed epochs (and ``step`` > 0 steps into the next) stands, as messages
+    say it: ``"epoch 3"``, or ``"epoch 4, step 2"``."""
+    return f"epoch {epoch + 1}, step {step}" if step else f"epoch {epoch}"
 
 
 def differing_values(mine: Mapping[str, Any], theirs: Mapping[str, Any],
@@ -181,6 +187,7 @@ class Trainer:
         self.epoch_losses: list[float] = []  # finite losses of the current epoch so far
         self.train_seconds = 0.0
         self.resume_rng: dict[str, torch.Tensor | None] | None = None
+        self.saved_last: str | None = None  # the epoch (and step) last.pt holds, for the message of a failed save
         self.tb = TensorBoardLogger(output_dir / "tensorboard") if dist.is_main else None
 
     # --- the loop ----------------------------------------------------------------------------
@@ -318,8 +325,21 @@ class Trainer:
         }
 
     def save(self, name: str, step: int = 0) -> Path | None:
-        """Write checkpoint ``name`` (rank 0 only); returns its path."""
-        return save_checkpoint(self.ckpt_dir / name, self.state(step)) if self.dist.is_main else None
+        """Write checkpoint ``name`` (rank 0 only); returns its path.
+
+        Raises:
+            NoSpaceError: the disk is full; the message says which epoch ``last.pt`` still holds.
+        """
+        if not self.dist.is_main:
+            return None
+        try:
+            path = save_checkpoint(self.ckpt_dir / name, self.state(step))
+        except NoSpaceError as err:
+            kept = f"last.pt of {self.saved_last} is intact" if self.saved_last else "no last.pt was saved yet"
+            raise NoSpaceError(f"{err}; {kept}: free some space, then resume with trainer.resume=true") from None
+        if name == "last.pt":
+            self.saved_last = saved_at(self.epoch, step)
+        return path
 
     def resume(self, path: Path) -> None:
         """Restore model, optimizer, scheduler, scaler, epoch/step, best metric and history from ``path``."""
@@ -336,6 +356,8 @@ class Trainer:
         self.nonfinite.total, self.nonfinite.streak = state["nonfinite_total"], state["nonfinite_streak"]
         self.train_seconds, self.epoch_losses = state["train_seconds"], state["epoch_losses"]
         self.resume_rng = {"torch": state["torch_rng"], "cuda": state["cuda_rng"]} if self.start_step else None
+        if path.resolve() == (self.ckpt_dir / "last.pt").resolve():
+            self.saved_last = saved_at(self.epoch, self.start_step)
         if self.dist.is_main:
             for tmp in self.ckpt_dir.glob(".*.pt.*.tmp"):  # unfinished writes of a killed run (targets are intact)
                 log.info("removing %s, an unfinished checkpoint write of a killed run", tmp)

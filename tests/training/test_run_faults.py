@@ -1,0 +1,65 @@
+"""Faults a training run meets from outside, in process: a full disk while saving.
+
+Faults are injected from the test only (a writer that finds the disk full); production code has no hooks.
+"""
+
+from __future__ import annotations
+
+import errno
+import io
+import os
+from pathlib import Path
+from typing import Any
+
+import pytest
+import torch
+
+from medseg.cli import one_line_errors
+from medseg.runs.checkpoint import load_checkpoint
+from medseg.training.run import train_cli
+from tests.helpers.runs import micro_config
+
+pytestmark = pytest.mark.usefixtures("one_thread")
+
+
+class FullDisk(io.RawIOBase):
+    """A file that takes ``room`` bytes, then fails as a full disk does (``OSError`` ENOSPC)."""
+
+    def __init__(self, handle: io.BufferedIOBase, room: int) -> None:
+        super().__init__()
+        self.handle, self.room = handle, room
+
+    def writable(self) -> bool:
+        return True
+
+    def write(self, data: Any) -> int:
+        if len(data) > self.room:
+            raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
+        self.room -= len(data)
+        return self.handle.write(data)
+
+
+def test_a_full_disk_while_saving_is_one_line_naming_the_intact_last_pt(
+        tmp_path: Path, tiny_demo_root: Path, monkeypatch: pytest.MonkeyPatch,
+        capsys: pytest.CaptureFixture[str]) -> None:
+    run_dir = tmp_path / "run"
+    last = run_dir / "checkpoints" / "last.pt"
+    save, last_writes = torch.save, []
+
+    def disk_full_at_the_second_last_pt(obj: Any, handle: Any, *args: Any, **kwargs: Any) -> None:
+        if Path(handle.name).name.startswith(".last.pt."):
+            last_writes.append(handle.name)
+        if len(last_writes) == 2:  # epoch 2's: torch's zip writer meets the full disk in its first kilobytes
+            return save(obj, FullDisk(handle, room=1000), *args, **kwargs)
+        return save(obj, handle, *args, **kwargs)
+
+    monkeypatch.setattr(torch, "save", disk_full_at_the_second_last_pt)
+    with pytest.raises(SystemExit) as exit_info:
+        one_line_errors(train_cli)(micro_config(run_dir, tiny_demo_root, "trainer.max_epochs=2"))
+    assert exit_info.value.code == 1
+    [error] = capsys.readouterr().err.splitlines()
+    assert error == (f"error: no space left writing {last}; its previous version is intact; last.pt of epoch 1 is "
+                     f"intact: free some space, then resume with trainer.resume=true")
+    assert load_checkpoint(last)["epoch"] == 1
+    assert not [p for p in last.parent.iterdir() if p.name.startswith(".")], "no temp file left"
+
