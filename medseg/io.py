@@ -3,7 +3,8 @@
 One mechanism (:func:`atomic_save`) serves bytes (:func:`atomic_write`), text, JSON and NIfTI images;
 :func:`replaced_folder` does the same for a whole folder of outputs.
 
-A process killed at any moment leaves either the old file or the new one, never a torn file.
+A process killed at any moment leaves either the old file or the new one, never a torn file; the temporaries it
+leaves are removed by the next writer of the folder (:func:`remove_temporaries`, and :func:`replaced_folder` itself).
 A full disk or quota is one :class:`~medseg.errors.NoSpaceError` naming the file, whose previous version is intact.
 """
 
@@ -107,7 +108,8 @@ def atomic_save(path: str | Path, save: Callable[[Path], Any], ending: str = "")
 
 def remove_temporaries(folder: Path) -> list[Path]:
     """Delete the temp files that :func:`atomic_save` left under ``folder`` when a process was killed mid-write, and
-    return them. Only for a folder this process owns (a locked run folder): no other writer is mid-write there."""
+    return them. Only for a folder this process writes alone (a locked run folder, an evaluation's output): no other
+    writer is mid-write there."""
     stale = [path for path in folder.rglob(".*.tmp*") if path.is_file() and TEMP_NAME.match(path.name)]
     for path in stale:
         path.unlink(missing_ok=True)
@@ -158,14 +160,32 @@ def write_nifti(path: str | Path, array: np.ndarray, affine: np.ndarray,
     return atomic_save(path, lambda tmp: nib.save(image, tmp), ending)
 
 
+def _recover_replacement(target: Path) -> None:
+    """Finish or clear what a killed :func:`replaced_folder` left beside ``target``: its ``.<name>.<8>.tmp`` folder
+    and, between its two renames, the old ``target`` moved aside as ``.<name>.<8>.old``. When ``target`` is
+    missing, the folder that was to replace it is complete (the renames follow the block) and takes its place; the
+    rest is removed."""
+    if not target.parent.is_dir():
+        return
+    name = re.compile(rf"^\.{re.escape(target.name)}\.[a-z0-9_]{{8}}\.(tmp|old)$")
+    leftovers = sorted(path for path in target.parent.iterdir() if path.is_dir() and name.match(path.name))
+    for old in (path for path in leftovers if path.suffix == ".old" and not target.exists()):
+        replacement = old.with_suffix(".tmp")
+        (replacement if replacement.is_dir() else old).rename(target)
+    for path in leftovers:
+        shutil.rmtree(path, ignore_errors=True)
+
+
 @contextmanager
 def replaced_folder(target: str | Path) -> Iterator[Path]:
     """A temporary folder beside ``target`` that replaces it (two renames) when the block ends without an error;
     removed otherwise, leaving ``target`` as it was. The folder gets normal permissions (the umask's).
 
-    A full disk in the block is a :class:`~medseg.errors.NoSpaceError`.
+    What an earlier, killed call for the same ``target`` left beside it is recovered first
+    (:func:`_recover_replacement`). A full disk in the block is a :class:`~medseg.errors.NoSpaceError`.
     """
     target = Path(target)
+    _recover_replacement(target)
     existed = target.exists()
     target.parent.mkdir(parents=True, exist_ok=True)
     temp = Path(tempfile.mkdtemp(prefix=f".{target.name}.", suffix=".tmp", dir=target.parent))

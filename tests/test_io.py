@@ -1,5 +1,5 @@
 """Crash-safe writes: NIfTI onto a source image's grid and header, by ending, and nothing torn or left behind; a full
-disk as one error with the old file intact."""
+disk as one error with the old file intact; what a killed folder replacement left, recovered."""
 
 from __future__ import annotations
 
@@ -104,4 +104,22 @@ def test_a_full_disk_in_a_replaced_folder_names_the_folder_and_keeps_it(tmp_path
         atomic_write(folder / "model.pt", _disk_full_after(5))
     assert (target / "model.pt").read_text() == "old"
     assert sorted(p.name for p in tmp_path.iterdir()) == ["export"]
+
+
+def test_a_replacement_killed_midway_is_finished_or_cleared_by_the_next_one(tmp_path: Path) -> None:
+    target = tmp_path / "crossval"
+    unfinished = tmp_path / ".crossval.k3j_9x2q.tmp"  # killed in the block: incomplete, removed
+    (unfinished / "predictions").mkdir(parents=True)
+    moved_aside, complete = tmp_path / ".crossval.ab12cd34.old", tmp_path / ".crossval.ab12cd34.tmp"
+    for folder, text in ((moved_aside, "old"), (complete, "new")):  # killed between the two renames
+        folder.mkdir()
+        (folder / "summary.json").write_text(text)
+    kept = [tmp_path / ".crossval.old", tmp_path / ".other.ab12cd34.tmp", tmp_path / "job_0"]
+    for folder in kept:
+        folder.mkdir()
+    with replaced_folder(target) as folder:
+        assert (target / "summary.json").read_text() == "new", "the complete replacement took its place"
+        (folder / "summary.json").write_text("newest")
+    assert (target / "summary.json").read_text() == "newest"
+    assert sorted(p.name for p in tmp_path.iterdir()) == sorted(["crossval", *(p.name for p in kept)])
 

@@ -39,6 +39,7 @@ A case that cannot be evaluated (unreadable file, wrong channel count, a label w
 geometry differs from its image) is reported by name and recorded in ``summary.json``; the other
 cases are still evaluated, and the exit code is 1. A missing or foreign checkpoint, an input
 without images or a full disk stops at once with a one-line error.
+The half-written files a killed evaluation left in ``output`` are removed by the next one there.
 
 Modules: :mod:`.settings` (the checked settings), :mod:`.cases` (finding the cases of ``input``),
 :mod:`.model` (the network of a checkpoint), :mod:`.predict` (prediction in the original geometry),
@@ -66,7 +67,7 @@ from medseg.inference.ensemble import Ensemble
 from medseg.inference.inferer import segment
 from medseg.inference.output import check_output, write_label_map, write_masks, write_probabilities
 from medseg.inference.settings import check_config
-from medseg.io import atomic_write_json
+from medseg.io import atomic_write_json, remove_temporaries
 from medseg.postprocessing.components import Postprocessing, from_setting
 from medseg.scoring.per_case import (
     json_safe,
@@ -147,6 +148,8 @@ def evaluate(cfg: EvaluateConfig | Mapping[str, Any] | DictConfig) -> Evaluation
     cases = find_cases(settings.input, settings.split, ensemble.in_channels, ensemble.trained_on)
     output = Path(settings.output).expanduser()
     check_output(cases, output)
+    for path in remove_temporaries(output):
+        log.warning("removed %s, half-written by an evaluation that was killed", path)
     for net, inferer in zip(ensemble.nets, ensemble.inferers):
         log.info("model %s: %dD, spacing %s mm, on %s", net.checkpoint, net.spatial_dims, net.data.spacing,
                  inferer.device)
