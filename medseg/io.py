@@ -6,6 +6,7 @@ One mechanism (:func:`atomic_save`) serves bytes (:func:`atomic_write`), text, J
 A process killed at any moment leaves either the old file or the new one, never a torn file; the temporaries it
 leaves are removed by the next writer of the folder (:func:`remove_temporaries`, and :func:`replaced_folder` itself).
 A full disk or quota is one :class:`~medseg.errors.NoSpaceError` naming the file, whose previous version is intact.
+:func:`check_writable` lets a command find a folder it cannot write into before it does any work.
 """
 
 from __future__ import annotations
@@ -24,7 +25,7 @@ from typing import IO, Any
 import nibabel as nib
 import numpy as np
 
-from medseg.errors import NoSpaceError
+from medseg.errors import ConfigError, NoSpaceError
 
 
 def _umask() -> int:
@@ -114,6 +115,26 @@ def remove_temporaries(folder: Path) -> list[Path]:
     for path in stale:
         path.unlink(missing_ok=True)
     return stale
+
+
+def check_writable(folder: str | Path, key: str) -> None:
+    """Refuse a ``folder`` (config key ``key``) this process cannot write into, before any work: a file is created
+    and removed (unnamed) in it, or in its nearest existing parent when it does not exist yet (it would be made
+    there). Nothing stays behind.
+
+    Raises:
+        ConfigError: a part of the path is a file, or the folder is read-only (permissions, a read-only mount).
+    """
+    folder = Path(folder).expanduser()
+    existing = next(path for path in (folder, *folder.parents) if path.exists())
+    if not existing.is_dir():
+        raise ConfigError(f"{key}: {existing} is a file, not a folder; give a folder to write into")
+    try:
+        with tempfile.TemporaryFile(dir=existing):
+            pass
+    except OSError as err:
+        raise ConfigError(f"{key}: cannot write into {existing} ({err.strerror or err}); give a folder you can "
+                          f"write to") from None
 
 
 def atomic_write(path: str | Path, write: Callable[[IO[bytes]], Any]) -> Path:

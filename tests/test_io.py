@@ -1,5 +1,6 @@
 """Crash-safe writes: NIfTI onto a source image's grid and header, by ending, and nothing torn or left behind; a full
-disk as one error with the old file intact; what a killed folder replacement left, recovered."""
+disk as one error with the old file intact; what a killed folder replacement left, recovered; unwritable folders
+refused before any work."""
 
 from __future__ import annotations
 
@@ -12,8 +13,8 @@ import nibabel as nib
 import numpy as np
 import pytest
 
-from medseg.errors import NoSpaceError
-from medseg.io import atomic_save, atomic_write, atomic_write_json, replaced_folder, write_nifti
+from medseg.errors import ConfigError, NoSpaceError
+from medseg.io import atomic_save, atomic_write, atomic_write_json, check_writable, replaced_folder, write_nifti
 
 AFFINE = np.array([[0.0, 0.0, 2.0, -10.0], [-0.7, 0.0, 0.0, 20.0], [0.0, -0.7, 0.0, 5.0], [0.0, 0.0, 0.0, 1.0]])
 """An oblique-free PIR-like affine with a non-zero origin."""
@@ -123,3 +124,22 @@ def test_a_replacement_killed_midway_is_finished_or_cleared_by_the_next_one(tmp_
     assert (target / "summary.json").read_text() == "newest"
     assert sorted(p.name for p in tmp_path.iterdir()) == sorted(["crossval", *(p.name for p in kept)])
 
+
+def test_check_writable_refuses_a_path_through_a_file_and_writes_nothing(tmp_path: Path) -> None:
+    (tmp_path / "notes.txt").write_text("mine")
+    with pytest.raises(ConfigError, match=rf"^output: {tmp_path / 'notes.txt'} is a file, not a folder"):
+        check_writable(tmp_path / "notes.txt" / "out", "output")
+    check_writable(tmp_path / "new" / "out", "output")  # made later, in a writable folder
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["notes.txt"]
+
+
+@pytest.mark.skipif(os.geteuid() == 0, reason="root writes into read-only folders")
+def test_check_writable_refuses_a_read_only_folder(tmp_path: Path) -> None:
+    read_only = tmp_path / "ro"
+    read_only.mkdir()
+    read_only.chmod(0o555)
+    try:
+        with pytest.raises(ConfigError, match=rf"^output: cannot write into {read_only} \(Permission denied\)"):
+            check_writable(read_only / "out", "output")
+    finally:
+        read_only.chmod(0o755)

@@ -45,7 +45,7 @@ from medseg.inference.cases import Case
 from medseg.inference.ensemble import Ensemble, check_compatible
 from medseg.inference.model import EvalModel, load_model
 from medseg.inference.output import label_map_path, read_masks
-from medseg.io import atomic_write_json, atomic_write_text, replaced_folder
+from medseg.io import atomic_write_json, atomic_write_text, check_writable, replaced_folder
 from medseg.postprocessing.components import POSTPROCESSING_FILE, STEPS, OutOfFoldCase, decide
 from medseg.runs.folders import Run, Sweep, cross_validations, crossval_dir
 from medseg.scoring.per_case import json_safe, read_reference, summarize, write_metrics_csv
@@ -290,11 +290,12 @@ def cross_validate(cfg: CrossvalConfig | Mapping[str, Any] | DictConfig) -> list
     """Cross-validate every setting of the multirun ``cfg.dir`` (see the module docstring).
 
     Raises:
-        ConfigError: ``dir`` is not a multirun, or no setting has a finished fold.
+        ConfigError: ``dir`` is not a multirun or cannot be written into, or no setting has a finished fold.
         DatasetError, CheckpointError: a fold that cannot be cross-validated; nothing is written then.
     """
     settings = to_typed(CrossvalConfig, cfg)
     sweep = Path(settings.dir).expanduser()
+    check_writable(sweep, "dir")
     try:
         jobs = Sweep.read(sweep).runs
     except FileNotFoundError as err:

@@ -38,7 +38,7 @@ many they skipped. Label values that are not classes of the checkpoint count as 
 A case that cannot be evaluated (unreadable file, wrong channel count, a label whose shape or
 geometry differs from its image) is reported by name and recorded in ``summary.json``; the other
 cases are still evaluated, and the exit code is 1. A missing or foreign checkpoint, an input
-without images or a full disk stops at once with a one-line error.
+without images, an ``output`` that cannot be written into or a full disk stops at once with a one-line error.
 The half-written files a killed evaluation left in ``output`` are removed by the next one there.
 
 Modules: :mod:`.settings` (the checked settings), :mod:`.cases` (finding the cases of ``input``),
@@ -67,7 +67,7 @@ from medseg.inference.ensemble import Ensemble
 from medseg.inference.inferer import segment
 from medseg.inference.output import check_output, write_label_map, write_masks, write_probabilities
 from medseg.inference.settings import check_config
-from medseg.io import atomic_write_json, remove_temporaries
+from medseg.io import atomic_write_json, check_writable, remove_temporaries
 from medseg.postprocessing.components import Postprocessing, from_setting
 from medseg.scoring.per_case import (
     json_safe,
@@ -138,15 +138,17 @@ def evaluate(cfg: EvaluateConfig | Mapping[str, Any] | DictConfig) -> Evaluation
 
     Raises:
         EvaluationError: bad settings, no images, or outputs that would overwrite inputs.
+        ConfigError: an ``output`` that cannot be written into (before any prediction).
         CheckpointError: a missing, foreign or incompatible checkpoint.
         NoSpaceError: the disk is full (the files written before are intact).
     """
     settings = check_config(cfg)
     started = time.perf_counter()
+    output = Path(settings.output).expanduser()
+    check_writable(output, "output")
     ensemble = Ensemble.load(settings.ckpt, settings)
     postprocessing = from_setting(settings.postprocessing, ensemble.checkpoints, ensemble.label_spec.outputs)
     cases = find_cases(settings.input, settings.split, ensemble.in_channels, ensemble.trained_on)
-    output = Path(settings.output).expanduser()
     check_output(cases, output)
     for path in remove_temporaries(output):
         log.warning("removed %s, half-written by an evaluation that was killed", path)

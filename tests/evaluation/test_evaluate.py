@@ -134,6 +134,14 @@ def test_predict_only_folder_with_probabilities(tiny_demo_root: Path, ckpt_3d: P
     assert (probs.argmax(0) == pred).mean() > 0.99
 
 
+def test_the_output_is_checked_writable_before_any_prediction(tiny_demo_root: Path, ckpt_3d: Path,
+                                                              tmp_path: Path) -> None:
+    (tmp_path / "notes.txt").write_text("mine")
+    with pytest.raises(ConfigError, match=rf"^output: {tmp_path / 'notes.txt'} is a file, not a folder"):
+        evaluate({"ckpt": str(ckpt_3d), "input": str(tiny_demo_root / "imagesTr"),
+                  "output": str(tmp_path / "notes.txt" / "out"), "progress": False})
+
+
 def test_an_evaluation_removes_what_a_killed_one_half_wrote_in_its_output(tiny_demo_root: Path, ckpt_3d: Path,
                                                                          tmp_path: Path) -> None:
     images = tmp_path / "images"

@@ -1,4 +1,5 @@
-"""Faults a training run meets from outside, in process: a full disk while saving.
+"""Faults a training run meets from outside, in process: a full disk while saving, and a run folder it cannot
+write into.
 
 Faults are injected from the test only (a writer that finds the disk full); production code has no hooks.
 """
@@ -15,8 +16,9 @@ import pytest
 import torch
 
 from medseg.cli import one_line_errors
+from medseg.errors import ConfigError
 from medseg.runs.checkpoint import load_checkpoint
-from medseg.training.run import train_cli
+from medseg.training.run import train, train_cli
 from tests.helpers.runs import micro_config
 
 pytestmark = pytest.mark.usefixtures("one_thread")
@@ -63,3 +65,8 @@ def test_a_full_disk_while_saving_is_one_line_naming_the_intact_last_pt(
     assert load_checkpoint(last)["epoch"] == 1
     assert not [p for p in last.parent.iterdir() if p.name.startswith(".")], "no temp file left"
 
+
+def test_a_run_folder_that_cannot_be_written_stops_before_any_work(tmp_path: Path, tiny_demo_root: Path) -> None:
+    (tmp_path / "notes.txt").write_text("mine")
+    with pytest.raises(ConfigError, match=rf"^output_dir: {tmp_path / 'notes.txt'} is a file, not a folder"):
+        train(micro_config(tmp_path / "notes.txt" / "run", tiny_demo_root, "trainer.max_epochs=1"))
