@@ -32,6 +32,7 @@ from medseg.io import atomic_write_json
 from medseg.models import build_model, unwrap_model
 from medseg.optim import build_optimizer, build_scheduler
 from medseg.runs.checkpoint import (
+    MODEL_KEYS,
     load_checkpoint,
     load_fitting_state,
     load_model_state,
@@ -61,6 +62,12 @@ def seed_everything(seed: int) -> None:
 def epoch_seed(seed: int, epoch: int) -> int:
     """The seed of one epoch: distinct per (seed, epoch), the same on every resume."""
     return (seed * 1_000_003 + epoch * 7919) % 2**31
+
+
+RESUMED_KEYS = (*MODEL_KEYS, "optimizer", "scheduler", "epoch", "step", "epoch_losses", "nonfinite_streak",
+                "torch_rng", "cuda_rng", "best_metric", "best_epoch", "best_per_class", "history", "nonfinite_total",
+                "train_seconds")
+"""The entries of :meth:`Trainer.state` a resume cannot do without (the AMP scaler's state can: a fresh one)."""
 
 
 def saved_at(epoch: int, step: int) -> str:
@@ -343,13 +350,16 @@ class Trainer:
 
     def resume(self, path: Path) -> None:
         """Restore model, optimizer, scheduler, scaler, epoch/step, best metric and history from ``path``."""
-        state = load_checkpoint(path, map_location=self.device)
+        state = load_checkpoint(path, map_location=self.device, needs=RESUMED_KEYS)
         load_model_state(self.model, state["model"], path)
         self.optimizer.load_state_dict(state["optimizer"])
         if self.budget is not None and state["epoch"] > 0:  # the epochs the budget was found to span
             self.set_max_epochs(state["config"]["trainer"]["max_epochs"])
         self.scheduler.load_state_dict(state["scheduler"])
-        self.step.scaler.load_state_dict(state["scaler"])
+        if state.get("scaler"):
+            self.step.scaler.load_state_dict(state["scaler"])
+        elif self.step.scaler.is_enabled() and self.dist.is_main:
+            log.info("%s holds no fp16 loss scale: it starts afresh (its first steps may be skipped)", path)
         self.epoch, self.start_step = state["epoch"], state["step"]
         self.best_dice, self.best_epoch = state["best_metric"], state["best_epoch"]
         self.best_per_class, self.history = state["best_per_class"], state["history"]

@@ -1,5 +1,5 @@
-"""Faults a training run meets from outside, in process: a full disk while saving, and a run folder it cannot
-write into.
+"""Faults a training run meets from outside, in process: a full disk while saving, a checkpoint without an
+AMP-scaler entry to resume, and a run folder it cannot write into.
 
 Faults are injected from the test only (a writer that finds the disk full); production code has no hooks.
 """
@@ -17,7 +17,7 @@ import torch
 
 from medseg.cli import one_line_errors
 from medseg.errors import ConfigError
-from medseg.runs.checkpoint import load_checkpoint
+from medseg.runs.checkpoint import load_checkpoint, save_checkpoint
 from medseg.training.run import train, train_cli
 from tests.helpers.runs import micro_config
 
@@ -64,6 +64,17 @@ def test_a_full_disk_while_saving_is_one_line_naming_the_intact_last_pt(
                      f"intact: free some space, then resume with trainer.resume=true")
     assert load_checkpoint(last)["epoch"] == 1
     assert not [p for p in last.parent.iterdir() if p.name.startswith(".")], "no temp file left"
+
+
+def test_resume_from_a_checkpoint_without_a_scaler_entry_starts_a_fresh_scaler(tmp_path: Path,
+                                                                               tiny_demo_root: Path) -> None:
+    run_dir = tmp_path / "run"
+    train(micro_config(run_dir, tiny_demo_root, "trainer.max_epochs=1"))
+    last = run_dir / "checkpoints" / "last.pt"
+    save_checkpoint(last, {key: value for key, value in load_checkpoint(last).items() if key != "scaler"})
+    metrics = train(micro_config(run_dir, tiny_demo_root, "trainer.max_epochs=2", "trainer.resume=true"))
+    assert metrics["epochs"] == 2 and [record["epoch"] for record in metrics["history"]] == [1, 2]
+    assert "scaler" in load_checkpoint(last)
 
 
 def test_a_run_folder_that_cannot_be_written_stops_before_any_work(tmp_path: Path, tiny_demo_root: Path) -> None:
