@@ -222,7 +222,10 @@ class Trainer:
                 self.save("last.pt")
                 self.log_epoch(record)
                 if stop.requested():
-                    self.interrupt(stop, step=0)
+                    if self.epoch < self.settings.max_epochs:
+                        self.interrupt(stop, step=0)
+                    elif self.dist.is_main:  # trained, validated and saved: the record takes no time to finish
+                        log.warning("received %s during the last epoch: finishing the run's record", stop.name)
         return self.metrics()
 
     def train_epoch(self, stop: GracefulStop) -> float:

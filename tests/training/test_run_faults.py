@@ -1,14 +1,17 @@
-"""Faults a training run meets from outside, in process: a full disk while saving, a checkpoint without an
-AMP-scaler entry to resume, and a run folder it cannot write into.
+"""Faults a training run meets from outside, in process: a full disk while saving, a stop (SIGTERM) during the last
+validation, a checkpoint without an AMP-scaler entry to resume, and a run folder it cannot write into.
 
-Faults are injected from the test only (a writer that finds the disk full); production code has no hooks.
+Faults are injected from the test only (a writer that finds the disk full, a validation that sends the signal);
+production code has no hooks.
 """
 
 from __future__ import annotations
 
 import errno
 import io
+import json
 import os
+import signal
 from pathlib import Path
 from typing import Any
 
@@ -18,6 +21,7 @@ import torch
 from medseg.cli import one_line_errors
 from medseg.errors import ConfigError
 from medseg.runs.checkpoint import load_checkpoint, save_checkpoint
+from medseg.training import trainer as trainer_module
 from medseg.training.run import train, train_cli
 from tests.helpers.runs import micro_config
 
@@ -64,6 +68,23 @@ def test_a_full_disk_while_saving_is_one_line_naming_the_intact_last_pt(
                      f"intact: free some space, then resume with trainer.resume=true")
     assert load_checkpoint(last)["epoch"] == 1
     assert not [p for p in last.parent.iterdir() if p.name.startswith(".")], "no temp file left"
+
+
+def test_a_stop_during_the_last_validation_finishes_the_record(tmp_path: Path, tiny_demo_root: Path,
+                                                               monkeypatch: pytest.MonkeyPatch) -> None:
+    validate = trainer_module.validate
+
+    def validate_then_sigterm(*args: Any, **kwargs: Any) -> Any:
+        result = validate(*args, **kwargs)
+        signal.raise_signal(signal.SIGTERM)  # SLURM's preemption notice arrives while the validation runs
+        return result
+
+    monkeypatch.setattr(trainer_module, "validate", validate_then_sigterm)
+    run_dir = tmp_path / "run"
+    metrics = train(micro_config(run_dir, tiny_demo_root, "trainer.max_epochs=1"))
+    written = json.loads((run_dir / "metrics.json").read_text())
+    assert written["status"] == metrics["status"] == "completed" and written["epochs"] == 1
+    assert written["best_val_dice"] == load_checkpoint(run_dir / "checkpoints" / "best.pt")["best_metric"]
 
 
 def test_resume_from_a_checkpoint_without_a_scaler_entry_starts_a_fresh_scaler(tmp_path: Path,
