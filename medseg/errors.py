@@ -32,6 +32,11 @@ class TrainingError(MedsegError, RuntimeError):
     """Training cannot go on (e.g. the loss stays non-finite); the message says what to do."""
 
 
+class NoSpaceError(MedsegError, OSError):
+    """The disk (or the user's quota) is full: a file could not be written, and the file it would have replaced is
+    intact; the message names both."""
+
+
 class TrainingInterrupted(MedsegError):
     """SIGINT/SIGTERM stopped training after saving ``last.pt``; ``exit_code`` is 128 + the signal."""
 

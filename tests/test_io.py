@@ -1,15 +1,20 @@
-"""Crash-safe writes: NIfTI onto a source image's grid and header, by ending, and nothing torn or left behind."""
+"""Crash-safe writes: NIfTI onto a source image's grid and header, by ending, and nothing torn or left behind; a full
+disk as one error with the old file intact; what a killed folder replacement left, recovered; unwritable folders
+refused before any work."""
 
 from __future__ import annotations
 
+import errno
 import gzip
+import os
 from pathlib import Path
 
 import nibabel as nib
 import numpy as np
 import pytest
 
-from medseg.io import atomic_save, write_nifti
+from medseg.errors import ConfigError, NoSpaceError
+from medseg.io import atomic_save, atomic_write, atomic_write_json, check_writable, replaced_folder, write_nifti
 
 AFFINE = np.array([[0.0, 0.0, 2.0, -10.0], [-0.7, 0.0, 0.0, 20.0], [0.0, -0.7, 0.0, 5.0], [0.0, 0.0, 0.0, 1.0]])
 """An oblique-free PIR-like affine with a non-zero origin."""
@@ -69,3 +74,72 @@ def test_a_failed_write_keeps_the_old_file_and_leaves_no_temp_file(tmp_path: Pat
         atomic_save(target, half_then_crash, ".nii.gz")
     assert target.read_bytes() == b"old"
     assert [p.name for p in tmp_path.iterdir()] == ["pred.nii.gz"]
+
+
+def _disk_full_after(written: int):
+    """A writer for :func:`atomic_write` that writes ``written`` bytes, then finds the disk full."""
+
+    def write(handle) -> None:
+        handle.write(b"x" * written)
+        raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
+
+    return write
+
+
+def test_a_full_disk_is_one_error_naming_the_file_and_the_previous_version_stays(tmp_path: Path) -> None:
+    target = atomic_write_json(tmp_path / "summary.json", {"old": True})
+    with pytest.raises(NoSpaceError, match=rf"^no space left writing {target}; its previous version is intact$"):
+        atomic_write(target, _disk_full_after(10))
+    assert target.read_text() == '{\n  "old": true\n}\n'
+    with pytest.raises(NoSpaceError, match=r"new\.json; nothing was written$"):
+        atomic_write(tmp_path / "new.json", _disk_full_after(0))
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["summary.json"], "no temp file left"
+
+
+def test_a_full_disk_in_a_replaced_folder_names_the_folder_and_keeps_it(tmp_path: Path) -> None:
+    target = tmp_path / "export"
+    target.mkdir()
+    (target / "model.pt").write_text("old")
+    with (pytest.raises(NoSpaceError, match=rf"^no space left writing {target}; its previous version is intact$"),
+          replaced_folder(target) as folder):
+        atomic_write(folder / "model.pt", _disk_full_after(5))
+    assert (target / "model.pt").read_text() == "old"
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["export"]
+
+
+def test_a_replacement_killed_midway_is_finished_or_cleared_by_the_next_one(tmp_path: Path) -> None:
+    target = tmp_path / "crossval"
+    unfinished = tmp_path / ".crossval.k3j_9x2q.tmp"  # killed in the block: incomplete, removed
+    (unfinished / "predictions").mkdir(parents=True)
+    moved_aside, complete = tmp_path / ".crossval.ab12cd34.old", tmp_path / ".crossval.ab12cd34.tmp"
+    for folder, text in ((moved_aside, "old"), (complete, "new")):  # killed between the two renames
+        folder.mkdir()
+        (folder / "summary.json").write_text(text)
+    kept = [tmp_path / ".crossval.old", tmp_path / ".other.ab12cd34.tmp", tmp_path / "job_0"]
+    for folder in kept:
+        folder.mkdir()
+    with replaced_folder(target) as folder:
+        assert (target / "summary.json").read_text() == "new", "the complete replacement took its place"
+        (folder / "summary.json").write_text("newest")
+    assert (target / "summary.json").read_text() == "newest"
+    assert sorted(p.name for p in tmp_path.iterdir()) == sorted(["crossval", *(p.name for p in kept)])
+
+
+def test_check_writable_refuses_a_path_through_a_file_and_writes_nothing(tmp_path: Path) -> None:
+    (tmp_path / "notes.txt").write_text("mine")
+    with pytest.raises(ConfigError, match=rf"^output: {tmp_path / 'notes.txt'} is a file, not a folder"):
+        check_writable(tmp_path / "notes.txt" / "out", "output")
+    check_writable(tmp_path / "new" / "out", "output")  # made later, in a writable folder
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["notes.txt"]
+
+
+@pytest.mark.skipif(os.geteuid() == 0, reason="root writes into read-only folders")
+def test_check_writable_refuses_a_read_only_folder(tmp_path: Path) -> None:
+    read_only = tmp_path / "ro"
+    read_only.mkdir()
+    read_only.chmod(0o555)
+    try:
+        with pytest.raises(ConfigError, match=rf"^output: cannot write into {read_only} \(Permission denied\)"):
+            check_writable(read_only / "out", "output")
+    finally:
+        read_only.chmod(0o755)

@@ -39,13 +39,13 @@ from medseg.config import CrossvalConfig, EvaluateConfig
 from medseg.data.datalist import dataset_from_config
 from medseg.data.labels import LabelSpec, member_masks
 from medseg.data.reading import read_file
-from medseg.errors import ConfigError, DatasetError, MedsegError
+from medseg.errors import ConfigError, DatasetError, MedsegError, NoSpaceError
 from medseg.evaluation.evaluate import evaluate_case
 from medseg.inference.cases import Case
 from medseg.inference.ensemble import Ensemble, check_compatible
 from medseg.inference.model import EvalModel, load_model
 from medseg.inference.output import label_map_path, read_masks
-from medseg.io import atomic_write_json, atomic_write_text, json_safe, replaced_folder
+from medseg.io import atomic_write_json, atomic_write_text, check_writable, json_safe, replaced_folder
 from medseg.postprocessing.components import POSTPROCESSING_FILE, STEPS, OutOfFoldCase, decide
 from medseg.runs.folders import Run, Sweep, cross_validations, crossval_dir
 from medseg.scoring.per_case import read_reference, summarize, write_metrics_csv
@@ -256,6 +256,8 @@ def run_folds(folds: Sequence[Fold], sweep: Path, label: str, settings: Crossval
                     try:
                         rows += evaluate_case(ensemble, case, predictions, save_masks=True)
                         scored.append(case)
+                    except NoSpaceError:  # no case can be written: stop
+                        raise
                     except MedsegError as err:  # a case that cannot be read is reported; the others go on
                         failed.append({"case": case.case, "reason": str(err)})
                         log.error("case %s failed: %s", case.case, err)
@@ -288,11 +290,12 @@ def cross_validate(cfg: CrossvalConfig | Mapping[str, Any] | DictConfig) -> list
     """Cross-validate every setting of the multirun ``cfg.dir`` (see the module docstring).
 
     Raises:
-        ConfigError: ``dir`` is not a multirun, or no setting has a finished fold.
+        ConfigError: ``dir`` is not a multirun or cannot be written into, or no setting has a finished fold.
         DatasetError, CheckpointError: a fold that cannot be cross-validated; nothing is written then.
     """
     settings = to_typed(CrossvalConfig, cfg)
     sweep = Path(settings.dir).expanduser()
+    check_writable(sweep, "dir")
     try:
         jobs = Sweep.read(sweep).runs
     except FileNotFoundError as err:

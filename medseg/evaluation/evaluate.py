@@ -37,8 +37,9 @@ many they skipped. Label values that are not classes of the checkpoint count as 
 
 A case that cannot be evaluated (unreadable file, wrong channel count, a label whose shape or
 geometry differs from its image) is reported by name and recorded in ``summary.json``; the other
-cases are still evaluated, and the exit code is 1. A missing or foreign checkpoint, or an input
-without images, stops at once with a one-line error.
+cases are still evaluated, and the exit code is 1. A missing or foreign checkpoint, an input
+without images, an ``output`` that cannot be written into or a full disk stops at once with a one-line error.
+The half-written files a killed evaluation left in ``output`` are removed by the next one there.
 
 Modules: :mod:`.settings` (the checked settings), :mod:`.cases` (finding the cases of ``input``),
 :mod:`.model` (the network of a checkpoint), :mod:`.predict` (prediction in the original geometry),
@@ -60,13 +61,13 @@ from omegaconf import DictConfig
 from tqdm import tqdm
 
 from medseg.config import EvaluateConfig
-from medseg.errors import DatasetError
+from medseg.errors import DatasetError, NoSpaceError
 from medseg.inference.cases import Case, find_cases
 from medseg.inference.ensemble import Ensemble
 from medseg.inference.inferer import segment
 from medseg.inference.output import check_output, write_label_map, write_masks, write_probabilities
 from medseg.inference.settings import check_config
-from medseg.io import atomic_write_json, json_safe
+from medseg.io import atomic_write_json, check_writable, json_safe, remove_temporaries
 from medseg.postprocessing.components import Postprocessing, from_setting
 from medseg.scoring.per_case import (
     read_reference,
@@ -136,15 +137,20 @@ def evaluate(cfg: EvaluateConfig | Mapping[str, Any] | DictConfig) -> Evaluation
 
     Raises:
         EvaluationError: bad settings, no images, or outputs that would overwrite inputs.
+        ConfigError: an ``output`` that cannot be written into (before any prediction).
         CheckpointError: a missing, foreign or incompatible checkpoint.
+        NoSpaceError: the disk is full (the files written before are intact).
     """
     settings = check_config(cfg)
     started = time.perf_counter()
+    output = Path(settings.output).expanduser()
+    check_writable(output, "output")
     ensemble = Ensemble.load(settings.ckpt, settings)
     postprocessing = from_setting(settings.postprocessing, ensemble.checkpoints, ensemble.label_spec.outputs)
     cases = find_cases(settings.input, settings.split, ensemble.in_channels, ensemble.trained_on)
-    output = Path(settings.output).expanduser()
     check_output(cases, output)
+    for path in remove_temporaries(output):
+        log.warning("removed %s, half-written by an evaluation that was killed", path)
     for net, inferer in zip(ensemble.nets, ensemble.inferers):
         log.info("model %s: %dD, spacing %s mm, on %s", net.checkpoint, net.spatial_dims, net.data.spacing,
                  inferer.device)
@@ -157,6 +163,8 @@ def evaluate(cfg: EvaluateConfig | Mapping[str, Any] | DictConfig) -> Evaluation
             done = bar.n + len(ensemble)
             try:
                 rows = evaluate_case(ensemble, case, output, postprocessing, on_model=lambda: bar.update())
+            except NoSpaceError:  # no case can be written: stop
+                raise
             except DatasetError as err:
                 result.failed.append({"case": case.case, "reason": str(err)})
                 log.error("case %s failed: %s", case.case, err)

@@ -43,7 +43,7 @@ from medseg.export.formats import (
     write_network,
 )
 from medseg.inference.model import EvalModel, load_model
-from medseg.io import atomic_write_json, replaced_folder
+from medseg.io import atomic_write_json, check_writable, replaced_folder
 from medseg.postprocessing.components import POSTPROCESSING_FILE
 from medseg.postprocessing.components import load as load_postprocessing
 from medseg.typed_config import check_choices, to_typed
@@ -76,7 +76,8 @@ def export(cfg: ExportConfig | Mapping[str, Any] | DictConfig) -> ExportResult:
 
     Raises:
         ConfigError: a bad setting, a format whose exporter or runtime is not installed, an ``output`` that holds
-            other files, a postprocessing file for other classes, or a checkpoint of regions or gapped label values.
+            other files or cannot be written, a postprocessing file for other classes, or a checkpoint of regions or
+            gapped label values.
         CheckpointError: a missing or foreign checkpoint.
         ExportError: the network cannot be exported, or its export computes something else.
     """
@@ -85,6 +86,7 @@ def export(cfg: ExportConfig | Mapping[str, Any] | DictConfig) -> ExportResult:
     require_runtime(settings.format)
     output = Path(settings.output).expanduser()
     check_output(output)
+    check_writable(output.parent, "output")  # replaced_folder writes beside it
     net = load_model(settings.ckpt)
     labels = net.label_spec
     if labels.region_based or labels.label_values != list(range(labels.num_classes)):

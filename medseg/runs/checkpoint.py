@@ -6,12 +6,16 @@ payload never runs. It holds the model weights, the optimizer, scheduler and AMP
 epoch (and step, for a checkpoint written by a graceful stop mid-epoch), the best metric, and the
 resolved config and dataset description as plain types, so that the checkpoint alone rebuilds the
 model and its preprocessing. Writes go to a temp file, are fsynced, then renamed over the target.
+
+:func:`load_checkpoint` is the one loader: it tells a file that is not a medseg checkpoint (random bytes,
+another format, an entry its caller needs missing) from a refused one, and refuses NaN or infinite tensors.
 """
 
 from __future__ import annotations
 
 import pickle
-from collections.abc import Mapping
+import zipfile
+from collections.abc import Collection, Mapping
 from pathlib import Path
 from typing import Any
 
@@ -33,16 +37,45 @@ def save_checkpoint(path: str | Path, state: dict[str, Any]) -> Path:
     return atomic_write(path, lambda handle: torch.save(payload, handle))
 
 
-def load_checkpoint(path: str | Path, map_location: str | torch.device = "cpu") -> dict[str, Any]:
-    """Load a medseg checkpoint safely (``weights_only=True``).
+MODEL_KEYS = ("model", "config", "dataset")
+"""What every medseg checkpoint holds, and all that rebuilding its model needs: the weights, the resolved config and
+the dataset description."""
+
+
+def first_nonfinite(value: Any, name: str = "") -> str | None:
+    """The dotted name of the first floating-point tensor in ``value`` (nested dicts and lists of a checkpoint) that
+    holds a NaN or an infinity; None when every one is finite."""
+    if isinstance(value, torch.Tensor):
+        finite = not (value.is_floating_point() or value.is_complex()) or bool(torch.isfinite(value).all())
+        return None if finite else name
+    items = value.items() if isinstance(value, Mapping) else enumerate(value) if isinstance(value, list | tuple) else ()
+    for key, item in items:
+        found = first_nonfinite(item, f"{name}.{key}" if name else str(key))
+        if found is not None:
+            return found
+    return None
+
+
+def load_checkpoint(path: str | Path, map_location: str | torch.device = "cpu",
+                    needs: Collection[str] = MODEL_KEYS) -> dict[str, Any]:
+    """Load a medseg checkpoint safely (``weights_only=True``): the one loader of every path (resume, evaluation,
+    prediction, export, ``trainer.init_from``).
+
+    Args:
+        needs: the entries the caller reads; a checkpoint without one of them is not a medseg checkpoint to it.
 
     Raises:
-        CheckpointError: the file is missing, holds pickled objects beyond tensors and plain types
-            (refused unrun), was not written by medseg, or comes from an incompatible format version.
+        CheckpointError: the file is missing; is not a medseg checkpoint (random or truncated bytes, not a torch
+            file, no medseg tag, an entry of ``needs`` missing); holds pickled objects beyond tensors and plain
+            types (refused unrun); comes from an incompatible format version; or holds a tensor with NaN or
+            infinite values (the message names the first).
     """
     path = Path(path)
     if not path.is_file():
         raise CheckpointError(f"checkpoint {path} not found")
+    if not zipfile.is_zipfile(path):  # torch.save writes a zip archive; nothing else is unpickled at all
+        raise CheckpointError(f"checkpoint {path} is not a medseg checkpoint: it is not a torch file (another "
+                              f"format, or a truncated or corrupt copy)")
     try:
         state = torch.load(path, map_location=map_location, weights_only=True)
     except pickle.UnpicklingError as err:
@@ -50,15 +83,25 @@ def load_checkpoint(path: str | Path, map_location: str | torch.device = "cpu") 
             f"checkpoint {path} was refused: it holds pickled objects that are not tensors or plain "
             f"types, and medseg never runs them (weights_only=True). Details: {str(err).splitlines()[0]}"
         ) from None
-    except (RuntimeError, EOFError, OSError) as err:
-        raise CheckpointError(f"checkpoint {path} is not a readable torch file: {err}") from None
+    except (RuntimeError, EOFError, OSError, ValueError) as err:
+        raise CheckpointError(f"checkpoint {path} is not a medseg checkpoint: torch cannot read it "
+                              f"({str(err).strip().splitlines()[0] if str(err).strip() else type(err).__name__})"
+                              ) from None
     if not isinstance(state, dict) or state.get("format") != CHECKPOINT_FORMAT:
-        raise CheckpointError(f"checkpoint {path} was not written by medseg (no '{CHECKPOINT_FORMAT}' tag)")
+        raise CheckpointError(f"checkpoint {path} is not a medseg checkpoint: it was not written by medseg (no "
+                              f"'{CHECKPOINT_FORMAT}' tag)")
     if state.get("version") != CHECKPOINT_VERSION:
         raise CheckpointError(
             f"checkpoint {path} has format version {state.get('version')} (medseg "
             f"{state.get('medseg_version')}); this medseg ({__version__}) reads version {CHECKPOINT_VERSION}"
         )
+    missing = [key for key in needs if key not in state]
+    if missing:
+        raise CheckpointError(f"checkpoint {path} is not a medseg checkpoint: it lacks {', '.join(missing)}")
+    bad = first_nonfinite(state)
+    if bad is not None:
+        raise CheckpointError(f"checkpoint {path} holds NaN or infinite values in {bad}: it is corrupt; use "
+                              f"another checkpoint (best.pt, or an earlier run's)")
     return state
 
 

@@ -99,7 +99,7 @@ def plan_of_checkpoint(cfg: TrainConfig, path: Path | None) -> TrainConfig:
     if path is None:
         raise ConfigError("data.plan_from=init: there is no checkpoint to take the plan from (trainer.resume=true "
                           "but the run has no last.pt); set trainer.init_from=<checkpoint> or data.plan_from=data")
-    source = load_checkpoint(path).get("config") or {}
+    source = load_checkpoint(path, needs=("config",))["config"] or {}
     try:
         values = {key: source[key.split(".")[0]][key.split(".")[1]] for key in plannable_values(cfg.data, cfg.model)}
     except (KeyError, TypeError):

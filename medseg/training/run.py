@@ -29,7 +29,7 @@ from medseg.config import TrainConfig
 from medseg.data.datalist import dataset_from_config
 from medseg.data.verify import check_dataset
 from medseg.errors import TrainingInterrupted
-from medseg.io import atomic_write_json, remove_temporaries
+from medseg.io import atomic_write_json, check_writable, remove_temporaries
 from medseg.models import build_model
 from medseg.runs.lock import acquire
 from medseg.runtime.device import resolve_device
@@ -85,8 +85,14 @@ def train(cfg: TrainConfig | Mapping[str, Any] | DictConfig) -> dict[str, Any]:
 def owned_folder(output_dir: Path, dist: DistInfo) -> Iterator[None]:
     """The run folder locked by rank 0 for the whole run (:func:`medseg.runs.lock.acquire`): a second training
     there stops with one line on every rank; the lock goes when the run ends, however it ends. Once it owns the
-    folder, the run removes the half-written files a killed run left there (:func:`medseg.io.remove_temporaries`)."""
-    lock = on_main_rank(lambda: acquire(output_dir), dist)
+    folder, the run removes the half-written files a killed run left there (:func:`medseg.io.remove_temporaries`).
+    A folder it cannot write into stops the run first, with one line."""
+
+    def claim() -> Path:
+        check_writable(output_dir, "output_dir")
+        return acquire(output_dir)
+
+    lock = on_main_rank(claim, dist)
     try:
         if dist.is_main:
             for path in remove_temporaries(output_dir):

@@ -27,11 +27,12 @@ from tqdm import tqdm
 
 from medseg.config import TrainConfig
 from medseg.data.labels import LabelSpec
-from medseg.errors import CheckpointError, TrainingError, TrainingInterrupted
+from medseg.errors import CheckpointError, NoSpaceError, TrainingError, TrainingInterrupted
 from medseg.io import atomic_write_json
 from medseg.models import build_model, unwrap_model
 from medseg.optim import build_optimizer, build_scheduler
 from medseg.runs.checkpoint import (
+    MODEL_KEYS,
     load_checkpoint,
     load_fitting_state,
     load_model_state,
@@ -61,6 +62,18 @@ def seed_everything(seed: int) -> None:
 def epoch_seed(seed: int, epoch: int) -> int:
     """The seed of one epoch: distinct per (seed, epoch), the same on every resume."""
     return (seed * 1_000_003 + epoch * 7919) % 2**31
+
+
+RESUMED_KEYS = (*MODEL_KEYS, "optimizer", "scheduler", "epoch", "step", "epoch_losses", "nonfinite_streak",
+                "torch_rng", "cuda_rng", "best_metric", "best_epoch", "best_per_class", "history", "nonfinite_total",
+                "train_seconds")
+"""The entries of :meth:`Trainer.state` a resume cannot do without (the AMP scaler's state can: a fresh one)."""
+
+
+def saved_at(epoch: int, step: int) -> str:
+    """Where a checkpoint of ``epoch`` completed epochs (and ``step`` > 0 steps into the next) stands, as messages
+    say it: ``"epoch 3"``, or ``"epoch 4, step 2"``."""
+    return f"epoch {epoch + 1}, step {step}" if step else f"epoch {epoch}"
 
 
 def differing_values(mine: Mapping[str, Any], theirs: Mapping[str, Any],
@@ -181,6 +194,7 @@ class Trainer:
         self.epoch_losses: list[float] = []  # finite losses of the current epoch so far
         self.train_seconds = 0.0
         self.resume_rng: dict[str, torch.Tensor | None] | None = None
+        self.saved_last: str | None = None  # the epoch (and step) last.pt holds, for the message of a failed save
         self.tb = TensorBoardLogger(output_dir / "tensorboard") if dist.is_main else None
 
     # --- the loop ----------------------------------------------------------------------------
@@ -208,7 +222,10 @@ class Trainer:
                 self.save("last.pt")
                 self.log_epoch(record)
                 if stop.requested():
-                    self.interrupt(stop, step=0)
+                    if self.epoch < self.settings.max_epochs:
+                        self.interrupt(stop, step=0)
+                    elif self.dist.is_main:  # trained, validated and saved: the record takes no time to finish
+                        log.warning("received %s during the last epoch: finishing the run's record", stop.name)
         return self.metrics()
 
     def train_epoch(self, stop: GracefulStop) -> float:
@@ -318,28 +335,43 @@ class Trainer:
         }
 
     def save(self, name: str, step: int = 0) -> Path | None:
-        """Write checkpoint ``name`` (rank 0 only); returns its path."""
-        return save_checkpoint(self.ckpt_dir / name, self.state(step)) if self.dist.is_main else None
+        """Write checkpoint ``name`` (rank 0 only); returns its path.
+
+        Raises:
+            NoSpaceError: the disk is full; the message says which epoch ``last.pt`` still holds.
+        """
+        if not self.dist.is_main:
+            return None
+        try:
+            path = save_checkpoint(self.ckpt_dir / name, self.state(step))
+        except NoSpaceError as err:
+            kept = f"last.pt of {self.saved_last} is intact" if self.saved_last else "no last.pt was saved yet"
+            raise NoSpaceError(f"{err}; {kept}: free some space, then resume with trainer.resume=true") from None
+        if name == "last.pt":
+            self.saved_last = saved_at(self.epoch, step)
+        return path
 
     def resume(self, path: Path) -> None:
         """Restore model, optimizer, scheduler, scaler, epoch/step, best metric and history from ``path``."""
-        state = load_checkpoint(path, map_location=self.device)
+        state = load_checkpoint(path, map_location=self.device, needs=RESUMED_KEYS)
         load_model_state(self.model, state["model"], path)
         self.optimizer.load_state_dict(state["optimizer"])
         if self.budget is not None and state["epoch"] > 0:  # the epochs the budget was found to span
             self.set_max_epochs(state["config"]["trainer"]["max_epochs"])
         self.scheduler.load_state_dict(state["scheduler"])
-        self.step.scaler.load_state_dict(state["scaler"])
+        if state.get("scaler"):
+            self.step.scaler.load_state_dict(state["scaler"])
+        elif self.step.scaler.is_enabled() and self.dist.is_main:
+            log.info("%s holds no fp16 loss scale: it starts afresh (its first steps may be skipped)", path)
         self.epoch, self.start_step = state["epoch"], state["step"]
         self.best_dice, self.best_epoch = state["best_metric"], state["best_epoch"]
         self.best_per_class, self.history = state["best_per_class"], state["history"]
         self.nonfinite.total, self.nonfinite.streak = state["nonfinite_total"], state["nonfinite_streak"]
         self.train_seconds, self.epoch_losses = state["train_seconds"], state["epoch_losses"]
         self.resume_rng = {"torch": state["torch_rng"], "cuda": state["cuda_rng"]} if self.start_step else None
+        if path.resolve() == (self.ckpt_dir / "last.pt").resolve():
+            self.saved_last = saved_at(self.epoch, self.start_step)
         if self.dist.is_main:
-            for tmp in self.ckpt_dir.glob(".*.pt.*.tmp"):  # unfinished writes of a killed run (targets are intact)
-                log.info("removing %s, an unfinished checkpoint write of a killed run", tmp)
-                tmp.unlink(missing_ok=True)
             where = f"epoch {self.epoch}" + (f", step {self.start_step}" if self.start_step else "")
             log.info("resumed from %s at %s (best val Dice %.4f)", path, where, self.best_dice)
 

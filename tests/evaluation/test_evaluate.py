@@ -134,6 +134,28 @@ def test_predict_only_folder_with_probabilities(tiny_demo_root: Path, ckpt_3d: P
     assert (probs.argmax(0) == pred).mean() > 0.99
 
 
+def test_the_output_is_checked_writable_before_any_prediction(tiny_demo_root: Path, ckpt_3d: Path,
+                                                              tmp_path: Path) -> None:
+    (tmp_path / "notes.txt").write_text("mine")
+    with pytest.raises(ConfigError, match=rf"^output: {tmp_path / 'notes.txt'} is a file, not a folder"):
+        evaluate({"ckpt": str(ckpt_3d), "input": str(tiny_demo_root / "imagesTr"),
+                  "output": str(tmp_path / "notes.txt" / "out"), "progress": False})
+
+
+def test_an_evaluation_removes_what_a_killed_one_half_wrote_in_its_output(tiny_demo_root: Path, ckpt_3d: Path,
+                                                                         tmp_path: Path) -> None:
+    images = tmp_path / "images"
+    images.mkdir()
+    shutil.copy(tiny_demo_root / "imagesTr" / "demo_000.nii.gz", images)
+    out = tmp_path / "out"
+    out.mkdir()
+    half_written = [out / ".demo_001.nii.gz.k3j_9x2q.tmp.nii.gz", out / ".summary.json.abcd1234.tmp"]
+    for path in [*half_written, out / "notes.tmp"]:
+        path.write_bytes(b"partial")
+    evaluate({"ckpt": str(ckpt_3d), "input": str(images), "output": str(out), "progress": False})
+    assert sorted(p.name for p in out.iterdir()) == ["demo_000.nii.gz", "notes.tmp", "summary.json"]
+
+
 def test_nrrd_images_are_predicted_onto_their_grid(ckpt_3d: Path, tmp_path: Path) -> None:
     pytest.importorskip("nrrd", reason=".nrrd needs the formats extra: pip install 'medseg[formats]'")
     root = write_ct_dataset(tmp_path / "ct", "nnunet", num_cases=1, shape=(40, 36, 12), orientation="PIR",

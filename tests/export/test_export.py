@@ -170,6 +170,13 @@ def test_bad_checkpoints_and_outputs_are_refused_before_anything_is_written(trai
         load_exported(tmp_path)
 
 
+def test_an_output_that_cannot_be_written_is_refused_before_exporting(tmp_path: Path) -> None:
+    ckpt = random_checkpoint(tmp_path / "ckpt.pt")
+    (tmp_path / "notes.txt").write_text("mine")
+    with pytest.raises(ConfigError, match=rf"^output: {tmp_path / 'notes.txt'} is a file, not a folder"):
+        export({"ckpt": str(ckpt), "format": "torchscript", "output": str(tmp_path / "notes.txt" / "export")})
+
+
 def test_a_missing_runtime_is_one_line_naming_the_extra(tmp_path: Path) -> None:
     shadow = tmp_path / "shadow" / "onnxruntime"  # an onnxruntime that cannot be imported, as when not installed
     shadow.mkdir(parents=True)

@@ -1,4 +1,5 @@
-"""Checkpoints: atomic writes, safe loading, and clear errors for foreign or mismatching files."""
+"""Checkpoints: atomic writes, safe loading, and clear errors for foreign, incomplete, non-finite or mismatching
+files."""
 
 from __future__ import annotations
 
@@ -27,7 +28,8 @@ class _Payload:
 
 def test_roundtrip_keeps_tensors_and_plain_values(tmp_path: Path) -> None:
     model = nn.Linear(3, 2)
-    path = save_checkpoint(tmp_path / "last.pt", {"model": model.state_dict(), "epoch": 4, "config": {"a": [1, 2]}})
+    path = save_checkpoint(tmp_path / "last.pt", {"model": model.state_dict(), "epoch": 4, "config": {"a": [1, 2]},
+                                                  "dataset": {}})
     state = load_checkpoint(path)
     assert state["epoch"] == 4 and state["config"] == {"a": [1, 2]}
     torch.testing.assert_close(state["model"]["weight"], model.weight.detach())
@@ -62,6 +64,34 @@ def test_missing_foreign_and_future_checkpoints(tmp_path: Path) -> None:
         load_checkpoint(tmp_path / "garbage.pt")
 
 
+def test_random_bytes_and_incomplete_checkpoints_are_not_medseg_checkpoints(tmp_path: Path) -> None:
+    for name, data in (("random.pt", os.urandom(4096)), ("pickle.pt", pickle.dumps({"model": {}})),
+                       ("torn.pt", save_checkpoint(tmp_path / "whole.pt", {"epoch": 1}).read_bytes()[:-40])):
+        (tmp_path / name).write_bytes(data)
+        with pytest.raises(CheckpointError, match=rf"^checkpoint {tmp_path / name} is not a medseg checkpoint: ") as e:
+            load_checkpoint(tmp_path / name)
+        assert "pickled" not in str(e.value)
+    path = save_checkpoint(tmp_path / "weights_only.pt", {"model": {}})
+    with pytest.raises(CheckpointError, match=r"is not a medseg checkpoint: it lacks config, dataset$"):
+        load_checkpoint(path)
+    with pytest.raises(CheckpointError, match=r"it lacks optimizer$"):
+        load_checkpoint(path, needs=("model", "optimizer"))
+
+
+def test_non_finite_tensors_are_refused_naming_the_first(tmp_path: Path) -> None:
+    model = nn.Sequential(nn.Linear(3, 4), nn.Linear(4, 2))
+    weights = model.state_dict()
+    weights["1.bias"][1] = float("nan")
+    path = save_checkpoint(tmp_path / "nan.pt", {"model": weights, "config": {}, "dataset": {}})
+    with pytest.raises(CheckpointError, match=r"holds NaN or infinite values in model\.1\.bias: it is corrupt"):
+        load_checkpoint(path)
+    optimizer = {"state": {0: {"step": torch.tensor(3.0), "exp_avg_sq": torch.tensor([0.0, float("inf")])}}}
+    path = save_checkpoint(tmp_path / "inf.pt", {"model": nn.Linear(3, 4).state_dict(), "optimizer": optimizer,
+                                                 "config": {}, "dataset": {}, "history": [{"loss": float("nan")}]})
+    with pytest.raises(CheckpointError, match=r"in optimizer\.state\.0\.exp_avg_sq: "):
+        load_checkpoint(path)
+
+
 def test_architecture_mismatch_names_the_keys(tmp_path: Path) -> None:
     source = nn.Sequential(nn.Linear(3, 4), nn.Linear(4, 2))
     target = nn.Sequential(nn.Linear(3, 5), nn.Linear(5, 2), nn.ReLU())
@@ -81,5 +111,5 @@ def test_failed_write_keeps_the_previous_file(tmp_path: Path) -> None:
 
     with pytest.raises(KeyboardInterrupt):
         atomic_write(path, explode)
-    assert load_checkpoint(path)["epoch"] == 1
+    assert load_checkpoint(path, needs=())["epoch"] == 1
     assert not list(tmp_path.glob(".*.tmp"))

@@ -1,0 +1,104 @@
+"""Faults a training run meets from outside, in process: a full disk while saving, a stop (SIGTERM) during the last
+validation, a checkpoint without an AMP-scaler entry to resume, and a run folder it cannot write into.
+
+Faults are injected from the test only (a writer that finds the disk full, a validation that sends the signal);
+production code has no hooks.
+"""
+
+from __future__ import annotations
+
+import errno
+import io
+import json
+import os
+import signal
+from pathlib import Path
+from typing import Any
+
+import pytest
+import torch
+
+from medseg.cli import one_line_errors
+from medseg.errors import ConfigError
+from medseg.runs.checkpoint import load_checkpoint, save_checkpoint
+from medseg.training import trainer as trainer_module
+from medseg.training.run import train, train_cli
+from tests.helpers.runs import micro_config
+
+pytestmark = pytest.mark.usefixtures("one_thread")
+
+
+class FullDisk(io.RawIOBase):
+    """A file that takes ``room`` bytes, then fails as a full disk does (``OSError`` ENOSPC)."""
+
+    def __init__(self, handle: io.BufferedIOBase, room: int) -> None:
+        super().__init__()
+        self.handle, self.room = handle, room
+
+    def writable(self) -> bool:
+        return True
+
+    def write(self, data: Any) -> int:
+        if len(data) > self.room:
+            raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
+        self.room -= len(data)
+        return self.handle.write(data)
+
+
+def test_a_full_disk_while_saving_is_one_line_naming_the_intact_last_pt(
+        tmp_path: Path, tiny_demo_root: Path, monkeypatch: pytest.MonkeyPatch,
+        capsys: pytest.CaptureFixture[str]) -> None:
+    run_dir = tmp_path / "run"
+    last = run_dir / "checkpoints" / "last.pt"
+    save, last_writes = torch.save, []
+
+    def disk_full_at_the_second_last_pt(obj: Any, handle: Any, *args: Any, **kwargs: Any) -> None:
+        if Path(handle.name).name.startswith(".last.pt."):
+            last_writes.append(handle.name)
+        if len(last_writes) == 2:  # epoch 2's: torch's zip writer meets the full disk in its first kilobytes
+            return save(obj, FullDisk(handle, room=1000), *args, **kwargs)
+        return save(obj, handle, *args, **kwargs)
+
+    monkeypatch.setattr(torch, "save", disk_full_at_the_second_last_pt)
+    with pytest.raises(SystemExit) as exit_info:
+        one_line_errors(train_cli)(micro_config(run_dir, tiny_demo_root, "trainer.max_epochs=2"))
+    assert exit_info.value.code == 1
+    [error] = capsys.readouterr().err.splitlines()
+    assert error == (f"error: no space left writing {last}; its previous version is intact; last.pt of epoch 1 is "
+                     f"intact: free some space, then resume with trainer.resume=true")
+    assert load_checkpoint(last)["epoch"] == 1
+    assert not [p for p in last.parent.iterdir() if p.name.startswith(".")], "no temp file left"
+
+
+def test_a_stop_during_the_last_validation_finishes_the_record(tmp_path: Path, tiny_demo_root: Path,
+                                                               monkeypatch: pytest.MonkeyPatch) -> None:
+    validate = trainer_module.validate
+
+    def validate_then_sigterm(*args: Any, **kwargs: Any) -> Any:
+        result = validate(*args, **kwargs)
+        signal.raise_signal(signal.SIGTERM)  # SLURM's preemption notice arrives while the validation runs
+        return result
+
+    monkeypatch.setattr(trainer_module, "validate", validate_then_sigterm)
+    run_dir = tmp_path / "run"
+    metrics = train(micro_config(run_dir, tiny_demo_root, "trainer.max_epochs=1"))
+    written = json.loads((run_dir / "metrics.json").read_text())
+    assert written["status"] == metrics["status"] == "completed" and written["epochs"] == 1
+    assert written["best_val_dice"] == load_checkpoint(run_dir / "checkpoints" / "best.pt")["best_metric"]
+
+
+def test_resume_from_a_checkpoint_without_a_scaler_entry_starts_a_fresh_scaler(tmp_path: Path,
+                                                                               tiny_demo_root: Path) -> None:
+    run_dir = tmp_path / "run"
+    train(micro_config(run_dir, tiny_demo_root, "trainer.max_epochs=1"))
+    last = run_dir / "checkpoints" / "last.pt"
+    save_checkpoint(last, {key: value for key, value in load_checkpoint(last).items() if key != "scaler"})
+    metrics = train(micro_config(run_dir, tiny_demo_root, "trainer.max_epochs=2", "trainer.resume=true"))
+    assert metrics["epochs"] == 2 and [record["epoch"] for record in metrics["history"]] == [1, 2]
+    assert "scaler" in load_checkpoint(last)
+
+
+def test_a_run_folder_that_cannot_be_written_stops_before_any_work(tmp_path: Path, tiny_demo_root: Path) -> None:
+    (tmp_path / "notes.txt").write_text("mine")
+    with pytest.raises(ConfigError, match=rf"^output_dir: {tmp_path / 'notes.txt'} is a file, not a folder"):
+        train(micro_config(tmp_path / "notes.txt" / "run", tiny_demo_root, "trainer.max_epochs=1"))
