@@ -159,8 +159,9 @@ def test_2d_checkpoint_on_3d_volumes(tiny_demo_root: Path, tmp_path: Path) -> No
 
 def test_bad_cases_are_reported_and_others_still_evaluated(tiny_demo_root: Path, ckpt_3d: Path,
                                                            tmp_path: Path) -> None:
-    folder = nnunet_folder(tiny_demo_root, tmp_path / "data", cases=5)
-    # demo_001: a two-channel image; demo_002: a label two voxels shorter than its image; demo_004: a torn image
+    folder = nnunet_folder(tiny_demo_root, tmp_path / "data", cases=8)
+    # demo_001: a two-channel image; demo_002: a label two voxels shorter than its image; demo_004: a torn image;
+    # demo_005: a NaN voxel; demo_006: a label value 0.5; demo_007: label values 7 and 9, which the model lacks
     two_channel = folder / "imagesTs" / "demo_001_0000.nii.gz"
     image = nib.load(two_channel)
     data = np.asarray(image.dataobj)
@@ -169,11 +170,26 @@ def test_bad_cases_are_reported_and_others_still_evaluated(tiny_demo_root: Path,
     nib.save(nib.Nifti1Image(np.asarray(label.dataobj)[:-2], label.affine), folder / "labelsTs" / "demo_002.nii.gz")
     torn = folder / "imagesTs" / "demo_004_0000.nii.gz"
     torn.write_bytes(torn.read_bytes()[:500])
+    nan = nib.load(folder / "imagesTs" / "demo_005_0000.nii.gz")
+    voxels = np.asarray(nan.dataobj).astype(np.float32)
+    voxels[3, 4, 5] = np.nan
+    nib.save(nib.Nifti1Image(voxels, nan.affine), folder / "imagesTs" / "demo_005_0000.nii.gz")
+    for case, values in (("demo_006", [0.5]), ("demo_007", [7, 9])):
+        label = nib.load(folder / "labelsTs" / f"{case}.nii.gz")
+        voxels = np.asarray(label.dataobj).astype(np.float32)
+        voxels[0, 0, : len(values)] = values
+        nib.save(nib.Nifti1Image(voxels, label.affine), folder / "labelsTs" / f"{case}.nii.gz")
     out = tmp_path / "out"
     result = evaluate({"ckpt": str(ckpt_3d), "input": str(folder), "output": str(out), "progress": False})
     assert result.exit_code == 1
     reasons = {f["case"]: f["reason"] for f in result.failed}
-    assert set(reasons) == {"demo_001", "demo_002", "demo_004"}
+    assert set(reasons) == {"demo_001", "demo_002", "demo_004", "demo_005", "demo_006", "demo_007"}
+    assert reasons["demo_005"] == (f"{folder / 'imagesTs' / 'demo_005_0000.nii.gz'}: contains 1 NaN voxels (of "
+                                   f"{np.prod(nan.shape)}); every voxel must be a finite number")
+    assert reasons["demo_006"].startswith(f"{folder / 'labelsTs' / 'demo_006.nii.gz'}: non-integer label values (0.5)")
+    assert reasons["demo_007"].startswith(f"{folder / 'labelsTs' / 'demo_007.nii.gz'}: label values (7, 9) are not in "
+                                          f"the model's labels (0 background, 1 dim sphere, 2 bright sphere)")
+    assert not any((out / f"demo_00{i}.nii.gz").exists() for i in (5, 6, 7)), "a refused case writes nothing"
     assert "demo_001_0000.nii.gz" in reasons["demo_001"] and "2 channel(s)" in reasons["demo_001"]
     assert "demo_002.nii.gz" in reasons["demo_002"] and "label shape (30, 32, 16)" in reasons["demo_002"]
     assert reasons["demo_004"].startswith(f"{torn}: cannot read file (") and "Traceback" not in reasons["demo_004"]
