@@ -19,7 +19,7 @@ import numpy as np
 from nibabel.spatialimages import SpatialImage
 
 from medseg.config import EvaluateConfig
-from medseg.data.reading import ImageSource
+from medseg.data.reading import ImageSource, check_voxels
 from medseg.errors import ConfigError
 from medseg.export import load_exported, read_description
 from medseg.inference.cases import Case
@@ -44,6 +44,7 @@ def _source(image: str | Path | SpatialImage | np.ndarray, affine: np.ndarray | 
         if matrix.shape != (4, 4) or image.ndim not in (3, 4):
             raise ConfigError(f"predict(array): expected an (X, Y, Z) or (X, Y, Z, C) array and a (4, 4) affine, "
                               f"got shapes {image.shape} and {matrix.shape}")
+        check_voxels(image, matrix, "predict(array)")  # before nibabel, which refuses some dtypes with a traceback
         return nib.Nifti1Image(image, matrix)
     if affine is not None:
         raise ConfigError("predict(): affine= is for arrays only; files and nibabel images carry their own")
@@ -81,8 +82,9 @@ def predict(image: str | Path | SpatialImage | np.ndarray, ckpt: Checkpoints, af
         postprocessing): softmax over the classes, or a sigmoid per region.
 
     Raises:
-        ConfigError: a bad argument. DatasetError: an unreadable image, or another channel count than the
-            model's. CheckpointError: a missing or foreign checkpoint, or models that cannot be ensembled.
+        ConfigError: a bad argument. DatasetError: an unreadable image, one without voxels, with voxels that are
+            not finite numbers or with a singular or non-finite affine, or another channel count than the model's.
+        CheckpointError: a missing or foreign checkpoint, or models that cannot be ensembled.
     """
     items = list(ckpt) if isinstance(ckpt, Sequence) and not isinstance(ckpt, str) else [ckpt]
     loaded = [item for item in items if isinstance(item, EvalModel)]

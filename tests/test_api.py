@@ -83,6 +83,22 @@ def test_bad_arguments(ckpt: Path, tiny_demo_root: Path) -> None:
         predict(np.zeros((8, 8, 8, 2), np.float32), ckpt=ckpt, affine=np.eye(4))
 
 
+def test_arrays_without_usable_voxels_or_affine_are_one_line_errors(ckpt: Path) -> None:
+    cube = np.zeros((8, 8, 8), np.float32)
+    nan = cube.copy()
+    nan[1, 2, 3] = np.nan
+    for array, affine, reason in [
+        (np.zeros((0, 8, 8), np.float32), np.eye(4), r"no voxels \(shape \(0, 8, 8\)\)"),
+        (cube > 0, np.eye(4), "voxels of type bool; expected numbers"),
+        (cube, np.diag([1.0, 1.0, 0.0, 1.0]), "affine is singular"),
+        (cube, np.diag([1.0, np.inf, 1.0, 1.0]), "affine is not finite"),
+        (nan, np.eye(4), "contains 1 NaN voxels"),
+    ]:
+        with pytest.raises(DatasetError, match=f"^predict\\(array\\): .*{reason}") as err:
+            predict(array, ckpt=ckpt, affine=affine)
+        assert "\n" not in str(err.value)
+
+
 def test_the_documented_snippet_runs(ckpt: Path, evaluated: Path, tiny_demo_root: Path) -> None:
     page = (REPO / "docs" / "evaluation.md").read_text()
     section = page.split("## Python API", 1)[1]

@@ -200,7 +200,8 @@ def score_folder(info: Any, cases: Sequence[Mapping[str, Any]], predictions: Pat
     for entry in cases:
         prediction, affine = read_file(str(predictions / f"{entry['case']}.nii.gz"))
         prediction = np.rint(drop_trailing_singletons(prediction)).astype(np.int64)
-        reference, spacing = read_reference(str(entry["label"]), prediction.shape, affine, str(entry["image"]))
+        reference, spacing = read_reference(str(entry["label"]), prediction.shape, affine, str(entry["image"]),
+                                            info.label_spec)
         rows.extend(score_case(entry["case"], prediction, reference, spacing, info.label_spec, tolerance_mm=1.0))
     return summarize(rows, info.label_spec.outputs)
 

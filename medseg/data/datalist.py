@@ -15,6 +15,7 @@ import logging
 import os
 import random
 import re
+from collections.abc import Iterable
 from dataclasses import asdict, dataclass, field, replace
 from functools import cache
 from pathlib import Path
@@ -128,19 +129,64 @@ def parse_channel_file(path: str | Path, file_ending: str | None = None) -> tupl
     return (match["case"], int(match["channel"])) if match else None
 
 
+def channel_groups(paths: Iterable[str | Path], file_ending: str | None = None) -> dict[str, dict[int, Path]]:
+    """nnU-Net image files grouped into cases by their names (:func:`parse_channel_file`): case id -> channel ->
+    file, cases sorted; files with other names are left out. The one grouping of dataset folders and evaluation
+    inputs."""
+    groups: dict[str, dict[int, Path]] = {}
+    for path in paths:
+        name = parse_channel_file(path, file_ending)
+        if name is not None:
+            groups.setdefault(name[0], {})[name[1]] = Path(path)
+    return {case: dict(sorted(channels.items())) for case, channels in sorted(groups.items())}
+
+
+JSON_TYPES = {dict: "an object ({...})", list: "a list ([...])", str: "a string"}
+"""The JSON types ``dataset.json``'s keys must have -> how messages name them."""
+
+
+def _json_type(value: Any) -> str:
+    """How a message names the JSON type of ``value``."""
+    return next((name for kind, name in JSON_TYPES.items() if isinstance(value, kind)), type(value).__name__)
+
+
 def _read_json(path: Path) -> dict[str, Any]:
     if not path.is_file():
         raise DatasetError(f"{path}: dataset.json not found (data.root must be a dataset folder)")
     try:
-        return json.loads(path.read_text())
+        meta = json.loads(path.read_text())
     except json.JSONDecodeError as err:
         raise DatasetError(f"{path}: not valid JSON ({err})") from err
+    if not isinstance(meta, dict):
+        raise DatasetError(f"{path}: expected {JSON_TYPES[dict]} of keys, got {_json_type(meta)}")
+    return meta
 
 
-def _require(meta: dict[str, Any], key: str, path: Path) -> Any:
+def _require(meta: dict[str, Any], key: str, path: Path, kind: type = dict) -> Any:
+    """``meta[key]``, which must be there and of JSON type ``kind``: the one check of every key the loaders read."""
     if key not in meta:
         raise DatasetError(f"{path}: missing key {key!r}")
-    return meta[key]
+    return _typed(meta, key, path, kind)
+
+
+def _typed(meta: dict[str, Any], key: str, path: Path, kind: type) -> Any:
+    """``meta[key]`` (None when absent), refused unless of JSON type ``kind``."""
+    value = meta.get(key)
+    if value is not None and not isinstance(value, kind):
+        raise DatasetError(f"{path}: {key!r} must be {JSON_TYPES[kind]}, got {_json_type(value)}: "
+                           f"{json.dumps(value)[:80]}")
+    return value
+
+
+def _entries(meta: dict[str, Any], key: str, path: Path) -> list[Any]:
+    """The case list ``meta[key]`` of an MSD ``dataset.json``: a list of objects with an ``image`` (``test``'s entries
+    may also be bare image paths). A missing ``label`` is left to the data check, which reports every case's."""
+    entries = _typed(meta, key, path, list) or []
+    for position, entry in enumerate(entries):
+        if not (isinstance(entry, dict) and entry.get("image")) and not (key == "test" and isinstance(entry, str)):
+            raise DatasetError(f"{path}: {key!r} entry #{position} must be an object with an 'image', got "
+                               f"{json.dumps(entry)[:80]}")
+    return entries
 
 
 def _int_keyed(mapping: dict[str, Any], key: str, path: Path) -> dict[int, Any]:
@@ -150,7 +196,7 @@ def _int_keyed(mapping: dict[str, Any], key: str, path: Path) -> dict[int, Any]:
         raise DatasetError(f"{path}: {key!r} keys must be integers, got {list(mapping)}") from err
 
 
-def _load_msd(root: Path) -> DatasetInfo:
+def _load_msd(root: Path, require_training: bool) -> DatasetInfo:
     path = root / "dataset.json"
     meta = _read_json(path)
     labels = msd_labels(_int_keyed(_require(meta, "labels", path), "labels", path), path)
@@ -158,7 +204,7 @@ def _load_msd(root: Path) -> DatasetInfo:
     channel_names = [modality[i] for i in sorted(modality)]
 
     def cases(key: str) -> list[dict[str, Any]]:
-        if not meta.get(key):
+        if not _entries(meta, key, path):
             return []
         entries = load_decathlon_datalist(path, is_segmentation=True, data_list_key=key, base_dir=root)
         for entry in entries:
@@ -182,8 +228,7 @@ def _nnunet_cases(folder: Path, num_channels: int, file_ending: str, with_labels
     """Cases of an nnU-Net ``imagesTr``/``imagesTs`` folder: ``CASE_0000<ending>`` ... per channel."""
     if not folder.is_dir():
         return []
-    names = [parse_channel_file(p, file_ending) for p in folder.iterdir()]
-    ids = sorted(name[0] for name in names if name is not None and name[1] == 0)
+    ids = [case for case, channels in channel_groups(folder.iterdir(), file_ending).items() if 0 in channels]
     label_dir = folder.parent / folder.name.replace("images", "labels")
     entries = []
     for cid in ids:
@@ -195,15 +240,15 @@ def _nnunet_cases(folder: Path, num_channels: int, file_ending: str, with_labels
     return entries
 
 
-def _load_nnunet(root: Path) -> DatasetInfo:
+def _load_nnunet(root: Path, require_training: bool) -> DatasetInfo:
     path = root / "dataset.json"
     meta = _read_json(path)
     channels = _int_keyed(_require(meta, "channel_names", path), "channel_names", path)
-    labels = nnunet_labels(_require(meta, "labels", path), meta.get("regions_class_order"), path)
-    file_ending = str(meta.get("file_ending", ".nii.gz"))
+    labels = nnunet_labels(_require(meta, "labels", path), _typed(meta, "regions_class_order", path, list), path)
+    file_ending = _typed(meta, "file_ending", path, str) or ".nii.gz"
     channel_names = [channels[i] for i in sorted(channels)]
     training = _nnunet_cases(root / "imagesTr", len(channel_names), file_ending, with_labels=True)
-    if not training:
+    if require_training and not training:
         raise DatasetError(f"{root / 'imagesTr'}: no training images named CASE_0000{file_ending}")
     return DatasetInfo(
         root=root,
@@ -216,8 +261,11 @@ def _load_nnunet(root: Path) -> DatasetInfo:
     )
 
 
-def load_dataset(root: str | Path, format: str = "msd") -> DatasetInfo:
+def load_dataset(root: str | Path, format: str = "msd", require_training: bool = True) -> DatasetInfo:
     """Read the dataset at ``root`` (a folder holding ``dataset.json``) in the given on-disk format.
+
+    ``require_training``: refuse a dataset without training cases (training, planning and the data check need
+    them; evaluating its test cases, ``imagesTs/`` and ``labelsTs/`` beside the ``dataset.json``, does not).
 
     Raises:
         DatasetError: the folder, its ``dataset.json`` or its layout is unusable; the message names it.
@@ -225,14 +273,14 @@ def load_dataset(root: str | Path, format: str = "msd") -> DatasetInfo:
     root = Path(root).expanduser().resolve()
     if not root.is_dir():
         raise DatasetError(f"data.root={root}: folder not found")
-    info = LOADERS[format](root)
-    if not info.training:
+    info = LOADERS[format](root, require_training)
+    if require_training and not info.training:
         raise DatasetError(f"{root / 'dataset.json'}: the training list is empty")
     return info
 
 
 LOADERS = {"msd": _load_msd, "nnunet": _load_nnunet}
-"""On-disk dataset layouts -> their readers."""
+"""On-disk dataset layouts -> their readers (``root``, ``require_training``)."""
 DATASET_FORMATS = ("demo", *LOADERS)
 """The values of ``data.format``: ``demo`` is an MSD folder medseg generates on first use."""
 

@@ -31,6 +31,7 @@ import numpy as np
 import torch
 from monai import transforms as mt
 
+from medseg.data.reading import describe_values, label_map
 from medseg.errors import ConfigError, DatasetError, MedsegError
 
 IGNORE_INDEX = -1
@@ -168,33 +169,23 @@ class LabelSpec:
         return out
 
     def class_indices(self, label: np.ndarray, source: str | Path) -> np.ndarray:
-        """``label`` (non-negative integer values) as int64 class indices, :data:`IGNORE_INDEX` at ignore voxels.
+        """``label`` (a label file's voxels) as int64 class indices, :data:`IGNORE_INDEX` at ignore voxels.
 
         Raises:
-            DatasetError: a value the dataset does not declare; the message names ``source`` (the file).
+            DatasetError: non-integer or negative values, or a value the dataset does not declare
+                (:func:`~medseg.data.reading.label_map`); the message names ``source`` (the file).
         """
-        undeclared = -2
-        table = np.full(max(int(label.max(initial=0)), *self.declared) + 1, undeclared, np.int64)
+        label = label_map(label, source, self.declared)
+        table = np.zeros(max(int(label.max(initial=0)), *self.declared) + 1, np.int64)
         table[self.label_values] = np.arange(self.num_classes)
         if self.ignore_value is not None:
             table[self.ignore_value] = IGNORE_INDEX
-        classes = table[label]
-        if (classes == undeclared).any():
-            unknown = np.unique(label[classes == undeclared])[:10].tolist()
-            values = f"values {', '.join(map(str, unknown))} are" if len(unknown) > 1 else f"value {unknown[0]} is"
-            raise DatasetError(f"{source}: label {values} not in dataset.json's labels "
-                               f"({describe_values(self.declared)})")
-        return classes
+        return table[label]
 
 
 def member_masks(labels: np.ndarray, members: Sequence[Sequence[int]]) -> np.ndarray:
     """``(R, *spatial)`` bool: for each entry of ``members``, where ``labels`` holds one of its values."""
     return np.stack([np.isin(labels, list(values)) for values in members])
-
-
-def describe_values(names: Mapping[int, str]) -> str:
-    """``"0 background, 1 edema, 4 enhancing"``."""
-    return ", ".join(f"{value} {name}" for value, name in sorted(names.items()))
 
 
 # ------------------------------------------------------------------------------------ transforms

@@ -7,7 +7,11 @@ tools, and :func:`from_ras` takes voxels back to a file's own order.
 
 - :func:`read_file`: a file's voxels and affine as stored (NIfTI through nibabel, ``.nrrd``/``.mha``/``.mhd``
   through MONAI's readers, which need the ``formats`` extra), or those of a nibabel image held in memory (the
-  Python API, :func:`medseg.predict`, passes arrays this way: no temporary file);
+  Python API, :func:`medseg.predict`, passes arrays this way: no temporary file). It is the one gate of every
+  reader path (training, planning, evaluation, cross-validation, ``predict()``, visualisation, the data check):
+  a ``.gz`` file is read to the end of its stream (its CRC checked), and voxels that are empty, not numbers or
+  not finite, or an affine that is singular or not finite, are refused (:func:`check_voxels`);
+- :func:`label_map`: a label file's voxels as whole, non-negative class values, optionally only the declared ones;
 - :func:`read_ras`: the same voxels in RAS order, with the RAS affine;
 - :func:`read_case`: a datalist entry (image file or one file per channel, optional label) in RAS order;
 - :class:`LoadCased`: :func:`read_case` as the first MONAI transform of every chain, so planning, training,
@@ -16,6 +20,7 @@ tools, and :func:`from_ras` takes voxels back to a file's own order.
 
 from __future__ import annotations
 
+import gzip
 import importlib.util
 from collections.abc import Hashable, Mapping, Sequence
 from dataclasses import dataclass
@@ -45,7 +50,8 @@ _RAS = axcodes2ornt("RAS")
 
 
 class ImageReadError(DatasetError):
-    """An image file that is missing or that its reader cannot read; ``reason`` says why without the path."""
+    """An image or label file that is missing, that its reader cannot read, or whose voxels or affine medseg cannot
+    use (:func:`check_voxels`, :func:`label_map`); ``reason`` says why without the path."""
 
     def __init__(self, path: str | Path, reason: str) -> None:
         super().__init__(f"{path}: {reason}")
@@ -75,30 +81,80 @@ def source_name(source: ImageSource) -> str:
     return str(source)
 
 
+def _read_nifti(path: str) -> tuple[np.ndarray, np.ndarray]:
+    """A NIfTI file's voxels (in memory) and affine; a ``.gz`` stream is read to its end, so that gzip checks its
+    CRC and length (nibabel alone stops after the voxels, so a corrupt stream would pass). One decompression."""
+    with gzip.open(path, "rb") if path.endswith(".gz") else open(path, "rb") as stream:
+        header_size = stream.read(4)  # NIfTI-2 headers are 540 bytes, NIfTI-1's 348, in either byte order
+        nifti2 = 540 in (int.from_bytes(header_size, "little"), int.from_bytes(header_size, "big"))
+        stream.seek(0)
+        image = (nib.Nifti2Image if nifti2 else nib.Nifti1Image).from_stream(stream)
+        array = np.asarray(image.dataobj)
+        stream.read()  # the rest of the stream: gzip raises BadGzipFile on a CRC or length mismatch
+    return array, np.asarray(image.affine, dtype=np.float64)
+
+
+def _count_text(array: np.ndarray) -> str:
+    """``"3 NaN and 2 Inf"``: the non-finite voxels of a float ``array`` that has some."""
+    nan, inf = int(np.isnan(array).sum()), int(np.isinf(array).sum())
+    return " and ".join(text for count, text in ((nan, f"{nan} NaN"), (inf, f"{inf} Inf")) if count)
+
+
+def voxels_problem(array: np.ndarray, affine: np.ndarray) -> str | None:
+    """Why medseg cannot use these voxels and affine, or None: no voxels, voxels that are not numbers (bool,
+    complex, text), NaN or Inf voxels, or a ``(4, 4)`` voxel-to-world affine that is not finite or is singular
+    (no voxel size or direction). The min/max test is cheap; counting happens only on failure."""
+    if array.size == 0:
+        return f"no voxels (shape {array.shape})"
+    if array.dtype.kind not in "iuf":
+        return f"voxels of type {array.dtype}; expected numbers (integers or floats)"
+    if array.dtype.kind == "f" and not (np.isfinite(array.min()) and np.isfinite(array.max())):
+        return f"contains {_count_text(array)} voxels (of {array.size}); every voxel must be a finite number"
+    matrix = np.asarray(affine, dtype=np.float64)
+    if not np.isfinite(matrix).all():
+        return f"its voxel-to-world affine is not finite: {matrix[:3].tolist()}"
+    if abs(np.linalg.det(matrix[:3, :3])) < 1e-12:
+        return f"its voxel-to-world affine is singular (a zero voxel size or parallel axes): {matrix[:3].tolist()}"
+    return None
+
+
+def check_voxels(array: np.ndarray, affine: np.ndarray, source: ImageSource | str) -> None:
+    """Refuse voxels and an affine :func:`voxels_problem` finds a problem in.
+
+    Raises:
+        ImageReadError: naming ``source`` (a path, an image in memory, or what the caller calls it).
+    """
+    problem = voxels_problem(array, affine)
+    if problem is not None:
+        raise ImageReadError(source if isinstance(source, str | Path) else source_name(source), problem)
+
+
 def read_file(path: ImageSource) -> tuple[np.ndarray, np.ndarray]:
     """A file's voxels in its own dtype and axis order, and its ``(4, 4)`` voxel-to-world (RAS mm) affine.
 
-    NIfTI goes through nibabel's ``dataobj`` (integer labels stay integer, scaling applied as stored); other
-    formats through MONAI's ``LoadImage``, whose affine is converted to RAS world coordinates as NIfTI's are.
-    A nibabel image in memory gives its array and affine as they are.
+    NIfTI goes through nibabel's ``dataobj`` (integer labels stay integer, scaling applied as stored), a ``.gz``
+    file read to the end of its stream; other formats through MONAI's ``LoadImage``, whose affine is converted to
+    RAS world coordinates as NIfTI's are. A nibabel image in memory gives its array and affine as they are. Every
+    source then passes :func:`check_voxels`.
 
     Raises:
-        ImageReadError: the file is missing or unreadable; the message names it (and the package to install
-            when its format needs one that is missing), the reader's exception is the cause.
+        ImageReadError: the file is missing or unreadable (a corrupt gzip stream included): the message names it
+            (and the package to install when its format needs one that is missing), the reader's exception is the
+            cause; or its voxels or affine are unusable (:func:`voxels_problem`).
     """
     if isinstance(path, SpatialImage):
-        return np.asarray(path.dataobj), np.asarray(path.affine, dtype=np.float64)
-    if not Path(path).is_file():
+        array, affine = np.asarray(path.dataobj), np.asarray(path.affine, dtype=np.float64)
+    elif not Path(path).is_file():
         raise ImageReadError(path, "file not found")
-    try:
-        if str(path).endswith(NIBABEL_ENDINGS):
-            image = nib.load(str(path), mmap=False)  # voxels in memory, not a view of the file
-            return np.asarray(image.dataobj), np.asarray(image.affine, dtype=np.float64)
-        return _read_with_monai(str(path))
-    except Exception as err:  # the file's bytes decide what nibabel, pynrrd or ITK raise: all mean "unreadable"
-        lines = str(err).strip().splitlines()
-        reason = f"{type(err).__name__}: {lines[0]}" if lines else type(err).__name__
-        raise ImageReadError(path, f"cannot read file ({reason}){_missing_reader_hint(path)}") from err
+    else:
+        try:
+            array, affine = (_read_nifti if str(path).endswith(NIBABEL_ENDINGS) else _read_with_monai)(str(path))
+        except Exception as err:  # the file's bytes decide what nibabel, gzip, pynrrd or ITK raise: all "unreadable"
+            lines = str(err).strip().splitlines()
+            reason = f"{type(err).__name__}: {lines[0]}" if lines else type(err).__name__
+            raise ImageReadError(path, f"cannot read file ({reason}){_missing_reader_hint(path)}") from err
+    check_voxels(array, affine, path)
+    return array, affine
 
 
 def drop_trailing_singletons(array: np.ndarray) -> np.ndarray:
@@ -182,16 +238,70 @@ def image_sources(entry: Mapping[str, Any]) -> list[ImageSource]:
     return list(image) if isinstance(image, list | tuple) else [image]
 
 
+def format_values(values: Sequence[float] | np.ndarray) -> str:
+    """``"(0.5, 2.7)"``: numbers for a message, 4 significant digits."""
+    return "(" + ", ".join(f"{v:.4g}" for v in np.ravel(values)) + ")"
+
+
+def describe_values(names: Mapping[int, str]) -> str:
+    """``"0 background, 1 edema, 4 enhancing"``."""
+    return ", ".join(f"{value} {name}" for value, name in sorted(names.items()))
+
+
+def label_values(array: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """(whole-number values present, other values present: fractions, NaN, Inf) of a label array, sorted."""
+    if array.size == 0:
+        return np.array([], np.int64), np.array([])
+    non_negative_int = array.dtype.kind in "ub" or (array.dtype.kind == "i" and array.min() >= 0)
+    if non_negative_int and int(array.max()) < 1 << 16:  # bincount is much faster than sorting a volume
+        counts = np.bincount(array.ravel().astype(np.intp, copy=False))
+        return np.flatnonzero(counts), np.array([])
+    values = np.unique(array)
+    if values.dtype.kind not in "fc":
+        return values, np.array([])
+    whole = np.isfinite(values) & (values == np.round(values))
+    return values[whole].astype(np.int64), values[~whole]
+
+
+def label_problems(array: np.ndarray, declared: Mapping[int, str] | None = None,
+                   known_as: str = "dataset.json's labels") -> list[str]:
+    """Why ``array`` is not a label map of ``declared``'s values (value -> name; None: any value), each one line:
+    non-integer values, negative values, values not declared. Empty when it is one."""
+    values, fractional = label_values(array)
+    problems = []
+    if fractional.size:
+        problems.append(f"non-integer label values {format_values(fractional[:5])}"
+                        f"{' ...' if fractional.size > 5 else ''}; labels must be whole numbers")
+    if values.size and values[0] < 0:
+        problems.append(f"negative label values {format_values(values[values < 0][:5])}")
+    unknown = [int(v) for v in values if v >= 0 and declared is not None and int(v) not in declared]
+    if unknown:
+        problems.append(f"label values {format_values(unknown[:10])} are not in {known_as} "
+                        f"({describe_values(declared or {})})")
+    return problems
+
+
+def label_map(array: np.ndarray, source: str | Path, declared: Mapping[int, str] | None = None,
+              known_as: str = "dataset.json's labels") -> np.ndarray:
+    """``array`` (a label file's voxels) as integer class values: the file's integer dtype, or int64 for a float (or
+    uint64) file holding whole numbers. The one label check of training, planning and scoring.
+
+    Raises:
+        ImageReadError: naming ``source``, with every problem :func:`label_problems` finds.
+    """
+    problems = label_problems(array, declared, known_as)
+    if problems:
+        raise ImageReadError(source, "; ".join(problems))
+    return array if array.dtype.kind in "iu" and array.dtype != np.uint64 else array.astype(np.int64)
+
+
 def _read_label(path: str, shape: tuple[int, ...]) -> np.ndarray:
-    """(X, Y, Z) non-negative integer label map in RAS order, checked against the image ``shape``."""
+    """(X, Y, Z) non-negative integer label map in RAS order (:func:`label_map`), checked against the image
+    ``shape``."""
     label = read_ras(path).array
     if label.shape != shape:
         raise DatasetError(f"{path}: label shape {label.shape} (RAS) differs from the image's {shape}")
-    if label.dtype.kind not in "iu" or label.dtype == np.uint64:  # bincount needs a safe cast to intp
-        label = np.rint(label).astype(np.int64)
-    if label.size and label.min() < 0:
-        raise DatasetError(f"{path}: negative label values")
-    return label
+    return label_map(label, path)
 
 
 def read_case(entry: Mapping[str, Any]) -> CaseVolume:
@@ -202,7 +312,8 @@ def read_case(entry: Mapping[str, Any]) -> CaseVolume:
 
     Raises:
         DatasetError: a missing or unreadable file, channel files that differ in shape, a label whose shape
-            differs from the image's or that holds negative values; the message names the file or case.
+            differs from the image's or that holds negative or non-integer values; the message names the file or
+            case.
     """
     volumes = [read_ras(source) for source in image_sources(entry)]
     first = volumes[0]

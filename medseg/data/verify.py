@@ -3,14 +3,15 @@
 Like nnU-Net's ``--verify_dataset_integrity``, but it never stops at the first problem and each
 message says what is wrong, in which case and which file, and what was expected:
 
-- missing, unreadable or corrupt files (the reader's error, no traceback);
+- missing, unreadable or corrupt files, NaN or Inf voxels, unusable affines (the reader's error,
+  :func:`medseg.data.reading.read_file`, no traceback);
 - image dimensionality and channel count against ``dataset.json`` (one 3D file per channel, or one
   4D file with channels on the last axis); multi-file channels must share shape and affine;
 - image/label spatial shape and affine (spacing, direction, origin) agreement;
-- label values outside ``dataset.json``'s labels, non-integer label values, 3D labels;
-- NaN or Inf image voxels;
-- an empty training list and duplicate case ids;
-- a label without any foreground (a warning, not an error).
+- label values outside ``dataset.json``'s labels, non-integer label values (the check every label read makes:
+  :func:`medseg.data.reading.label_problems`), 3D labels;
+- an empty training list, duplicate case ids, validation entries that repeat training cases;
+- a label without any foreground, and files outside the dataset folder (warnings, not errors).
 
 :func:`check_dataset` is the trainer's gate; :func:`check_data_cli` backs ``scripts/check_data.py``.
 """
@@ -29,7 +30,15 @@ from tqdm import tqdm
 
 from medseg.config import DataConfig
 from medseg.data.datalist import DatasetInfo, case_id, dataset_from_config
-from medseg.data.reading import IMAGE, ImageReadError, drop_trailing_singletons, image_paths, read_file
+from medseg.data.reading import (
+    IMAGE,
+    ImageReadError,
+    drop_trailing_singletons,
+    format_values,
+    image_paths,
+    label_problems,
+    read_file,
+)
 from medseg.errors import DatasetError
 
 log = logging.getLogger(__name__)
@@ -123,10 +132,6 @@ class _Volume:
 # ------------------------------------------------------------------------------------ geometry helpers
 
 
-def _fmt(values: np.ndarray) -> str:
-    return "(" + ", ".join(f"{v:.4g}" for v in np.ravel(values)) + ")"
-
-
 def _decompose(affine: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """Spacing (column norms), direction (unit columns) and origin of a 4x4 affine."""
     matrix = affine[:3, :3]
@@ -146,11 +151,11 @@ def affine_difference(reference: np.ndarray, other: np.ndarray, tolerance: float
     voxel = max(float(ref_spacing.min()), 1e-6)
     differences = []
     if np.any(np.abs(spacing - ref_spacing) > tolerance * np.maximum(ref_spacing, 1e-6)):
-        differences.append(f"spacing {_fmt(spacing)} vs {_fmt(ref_spacing)}")
+        differences.append(f"spacing {format_values(spacing)} vs {format_values(ref_spacing)}")
     if np.max(np.abs(direction - ref_direction)) > tolerance:
-        differences.append(f"direction {_fmt(direction)} vs {_fmt(ref_direction)}")
+        differences.append(f"direction {format_values(direction)} vs {format_values(ref_direction)}")
     if np.max(np.abs(origin - ref_origin)) > tolerance * voxel:
-        differences.append(f"origin {_fmt(origin)} vs {_fmt(ref_origin)}")
+        differences.append(f"origin {format_values(origin)} vs {format_values(ref_origin)}")
     return "; ".join(differences) or None
 
 
@@ -180,6 +185,15 @@ class _CaseCheck:
     def add(self, file: str, message: str, severity: Severity = "error") -> None:
         self.problems.append(Problem(self.case, file, message, severity))
 
+    def check_inside_root(self, paths: list[str]) -> None:
+        """A file outside the dataset folder is a warning: the dataset then depends on another folder (a
+        ``../`` or absolute path in ``dataset.json``, or a link), which a copy or a move of the folder loses."""
+        root = self.root.resolve()
+        for path in paths:
+            if not Path(path).resolve().is_relative_to(root):
+                self.add(self.display(path), f"file outside the dataset folder {root}; dataset.json's paths "
+                                             f"should stay inside it", "warning")
+
     def load(self, path: str | Path) -> _Volume | None:
         """Read ``path`` once; on a missing or unreadable file record the problem and return None."""
         file = self.display(path)
@@ -204,17 +218,6 @@ class _CaseCheck:
         if difference:
             self.add(volume.file, f"{what} affine differs from the image's ({reference.file}) beyond "
                                   f"tolerance {self.tolerance:g}: {difference}")
-
-    def check_finite(self, volume: _Volume) -> None:
-        """NaN or Inf image voxels are an error (the min/max test is cheap; counting only on failure)."""
-        array = volume.array
-        if array.dtype.kind not in "fc" or array.size == 0:
-            return
-        if np.isfinite(array.min()) and np.isfinite(array.max()):
-            return
-        nan, inf = int(np.isnan(array).sum()), int(np.isinf(array).sum())
-        found = " and ".join(text for count, text in ((nan, f"{nan} NaN"), (inf, f"{inf} Inf")) if count)
-        self.add(volume.file, f"image contains {found} voxels (of {array.size})")
 
     def check_image_file(self, volume: _Volume, multi_file: bool) -> bool:
         """Dimensionality and channel count of one image file; True when its first 3 axes are spatial."""
@@ -247,7 +250,6 @@ class _CaseCheck:
             volume = self.load(path)
             if volume is None:
                 continue
-            self.check_finite(volume)
             if not self.check_image_file(volume, multi_file):
                 continue
             if reference is None:
@@ -268,32 +270,13 @@ class _CaseCheck:
         self.check_label_values(volume)
 
     def check_label_values(self, volume: _Volume) -> None:
-        values, fractional = _label_values(volume.array)
-        if fractional.size:
-            self.add(volume.file, f"non-integer label values {_fmt(fractional[:5])}"
-                                  f"{' ...' if fractional.size > 5 else ''}; labels must be whole numbers")
-        unknown = [v for v in values.tolist() if int(v) not in self.labels]
-        if unknown:
-            known = ", ".join(f"{k} {name}" for k, name in self.labels.items())
-            self.add(volume.file, f"label values {_fmt(np.array(unknown[:10]))} are not in dataset.json's "
-                                  f"labels ({known})")
-        if values.size and not fractional.size and not np.any(values != 0):
+        """Non-integer, negative or undeclared values (:func:`~medseg.data.reading.label_problems`, the check every
+        label read makes); a label without foreground is a warning."""
+        problems = label_problems(volume.array, self.labels)
+        for problem in problems:
+            self.add(volume.file, problem)
+        if not problems and not np.any(volume.array):
             self.add(volume.file, "no foreground: the label is all background (0)", "warning")
-
-
-def _label_values(array: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-    """(whole-number values present, non-integer values present) of a label array."""
-    if array.size == 0:
-        return np.array([]), np.array([])
-    non_negative_int = array.dtype.kind in "ub" or (array.dtype.kind == "i" and array.min() >= 0)
-    if non_negative_int and int(array.max()) < 1 << 16:  # bincount is much faster than sorting a volume
-        counts = np.bincount(array.ravel().astype(np.intp, copy=False))
-        return np.flatnonzero(counts), np.array([])
-    values = np.unique(array)
-    if values.dtype.kind not in "fc":
-        return values, np.array([])
-    whole = np.isfinite(values) & (values == np.round(values))
-    return values[whole], values[~whole]
 
 
 def _entry_case(entry: Mapping[str, Any]) -> str:
@@ -307,6 +290,7 @@ def _check_case(entry: Mapping[str, Any], info: DatasetInfo, tolerance: float) -
         channel_names=list(info.channel_names), labels=info.label_spec.declared, tolerance=tolerance,
     )
     paths = image_paths(entry)
+    check.check_inside_root(paths + ([str(entry["label"])] if entry.get("label") else []))
     reference = check.check_images(paths, multi_file=isinstance(entry[IMAGE], list | tuple))
     if entry.get("label"):
         check.check_label(str(entry["label"]), reference)
@@ -316,7 +300,8 @@ def _check_case(entry: Mapping[str, Any], info: DatasetInfo, tolerance: float) -
 
 
 def _list_problems(info: DatasetInfo) -> list[Problem]:
-    """Dataset-level problems: an empty training list, duplicate case ids."""
+    """Dataset-level problems: an empty training list, duplicate case ids, validation entries that repeat training
+    cases (their scores would be those of cases the network trained on)."""
     dataset_json = "dataset.json"
     if not info.training:
         return [Problem("(dataset)", dataset_json, "the training list is empty")]
@@ -327,6 +312,12 @@ def _list_problems(info: DatasetInfo) -> list[Problem]:
             positions = ", ".join(f"#{i}" for i, other in enumerate(ids) if other == cid)
             problems.append(Problem(cid, dataset_json, f"case id appears {count} times in the training list "
                                                        f"(entries {positions}); case ids must be unique"))
+    for position, entry in enumerate(info.validation or []):
+        cid = _entry_case(entry)
+        if cid in ids:
+            problems.append(Problem(cid, dataset_json, f"validation entry #{position} repeats training case {cid} "
+                                                       f"(training entry #{ids.index(cid)}); a validation case must "
+                                                       f"not be trained on"))
     return problems
 
 

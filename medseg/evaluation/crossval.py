@@ -179,7 +179,7 @@ class OutOfFold:
         ignore = self.labels.ignore_value
         for case in self.cases:
             prediction, affine = read_file(label_map_path(self.folder, case.case))
-            reference, spacing = read_reference(case.label, prediction.shape, affine, case.image_files[0])
+            reference, spacing = read_reference(case.label, prediction.shape, affine, case.image_files[0], self.labels)
             yield OutOfFoldCase(case.case, read_masks(self.folder, case.case),
                                 member_masks(reference, self.labels.output_values), spacing, self.scores[case.case],
                                 None if ignore is None else reference != ignore)

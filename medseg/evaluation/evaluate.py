@@ -10,7 +10,8 @@ probabilities are averaged on each case's own grid. ``input`` is one of:
   matched by case id; nnU-Net names (``CASE_0000.nii.gz`` ... one file per channel, label
   ``CASE.nii.gz``) are recognised;
 - an MSD or nnU-Net ``dataset.json`` (the file or its folder) with ``split`` = ``test`` |
-  ``training`` | ``validation``; test images get labels from ``labelsTs/`` when they are there.
+  ``training`` | ``validation``; test images (the file's ``test`` list, else ``imagesTs/``; no training cases are
+  needed) get labels from ``labelsTs/`` when they are there.
   ``validation`` is the file's own validation list or, without one, the validation fold the checkpoint
   was trained with (its ``data.fold``, ``num_folds`` and ``split_seed``; the stored split when there is one).
 
@@ -33,13 +34,14 @@ at ``tolerance_mm`` and both volumes (mL), into ``metrics.csv``; means go to ``s
 Empty masks: both empty gives Dice 1, NSD 1, HD95 NaN (flag ``both_empty``); an empty reference
 with a non-empty prediction gives Dice 0, NSD 0, HD95 inf (``ref_empty``); an empty prediction
 with a non-empty reference the same (``pred_empty``). HD95 means skip NaN and inf and report how
-many they skipped. Label values that are not classes of the checkpoint count as background.
+many they skipped.
 
-A case that cannot be evaluated (unreadable file, wrong channel count, a label whose shape or
-geometry differs from its image) is reported by name and recorded in ``summary.json``; the other
-cases are still evaluated, and the exit code is 1. A missing or foreign checkpoint, an input
-without images, an ``output`` that cannot be written into or a full disk stops at once with a one-line error.
-The half-written files a killed evaluation left in ``output`` are removed by the next one there.
+A case that cannot be evaluated (unreadable or corrupt file, NaN or Inf voxels, wrong channel count, a label whose
+shape or geometry differs from its image, or that holds values that are not whole numbers or not labels of the
+checkpoint) is reported by name and recorded in ``summary.json``; the other cases are still evaluated, and the exit
+code is 1. A missing or foreign checkpoint, an input without images, an ``output`` that cannot be written into or a
+full disk stops at once with a one-line error. The half-written files a killed evaluation left in ``output`` are
+removed by the next one there.
 
 Modules: :mod:`.settings` (the checked settings), :mod:`.cases` (finding the cases of ``input``),
 :mod:`.model` (the network of a checkpoint), :mod:`.predict` (prediction in the original geometry),
@@ -118,15 +120,16 @@ def evaluate_case(ensemble: Ensemble, case: Case, output: Path, postprocessing: 
     settings = ensemble.settings
     prediction = ensemble.infer(case, on_model)
     masks = segment(prediction, postprocessing)
+    reference = None if case.label is None else read_reference(  # a label that cannot be scored: nothing written
+        case.label, masks.shape[1:], prediction.affine, case.image_files[0], ensemble.label_spec)
     write_label_map(output, case, ensemble.label_spec.label_map(masks), prediction.affine)
     if settings.save_probabilities:
         write_probabilities(output, case, prediction)
     if save_masks:
         write_masks(output, case, masks)
-    if case.label is None:
+    if reference is None:
         return []
-    reference, spacing = read_reference(case.label, masks.shape[1:], prediction.affine, case.image_files[0])
-    return score_masks(case.case, masks, reference, spacing, ensemble.label_spec, settings.tolerance_mm)
+    return score_masks(case.case, masks, *reference, ensemble.label_spec, settings.tolerance_mm)
 
 
 def evaluate(cfg: EvaluateConfig | Mapping[str, Any] | DictConfig) -> EvaluationResult:

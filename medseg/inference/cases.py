@@ -11,7 +11,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from medseg.config import DataConfig
-from medseg.data.datalist import case_id, dataset_cache_dir, load_dataset, parse_channel_file, split_cases, splits_path
+from medseg.data.datalist import case_id, channel_groups, dataset_cache_dir, load_dataset, split_cases, splits_path
 from medseg.data.reading import IMAGE_ENDINGS, ImageSource
 from medseg.errors import DatasetError
 from medseg.inference.settings import EvaluationError
@@ -35,25 +35,35 @@ def _image_files(folder: Path) -> list[Path]:
                   if p.is_file() and not p.name.startswith(".") and p.name.endswith(IMAGE_ENDINGS))
 
 
-def group_channels(files: Sequence[Path], num_channels: int) -> list[Case]:
-    """Cases of a folder of images: nnU-Net ``CASE_XXXX`` channel files grouped, else one file per case.
+def group_channels(files: Sequence[Path]) -> list[Case]:
+    """Cases of a folder of images: nnU-Net ``CASE_XXXX`` channel files grouped (:func:`channel_groups`, the
+    parser of dataset folders), else one file per case.
 
-    Files count as nnU-Net channel files when every name ends in ``_XXXX``, every case has channel
-    ``_0000`` and its channels are contiguous (and, for single-channel models, all ``_0000``).
+    Files count as nnU-Net channel files when every name ends in ``_XXXX`` and every case's channels are
+    contiguous from ``_0000``; whether the channel count fits the model is :func:`check_channels`'s to say.
     """
-    groups: dict[str, dict[int, Path]] = {}
-    for path in files:
-        name = parse_channel_file(path)
-        if name is None:
-            groups = {}
-            break
-        groups.setdefault(name[0], {})[name[1]] = path
-    nnunet = bool(groups) and all(sorted(g) == list(range(len(g))) for g in groups.values())
-    if nnunet and num_channels == 1:
-        nnunet = all(len(g) == 1 for g in groups.values())
-    if not nnunet:
+    groups = channel_groups(files)
+    nnunet = sum(map(len, groups.values())) == len(files) and all(
+        list(g) == list(range(len(g))) for g in groups.values())
+    if not (files and nnunet):
         return [Case(case_id(path), str(path)) for path in files]
-    return [Case(cid, [str(g[c]) for c in sorted(g)] if len(g) > 1 else str(g[0])) for cid, g in sorted(groups.items())]
+    return [Case(cid, [str(p) for p in g.values()] if len(g) > 1 else str(g[0])) for cid, g in groups.items()]
+
+
+def check_channels(cases: Sequence[Case], num_channels: int, where: str) -> None:
+    """Refuse cases of one file per channel (nnU-Net's) whose number of files is not the model's ``num_channels``
+    (a single file may hold the channels on its last axis: its count is checked on reading).
+
+    Raises:
+        EvaluationError: naming ``where`` (the input), the first such cases and their files.
+    """
+    wrong = [case for case in cases if len(case.image_files) > 1 and len(case.image_files) != num_channels]
+    if wrong:
+        files = ", ".join(Path(str(f)).name for f in wrong[0].image_files)
+        raise EvaluationError(f"{where}: case {wrong[0].case} has {len(wrong[0].image_files)} channel files ({files})"
+                              f"{f' and {len(wrong) - 1} more cases likewise' if len(wrong) > 1 else ''}, but the "
+                              f"model takes {num_channels} channel(s); nnU-Net names CASE_XXXX are one file per "
+                              f"channel (rename files that are cases of their own)")
 
 
 def attach_labels(cases: list[Case], label_dir: Path) -> list[Case]:
@@ -67,11 +77,21 @@ def attach_labels(cases: list[Case], label_dir: Path) -> list[Case]:
     return cases
 
 
+def _folder_cases(folder: Path) -> list[Case]:
+    """The cases of a folder of images, or of its ``imagesTs/`` (else ``imagesTr/``) with the labels of ``labelsTs/``
+    (``labelsTr/``)."""
+    image_dir = next((folder / d for d in ("imagesTs", "imagesTr") if (folder / d).is_dir()), folder)
+    cases = group_channels(_image_files(image_dir))
+    if image_dir != folder:
+        attach_labels(cases, folder / image_dir.name.replace("images", "labels"))
+    return cases
+
+
 def _dataset_cases(json_path: Path, split: str, trained_on: DataConfig | None) -> list[Case]:
     root = json_path.parent
     try:
         meta = json.loads(json_path.read_text())
-        info = load_dataset(root, "nnunet" if "channel_names" in meta else "msd")
+        info = load_dataset(root, "nnunet" if "channel_names" in meta else "msd", require_training=False)
         if split == "validation" and not info.validation and trained_on is not None:
             stored = splits_path(dataset_cache_dir(info.root, trained_on.cache_dir), trained_on)
             _, entries = split_cases(info, trained_on.fold, trained_on.num_folds, trained_on.split_seed,
@@ -86,6 +106,8 @@ def _dataset_cases(json_path: Path, split: str, trained_on: DataConfig | None) -
         raise EvaluationError(f"{json_path}: no validation list, and no single checkpoint whose fold to take (an "
                               f"ensemble): score each fold on its own cases with scripts/crossval.py, or choose "
                               f"split=test|training")
+    if not entries and split == "test" and (root / "imagesTs").is_dir():  # no test list: the folder's imagesTs/
+        return _folder_cases(root)
     if not entries:
         raise EvaluationError(f"{json_path}: the {split!r} list is empty (choose split=test|training|validation)")
     cases = [Case(e["case"], e["image"], e.get("label")) for e in entries]
@@ -102,7 +124,8 @@ def find_cases(input_path: str | Path, split: str, num_channels: int,
     on a dataset without a validation list means the validation fold of that training run.
 
     Raises:
-        EvaluationError: the path does not exist, holds no images, or has duplicate case ids.
+        EvaluationError: the path does not exist, holds no images, has duplicate case ids, or cases of one file
+            per channel whose count is not ``num_channels`` (:func:`check_channels`).
     """
     path = Path(input_path).expanduser()
     if not path.exists():
@@ -116,13 +139,11 @@ def find_cases(input_path: str | Path, split: str, num_channels: int,
     elif (path / "dataset.json").is_file():
         cases = _dataset_cases(path / "dataset.json", split, trained_on)
     else:
-        image_dir = next((path / d for d in ("imagesTs", "imagesTr") if (path / d).is_dir()), path)
-        cases = group_channels(_image_files(image_dir), num_channels)
-        if image_dir != path:
-            attach_labels(cases, path / image_dir.name.replace("images", "labels"))
+        cases = _folder_cases(path)
     if not cases:
         raise EvaluationError(f"input={path}: no images found ({', '.join(IMAGE_ENDINGS)} files, imagesTs/ "
                               f"+ labelsTs/, or a dataset.json)")
+    check_channels(cases, num_channels, f"input={path}")
     ids = [c.case for c in cases]
     duplicates = sorted({i for i in ids if ids.count(i) > 1})
     if duplicates:

@@ -16,7 +16,7 @@ from typing import Any
 import numpy as np
 
 from medseg.data.labels import LabelSpec, member_masks
-from medseg.data.reading import drop_trailing_singletons, read_file
+from medseg.data.reading import drop_trailing_singletons, label_map, read_file
 from medseg.data.verify import affine_difference
 from medseg.errors import DatasetError
 from medseg.io import atomic_write_text
@@ -26,13 +26,14 @@ from medseg.tables import text_table
 CSV_COLUMNS = ("case", "class_index", "class_name", *METRIC_NAMES, "flags")
 
 
-def read_reference(path: str, shape: tuple[int, ...], affine: np.ndarray,
-                   image_file: str) -> tuple[np.ndarray, tuple[float, ...]]:
-    """A label file as an int64 map (X, Y, Z) in its own axis order, and its voxel spacing (mm).
+def read_reference(path: str, shape: tuple[int, ...], affine: np.ndarray, image_file: str,
+                   labels: LabelSpec) -> tuple[np.ndarray, tuple[float, ...]]:
+    """A label file as an integer map (X, Y, Z) in its own axis order, and its voxel spacing (mm).
 
     Raises:
-        DatasetError: the file is unreadable, or its shape or affine differs from its image's (``shape``,
-            ``affine``, from ``image_file``).
+        DatasetError: the file is unreadable, its shape or affine differs from its image's (``shape``, ``affine``,
+            from ``image_file``), or it holds values that are not whole numbers or not among the values ``labels``
+            declares (:func:`~medseg.data.reading.label_map`): such a label cannot be scored.
     """
     array, label_affine = read_file(path)
     array = drop_trailing_singletons(array)
@@ -42,7 +43,7 @@ def read_reference(path: str, shape: tuple[int, ...], affine: np.ndarray,
     difference = affine_difference(affine, label_affine)
     if difference is not None:
         raise DatasetError(f"{path}: label geometry differs from its image {image_file}: {difference}")
-    return np.rint(array).astype(np.int64), voxel_spacing(label_affine)
+    return label_map(array, path, labels.declared, "the model's labels"), voxel_spacing(label_affine)
 
 
 def score_case(case: str, prediction: np.ndarray, reference: np.ndarray, spacing: Sequence[float],

@@ -55,6 +55,18 @@ def test_nnunet_reads_per_channel_files(tmp_path: Path) -> None:
         (lambda root: (root.mkdir(), (root / "dataset.json").write_text("{oops")), "not valid JSON"),
         (lambda root: (root.mkdir(), (root / "dataset.json").write_text('{"labels": {"0": "bg"}}')),
          "missing key 'modality'"),
+        (lambda root: (root.mkdir(), (root / "dataset.json").write_text('["a"]')),
+         r"dataset\.json: expected an object \(\{\.\.\.\}\) of keys, got a list"),
+        (lambda root: (root.mkdir(), (root / "dataset.json").write_text(
+            '{"labels": ["background", "organ"], "modality": {"0": "CT"}}')),
+         r"dataset\.json: 'labels' must be an object \(\{\.\.\.\}\), got a list \(\[\.\.\.\]\): "
+         r"\[\"background\", \"organ\"\]"),
+        (lambda root: (root.mkdir(), (root / "dataset.json").write_text(
+            '{"labels": {"0": "bg"}, "modality": {"0": "CT"}, "training": {"image": "a.nii.gz"}}')),
+         r"dataset\.json: 'training' must be a list \(\[\.\.\.\]\), got an object"),
+        (lambda root: (root.mkdir(), (root / "dataset.json").write_text(
+            '{"labels": {"0": "bg"}, "modality": {"0": "CT"}, "training": ["a.nii.gz"]}')),
+         r"dataset\.json: 'training' entry #0 must be an object with an 'image', got \"a\.nii\.gz\""),
     ],
 )
 def test_bad_dataset_folders_name_the_problem(tmp_path: Path, setup, message: str) -> None:

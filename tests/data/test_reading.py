@@ -172,6 +172,45 @@ def test_unreadable_files_are_dataset_errors_naming_the_file(tmp_path: Path, mon
         read_file(tmp_path / "case.mha")
 
 
+def test_corrupt_streams_and_unusable_voxels_are_refused_by_the_one_reader(tmp_path: Path) -> None:
+    voxels = np.arange(20**3, dtype=np.float32).reshape(20, 20, 20)
+    good = save_nifti(tmp_path / "good.nii.gz", voxels, (1.0, 1.0, 1.0))
+    data = bytearray(good.read_bytes())
+    data[-6] ^= 0xFF  # a byte of the gzip trailer's CRC: the voxels decompress intact
+    (tmp_path / "crc.nii.gz").write_bytes(bytes(data))
+    assert np.array_equal(np.asarray(nib.load(tmp_path / "crc.nii.gz").dataobj), voxels), "nibabel alone reads it"
+    with pytest.raises(ImageReadError, match=r"crc\.nii\.gz: cannot read file \(BadGzipFile: CRC check failed"):
+        read_file(tmp_path / "crc.nii.gz")
+    np.testing.assert_array_equal(read_file(good)[0], voxels)
+    voxels[0, 0, :3] = [np.nan, np.inf, -np.inf]
+    nan = save_nifti(tmp_path / "nan.nii", voxels, (1.0, 1.0, 1.0))
+    with pytest.raises(ImageReadError, match=r"nan\.nii: contains 1 NaN and 2 Inf voxels \(of 8000\)"):
+        read_case({"case": "c", IMAGE: str(nan)})  # training, planning, evaluation and predict() read this way
+    singular = np.diag([1.0, 0.0, 1.0, 1.0])
+    for array, affine, reason in [
+        (np.zeros((0, 4, 4), np.float32), np.eye(4), r"no voxels \(shape \(0, 4, 4\)\)"),
+        (np.zeros((4, 4, 4), np.complex64), np.eye(4), "voxels of type complex64; expected numbers"),
+        (np.zeros((4, 4, 4), np.float32), np.full((4, 4), np.nan), "affine is not finite"),
+        (np.zeros((4, 4, 4), np.float32), singular, "affine is singular"),
+    ]:
+        with pytest.raises(ImageReadError, match=f"^the image in memory: .*{reason}"):
+            read_file(nib.spatialimages.SpatialImage(array, affine))
+
+
+def test_labels_that_are_not_whole_declared_values_are_refused(tmp_path: Path) -> None:
+    image = save_nifti(tmp_path / "image.nii.gz", np.zeros((6, 5, 4), np.float32), (1.0, 1.0, 1.0))
+    fractional = np.zeros((6, 5, 4), np.float32)
+    fractional[0, 0, :2] = [0.5, 2.7]
+    label = save_nifti(tmp_path / "label.nii.gz", fractional, (1.0, 1.0, 1.0))
+    with pytest.raises(DatasetError, match=r"label\.nii\.gz: non-integer label values \(0\.5, 2\.7\); labels must"):
+        read_case({"case": "c", IMAGE: str(image), LABEL: str(label)})  # rounded to 0 and 3 before
+    whole = np.array([[[0.0, 1.0, 7.0]]])
+    np.testing.assert_array_equal(reading.label_map(whole, "l.nii.gz"), [[[0, 1, 7]]])
+    with pytest.raises(ImageReadError, match=r"^l\.nii\.gz: label values \(7\) are not in dataset\.json's labels "
+                                             r"\(0 background, 1 organ\)$"):
+        reading.label_map(whole, "l.nii.gz", {0: "background", 1: "organ"})
+
+
 def test_bad_cases_are_dataset_errors_naming_the_file(tmp_path: Path) -> None:
     save_nifti(tmp_path / "flat.nii.gz", np.zeros((4, 4, 4, 2, 2), np.float32), (1.0, 1.0, 1.0))
     with pytest.raises(DatasetError, match=r"flat\.nii\.gz: expected a 3D image .* shape \(4, 4, 4, 2, 2\)"):

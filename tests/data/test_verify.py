@@ -61,6 +61,13 @@ def truncate(path: Path) -> None:
     path.write_bytes(data[: len(data) * 2 // 3])
 
 
+def corrupt_crc(path: Path) -> None:
+    """Flip a byte of the gzip stream's CRC: the voxels decompress intact, the stream's check fails at its end."""
+    data = bytearray(path.read_bytes())
+    data[-6] ^= 0xFF  # the trailer is CRC32 (4 bytes), then the length (4 bytes)
+    path.write_bytes(bytes(data))
+
+
 def write_case(root: Path, case: str, img: np.ndarray | None = None, lab: np.ndarray | None = None,
                label_affine: np.ndarray | None = None) -> dict[str, str]:
     """Write an MSD case (a good one unless arrays are given); returns its dataset.json entry."""
@@ -96,6 +103,7 @@ EXPECTED = {
     "label_fraction": ("labelsTr/label_fraction.nii.gz", "non-integer label values (0.5)", "error"),
     "nan_image": ("imagesTr/nan_image.nii.gz", "3 NaN voxels", "error"),
     "inf_image": ("imagesTr/inf_image.nii.gz", "2 Inf voxels", "error"),
+    "bad_crc": ("imagesTr/bad_crc.nii.gz", "cannot read file (BadGzipFile: CRC check failed", "error"),
     "no_foreground": ("labelsTr/no_foreground.nii.gz", "no foreground", "warning"),
 }
 
@@ -127,6 +135,9 @@ def build_bad_msd(root: Path) -> Path:
     inf = image(4)
     inf[1, 1, :2] = [np.inf, -np.inf]
     training.append(write_case(root, "inf_image", img=inf))
+    big = (20, 20, 20)  # large enough that nibabel reads the voxels without reaching the end of the stream
+    training.append(write_case(root, "bad_crc", img=image(5, big), lab=label(big)))
+    corrupt_crc(root / "imagesTr" / "bad_crc.nii.gz")
     training.append(write_case(root, "no_foreground", lab=np.zeros(SHAPE, np.uint8)))
     return write_msd_json(root, training)
 
@@ -198,6 +209,25 @@ def test_empty_training_list_and_duplicate_ids(datasets: dict[str, Path]) -> Non
     report = verify_dataset(duplicated, progress=False)
     assert [(p.case, p.severity) for p in report.problems] == [("good_00", "error")]
     assert "appears 2 times" in report.problems[0].message and "#0, #2" in report.problems[0].message
+
+
+def test_validation_repeating_training_cases_and_files_outside_the_root(tmp_path: Path) -> None:
+    root = tmp_path / "ds"
+    training = [write_case(root, "a"), write_case(root, "b")]
+    outside = write_case(tmp_path / "elsewhere", "c")  # a relative path out of the root, and an absolute one
+    training.append({"image": "../elsewhere/imagesTr/c.nii.gz",
+                     "label": str(tmp_path / "elsewhere" / outside["label"])})
+    write_msd_json(root, training)
+    meta = json.loads((root / "dataset.json").read_text())
+    meta["validation"] = [write_case(root, "v"), training[1]]
+    (root / "dataset.json").write_text(json.dumps(meta))
+    report = verify_dataset(load_dataset(root, "msd"), progress=False)
+    assert [(p.case, p.file, p.severity) for p in report.errors] == [("b", "dataset.json", "error")]
+    assert report.errors[0].message.startswith("validation entry #1 repeats training case b (training entry #1)")
+    elsewhere = (tmp_path / "elsewhere").resolve()
+    assert [(p.case, p.file) for p in report.warnings] == [("c", str(elsewhere / "imagesTr" / "c.nii.gz")),
+                                                          ("c", str(elsewhere / "labelsTr" / "c.nii.gz"))]
+    assert all(p.message.startswith("file outside the dataset folder") for p in report.warnings)
 
 
 @pytest.mark.parametrize(("channels", "shape", "words"), [

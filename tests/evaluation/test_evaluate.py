@@ -181,8 +181,9 @@ def test_2d_checkpoint_on_3d_volumes(tiny_demo_root: Path, tmp_path: Path) -> No
 
 def test_bad_cases_are_reported_and_others_still_evaluated(tiny_demo_root: Path, ckpt_3d: Path,
                                                            tmp_path: Path) -> None:
-    folder = nnunet_folder(tiny_demo_root, tmp_path / "data", cases=5)
-    # demo_001: a two-channel image; demo_002: a label two voxels shorter than its image; demo_004: a torn image
+    folder = nnunet_folder(tiny_demo_root, tmp_path / "data", cases=8)
+    # demo_001: a two-channel image; demo_002: a label two voxels shorter than its image; demo_004: a torn image;
+    # demo_005: a NaN voxel; demo_006: a label value 0.5; demo_007: label values 7 and 9, which the model lacks
     two_channel = folder / "imagesTs" / "demo_001_0000.nii.gz"
     image = nib.load(two_channel)
     data = np.asarray(image.dataobj)
@@ -191,11 +192,26 @@ def test_bad_cases_are_reported_and_others_still_evaluated(tiny_demo_root: Path,
     nib.save(nib.Nifti1Image(np.asarray(label.dataobj)[:-2], label.affine), folder / "labelsTs" / "demo_002.nii.gz")
     torn = folder / "imagesTs" / "demo_004_0000.nii.gz"
     torn.write_bytes(torn.read_bytes()[:500])
+    nan = nib.load(folder / "imagesTs" / "demo_005_0000.nii.gz")
+    voxels = np.asarray(nan.dataobj).astype(np.float32)
+    voxels[3, 4, 5] = np.nan
+    nib.save(nib.Nifti1Image(voxels, nan.affine), folder / "imagesTs" / "demo_005_0000.nii.gz")
+    for case, values in (("demo_006", [0.5]), ("demo_007", [7, 9])):
+        label = nib.load(folder / "labelsTs" / f"{case}.nii.gz")
+        voxels = np.asarray(label.dataobj).astype(np.float32)
+        voxels[0, 0, : len(values)] = values
+        nib.save(nib.Nifti1Image(voxels, label.affine), folder / "labelsTs" / f"{case}.nii.gz")
     out = tmp_path / "out"
     result = evaluate({"ckpt": str(ckpt_3d), "input": str(folder), "output": str(out), "progress": False})
     assert result.exit_code == 1
     reasons = {f["case"]: f["reason"] for f in result.failed}
-    assert set(reasons) == {"demo_001", "demo_002", "demo_004"}
+    assert set(reasons) == {"demo_001", "demo_002", "demo_004", "demo_005", "demo_006", "demo_007"}
+    assert reasons["demo_005"] == (f"{folder / 'imagesTs' / 'demo_005_0000.nii.gz'}: contains 1 NaN voxels (of "
+                                   f"{np.prod(nan.shape)}); every voxel must be a finite number")
+    assert reasons["demo_006"].startswith(f"{folder / 'labelsTs' / 'demo_006.nii.gz'}: non-integer label values (0.5)")
+    assert reasons["demo_007"].startswith(f"{folder / 'labelsTs' / 'demo_007.nii.gz'}: label values (7, 9) are not in "
+                                          f"the model's labels (0 background, 1 dim sphere, 2 bright sphere)")
+    assert not any((out / f"demo_00{i}.nii.gz").exists() for i in (5, 6, 7)), "a refused case writes nothing"
     assert "demo_001_0000.nii.gz" in reasons["demo_001"] and "2 channel(s)" in reasons["demo_001"]
     assert "demo_002.nii.gz" in reasons["demo_002"] and "label shape (30, 32, 16)" in reasons["demo_002"]
     assert reasons["demo_004"].startswith(f"{torn}: cannot read file (") and "Traceback" not in reasons["demo_004"]
@@ -230,16 +246,43 @@ def test_tta_mirrors_in_plane_axes_only_for_2d_models() -> None:
 
 def test_case_discovery(tmp_path: Path) -> None:
     names = ["a_0000.nii.gz", "a_0001.nii.gz", "b_0000.nii.gz", "b_0001.nii.gz"]
-    cases = group_channels([tmp_path / n for n in names], num_channels=2)
+    cases = group_channels([tmp_path / n for n in names])
     assert [c.case for c in cases] == ["a", "b"] and len(cases[0].image_files) == 2
-    # numbered single-channel files are separate cases, not channels
-    numbered = [tmp_path / f"scan_{i:04d}.nii.gz" for i in range(3)]
-    assert [c.case for c in group_channels(numbered, num_channels=1)] == ["scan_0000", "scan_0001", "scan_0002"]
+    # numbered files that do not start at channel _0000 are separate cases, not channels
+    numbered = [tmp_path / f"scan_{i:04d}.nii.gz" for i in range(1, 4)]
+    assert [c.case for c in group_channels(numbered)] == ["scan_0001", "scan_0002", "scan_0003"]
     (tmp_path / "x.nii.gz").write_bytes(b"")
     with pytest.raises(EvaluationError, match="not found"):
         find_cases(tmp_path / "missing", "test", 1)
     with pytest.raises(EvaluationError, match="would overwrite"):
         check_output(find_cases(tmp_path, "test", 1), tmp_path)
+
+
+def test_nnunet_channel_files_are_grouped_whatever_the_model_and_must_fit_its_channels(tmp_path: Path) -> None:
+    folder = tmp_path / "imagesTr"  # an nnU-Net imagesTr of a two-channel dataset
+    folder.mkdir()
+    for name in ("a_0000", "a_0001", "b_0000", "b_0001"):
+        (folder / f"{name}.nii.gz").write_bytes(b"")
+    assert [len(c.image_files) for c in find_cases(folder, "test", 2)] == [2, 2]
+    with pytest.raises(EvaluationError, match=r"^input=.*imagesTr: case a has 2 channel files \(a_0000\.nii\.gz, "
+                                              r"a_0001\.nii\.gz\) and 1 more cases likewise, but the model takes 1 "
+                                              r"channel\(s\)"):
+        find_cases(folder, "test", 1)
+
+
+def test_a_folder_with_imagests_and_a_dataset_json_beside_needs_no_training_cases(tiny_demo_root: Path,
+                                                                                   tmp_path: Path) -> None:
+    folder = nnunet_folder(tiny_demo_root, tmp_path / "nnunet", cases=2)  # imagesTs/ + labelsTs/, no imagesTr/
+    (folder / "dataset.json").write_text(json.dumps({"channel_names": {"0": "MRI"}, "labels": {"background": 0},
+                                                     "file_ending": ".nii.gz"}))
+    cases = find_cases(folder, "test", 1)
+    assert [(c.case, Path(c.label).name) for c in cases] == [("demo_000", "demo_000.nii.gz"),
+                                                             ("demo_001", "demo_001.nii.gz")]
+    msd = nnunet_folder(tiny_demo_root, tmp_path / "msd", cases=2)  # an MSD dataset.json without a test list
+    (msd / "dataset.json").write_text(json.dumps({"labels": {"0": "background"}, "modality": {"0": "MRI"},
+                                                  "training": [{"image": "./imagesTr/x.nii.gz"}]}))
+    assert [(c.case, Path(c.label).name) for c in find_cases(msd, "test", 1)] == [("demo_000", "demo_000.nii.gz"),
+                                                                                  ("demo_001", "demo_001.nii.gz")]
 
 
 def test_nnunet_names_are_parsed_as_they_are_built() -> None:

@@ -20,7 +20,7 @@ from tensorboard.backend.event_processing.event_accumulator import EventAccumula
 
 from medseg.config import DataConfig
 from medseg.data.transforms import Window, window
-from medseg.errors import ConfigError
+from medseg.errors import ConfigError, DatasetError
 from medseg.models.inspect import AttentionMap
 from medseg.sweeps.report import build_summary, render_plot
 from medseg.training.run import train
@@ -249,6 +249,14 @@ def test_bad_inputs_name_the_value_and_the_valid_range(scan: Path, tmp_path: Pat
     with pytest.raises(ConfigError, match="no attention slot") as err:
         visualize({**base, "ckpt": plain})
     assert plain in str(err.value)
+    scan_image = nib.load(scan)
+    voxels = np.asarray(scan_image.dataobj, np.float32)
+    voxels[1, 2, 3] = np.nan
+    nan_scan = tmp_path / "nan.nii.gz"
+    nib.save(nib.Nifti1Image(voxels, scan_image.affine), nan_scan)
+    with pytest.raises(DatasetError, match=r"nan\.nii\.gz: contains 1 NaN voxels") as err:
+        visualize({**base, "input": str(nan_scan), "voxel": [1, 2, 3]})
+    assert "\n" not in str(err.value)
     assert not (tmp_path / "out").exists(), "nothing written"
 
 
