@@ -261,3 +261,14 @@ def test_a_2d_patch_is_checked_against_the_strides_at_start_up_when_it_has_two_s
         _validated("model.spatial_dims=2", "data.patch_size=[4,4]", "model.strides=[2,2,2]")
     assert _validated("model.spatial_dims=2", "data.patch_size=[4,4,8]", "model.strides=[2,2,2]"), (
         "three sizes in 2D: the slice axis is known after planning, where build_model checks the patch")
+
+
+@pytest.mark.parametrize("override", ["trainer.val_every=0", "trainer.sw_overlap=1.0", "trainer.sw_batch_size=0"])
+def test_the_validation_keys_fail_before_any_work(override: str, tmp_path) -> None:
+    """These used to crash at the first validation, after a whole epoch of training with nothing saved."""
+    from medseg.training.run import train
+
+    cfg = compose_config([f"data.root={tmp_path / 'demo'}", f"output_dir={tmp_path / 'run'}", override])
+    with pytest.raises(ConfigError, match=f"^{re.escape(override.split('=')[0])}="):
+        train(cfg)
+    assert not (tmp_path / "demo").exists() and not (tmp_path / "run").exists(), "no demo generated, no run folder"
