@@ -119,7 +119,6 @@ def value_ranges(schema: type) -> tuple[tuple[str, Range], ...]:
                  if (valid := key_range(item)) is not None and not valid.unconstrained)
 
 
-
 @dataclass
 class AttentionConfig:
     """Hyperparameters shared by all attention blocks (the ``model.attention`` node).
