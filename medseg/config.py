@@ -2,8 +2,10 @@
 
 The dataclasses below are both the schema and the defaults. Importing this module registers them in Hydra's
 ConfigStore, so ``configs/*.yaml`` hold only presets (``data=msd``, ``experiment=...``) and Hydra settings
-on top of them. The docstring under each field documents that key; ``python scripts/train.py --help``
-prints them (:func:`key_docs`).
+on top of them. The docstring under each field documents that key, and a numeric key's :class:`Range` (given with
+:func:`ranged`, or :func:`unconstrained` with the reason) says which values it takes; ``python scripts/train.py
+--help`` prints both (:func:`key_docs`), and :func:`medseg.typed_config.to_typed` checks every value against its
+range.
 
 :mod:`medseg.typed_config` turns a composed config into one of these dataclasses, naming a wrong key or type in one
 line; the checks of values against the registries they select from live in the stage that owns each entry point
@@ -24,6 +26,98 @@ from typing import Any
 from hydra.core.config_store import ConfigStore
 from omegaconf import MISSING
 
+# --------------------------------------------------------------------------------------------- ranges
+
+
+@dataclass(frozen=True)
+class Range:
+    """The valid values of a numeric key, or of each number of a list key (``model.channels``, ``model.strides``).
+
+    Bounds are inclusive unless ``low_open`` / ``high_open``; ``odd`` asks for an odd integer. A range without bounds
+    marks a key whose every number is valid, ``reason`` saying why. ``null`` and text values (``data.fold=all``)
+    are not numbers and pass; their own checks are the stage's.
+    """
+
+    low: float | None = None
+    high: float | None = None
+    low_open: bool = False
+    high_open: bool = False
+    odd: bool = False
+    reason: str = ""
+
+    @property
+    def unconstrained(self) -> bool:
+        return self.low is None and self.high is None and not self.odd
+
+    def admits(self, number: float) -> bool:
+        """Whether one number lies in the range (NaN lies in none with a bound)."""
+        if self.unconstrained:
+            return True
+        above = self.low is None or (number > self.low if self.low_open else number >= self.low)
+        below = self.high is None or (number < self.high if self.high_open else number <= self.high)
+        return above and below and (not self.odd or number % 2 == 1)
+
+    def first_outside(self, value: Any) -> Any:
+        """The first number of ``value`` (a number, or nested lists of them) outside the range; None when none is."""
+        if isinstance(value, list | tuple):
+            return next((bad for bad in map(self.first_outside, value) if bad is not None), None)
+        number = isinstance(value, int | float) and not isinstance(value, bool)
+        return value if number and not self.admits(value) else None
+
+    def text(self) -> str:
+        """The range as ``--help`` and the error messages write it: ``>= 1``, ``> 0``, ``in [0, 1)``, ``odd, >= 1``."""
+        if self.unconstrained:
+            return "any"
+        low = None if self.low is None else str(self.low)
+        high = None if self.high is None else str(self.high)
+        if low is not None and high is not None:
+            bounds = f"in {'(' if self.low_open else '['}{low}, {high}{')' if self.high_open else ']'}"
+        elif low is not None:
+            bounds = f"{'>' if self.low_open else '>='} {low}"
+        else:
+            bounds = f"{'<' if self.high_open else '<='} {high}"
+        return f"odd, {bounds}" if self.odd else bounds
+
+
+def ranged(default: Any, *, ge: float | None = None, gt: float | None = None, le: float | None = None,
+           lt: float | None = None, odd: bool = False) -> Any:
+    """A schema field with ``default`` whose numbers must lie in a :class:`Range`: ``>= ge`` or ``> gt``, ``<= le`` or
+    ``< lt`` (a list default becomes a factory of copies)."""
+    valid = Range(low=gt if gt is not None else ge, high=lt if lt is not None else le, low_open=gt is not None,
+                  high_open=lt is not None, odd=odd)
+    return _field(default, valid)
+
+
+def unconstrained(default: Any, reason: str) -> Any:
+    """A numeric schema field whose every number is valid, for ``reason``."""
+    return _field(default, Range(reason=reason))
+
+
+def _field(default: Any, valid: Range) -> Any:
+    if isinstance(default, list):
+        return field(default_factory=lambda: list(default), metadata={"range": valid})
+    return field(default=default, metadata={"range": valid})
+
+
+def key_range(item: Field) -> Range | None:
+    """The :class:`Range` of a schema field; None for a key that has none (not a number)."""
+    return item.metadata.get("range")
+
+
+def range_text(item: Field) -> str:
+    """A field's range as ``--help`` shows it (``each >= 1`` for a list key); "" for a key without one."""
+    valid = key_range(item)
+    if valid is None:
+        return ""
+    return f"each {valid.text()}" if "list[" in str(item.type) and not valid.unconstrained else valid.text()
+
+
+@cache
+def value_ranges(schema: type) -> tuple[tuple[str, Range], ...]:
+    """``(key, range)`` for every constrained leaf key of ``schema``, in declaration order (nested nodes walked)."""
+    return tuple((key, valid) for key, item, _ in _leaves(schema)
+                 if (valid := key_range(item)) is not None and not valid.unconstrained)
+
 
 @dataclass
 class AttentionConfig:
@@ -33,42 +127,42 @@ class AttentionConfig:
     slot and a sweep over ``model.attention.gamma`` needs no other change.
     """
 
-    num_heads: int = 4
+    num_heads: int = ranged(4, ge=1)
     """Attention heads; must divide the channel width of every slot."""
-    gamma: float = 0.9
+    gamma: float = ranged(0.9, ge=0, le=1)
     """MaSA decay base in [0, 1]; the weight between tokens n and m is gamma ** manhattan(n, m) (0: each token
     attends to itself alone)."""
-    heads_range: float = 0.0
+    heads_range: float = ranged(0.0, ge=0)
     """MaSA: 0 for one gamma for all heads; > 0 for per-head 1 - (1 - gamma) * 2 ** (-heads_range * h / num_heads)."""
-    spacing: list[float] | None = None
+    spacing: list[float] | None = ranged(None, gt=0)
     """Voxel spacing in mm per spatial axis at the network input; MaSA distances become physical. null: voxels."""
     rope: str = "none"
     """masa, masa_decomposed, mha: none, or axial (rotary encoding of q and k, head dim split over the axes)."""
-    focusing_factor: float = 3.0
+    focusing_factor: float = ranged(3.0, gt=0)
     """Focused linear attention: the power p of the focusing function."""
-    positional_size: int = 8
+    positional_size: int = ranged(8, ge=0)
     """Focused linear attention: side of the grid its zero-initialised positional term on k is stored on
     (interpolated to the actual grid); 0 = one value per token of the slot's training grid (official FLatten)."""
-    kernel_size: int = 5
+    kernel_size: int = ranged(5, ge=1, odd=True)
     """Depthwise-conv kernel of MaSA's LCE and of focused linear attention's rank restoration."""
-    split_size: int = 2
+    split_size: int = ranged(2, ge=1)
     """CSWin stripe width in tokens."""
     lepe: str = "map"
     """CSWin LePE: map (one 3x3(x3) depthwise conv over the whole map) or stripe (official: inside each stripe)."""
     pe: str = "sincos"
     """MHA position encoding: sincos, relative or none."""
-    max_relative_size: int = 0
+    max_relative_size: int = ranged(0, ge=0)
     """MHA relative bias: tokens per axis its table covers exactly; 0 means 16 (grids above it interpolate it)."""
-    max_bias_gb: float | None = 2.0
+    max_bias_gb: float | None = ranged(2.0, gt=0)
     """Model build fails when a slot's dense N x N attention bias (masa; mha with pe=relative, plus its gradient)
     would need more GB (2^30 bytes) than this in float32 at the training patch; null disables the check."""
-    mlp_ratio: float = 4.0
+    mlp_ratio: float = ranged(4.0, gt=0)
     """Hidden width of the transformer block's FFN as a multiple of the channel width."""
     ffn: str = "mlp"
     """Transformer block FFN: mlp (Linear-GELU-Linear) or dwconv (RMT's: a depthwise conv inside the hidden layer)."""
-    drop_path: float = 0.0
+    drop_path: float = ranged(0.0, ge=0, lt=1)
     """Stochastic-depth rate of the transformer block's residual branches."""
-    layer_scale: float | None = None
+    layer_scale: float | None = ranged(None, gt=0)
     """Initial value of the per-channel layer scale; null disables it."""
 
 
@@ -78,19 +172,20 @@ class ModelConfig:
 
     name: str = "unet"
     """unet (medseg's slotted U-Net), or MONAI's monai_unet, monai_swinunetr, monai_unetr for comparisons."""
-    spatial_dims: int = 3
+    spatial_dims: int = ranged(3, ge=2, le=3)
     """3, or 2 for slices across the thickest axis of the same volumes."""
-    channels: list[int] | None = field(default_factory=lambda: [16, 32, 64, 128])
+    channels: list[int] | None = ranged([16, 32, 64, 128], ge=1)
     """Feature width per level; len(channels) - 1 down-samplings. null = planned with the patch (nnU-Net's rule: a
     level per pooling step until every axis is down to about 4 voxels; widths 32, 64, ... up to 320 in 3D, 512 in
     2D)."""
-    strides: list[Any] | None = None
-    """One per down-sampling: an int, or one int per axis (anisotropic pooling); null = planned from the data."""
-    kernel_size: int = 3
+    strides: list[Any] | None = ranged(None, ge=1)
+    """One per down-sampling: an int, or one int per axis (anisotropic pooling), 1 or 2 for unet; null = planned from
+    the data."""
+    kernel_size: int = ranged(3, ge=1, odd=True)
     """Convolution kernel of the U-Net's stages."""
     norm: str = "instance"
     """Normalisation of the conv stages: instance, batch, or group (8 groups, fewer for narrower levels)."""
-    dropout: float = 0.0
+    dropout: float = ranged(0.0, ge=0, lt=1)
     """Dropout rate in the conv stages."""
     deep_supervision: bool = False
     """nnU-Net-style deep supervision: losses on the lower decoder stages too."""
@@ -100,11 +195,11 @@ class ModelConfig:
     """3D only: weights and activations in the channels-last 3D memory format (faster convolutions)."""
     bottleneck: str = "none"
     """Attention block in the bottleneck slot: none, or a registered block name (masa, cswin, ...)."""
-    bottleneck_depth: int = 2
+    bottleneck_depth: int = ranged(2, ge=1)
     """Transformer blocks stacked in the bottleneck."""
     decoder: str = "none"
     """Attention block after each of the lowest-resolution decoder stages: none, or a block name."""
-    decoder_levels: int = 1
+    decoder_levels: int = ranged(1, ge=0)
     """How many of the lowest-resolution decoder stages get the decoder block."""
     attention: AttentionConfig = field(default_factory=AttentionConfig)
     """Hyperparameters shared by every attention slot."""
@@ -118,17 +213,17 @@ class DataConfig:
     """demo (generated on first use), msd (Medical Segmentation Decathlon folder) or nnunet (nnU-Net v2 raw)."""
     root: str = MISSING
     """Dataset folder, the one holding dataset.json."""
-    num_cases: int = 40
+    num_cases: int = ranged(40, ge=1)
     """demo only: how many volumes to generate."""
-    fold: Any = 0
+    fold: Any = ranged(0, ge=0)
     """0..num_folds-1, or all (train and validate on every case)."""
-    num_folds: int = 5
+    num_folds: int = ranged(5, ge=2)
     """Folds of the cross-validation split."""
-    split_seed: int = 12345
+    split_seed: int = unconstrained(12345, "any integer seeds Python's random shuffle")
     """Seed of the fold split (stored once per dataset and reused)."""
-    spacing: list[float] | None = None
+    spacing: list[float] | None = ranged(None, gt=0)
     """Target spacing in mm in RAS axis order (three entries, also in 2D); null = planned."""
-    patch_size: list[int] | None = None
+    patch_size: list[int] | None = ranged(None, ge=1)
     """Training patch in voxels; in 2D the two in-plane sizes (or three, the slice axis dropped); null = planned."""
     normalization: Any = None
     """zscore (per image and channel), ct (planned clip and statistics), none; null = planned from the modality."""
@@ -136,12 +231,12 @@ class DataConfig:
     """Region-based training (nnU-Net v2's), a mapping region name -> the dataset's label values it unites, e.g.
     {whole_tumor:[1,2,4],tumor_core:[2,4],enhancing:[4]}; one sigmoid output per region. null: softmax classes, or
     the regions of an nnU-Net dataset.json."""
-    regions_class_order: list[int] | None = None
+    regions_class_order: list[int] | None = ranged(None, ge=1)
     """With data.regions: the label value each region writes into predicted label maps, later regions overwriting
     earlier ones (needed when regions overlap); null: each region's lowest value."""
-    pos_fraction: float = 0.33
+    pos_fraction: float = ranged(0.33, ge=0, le=1)
     """Share of patches centred on foreground."""
-    samples_per_volume: int | None = None
+    samples_per_volume: int | None = ranged(None, ge=1)
     """Patches drawn from each volume per epoch; null = 2 in 3D, 16 slices in 2D."""
     augment: bool = True
     """Random flips, 90-degree rotations and intensity jitter in training."""
@@ -153,7 +248,7 @@ class DataConfig:
     plan_from: str = "data"
     """data: plan the null keys among spacing, patch_size, normalization, model.strides and model.channels from this
     dataset; init: take all five from the checkpoint the run starts from (trainer.init_from, or the one it resumes)."""
-    num_workers: int = 2
+    num_workers: int = ranged(2, ge=0)
     """Data-loading worker processes."""
 
 
@@ -161,52 +256,52 @@ class DataConfig:
 class TrainerConfig:
     """The training loop (the ``trainer`` node)."""
 
-    max_epochs: int = 6
+    max_epochs: int = ranged(6, ge=1)
     """Epochs; sized for the demo on a laptop CPU, real data needs hundreds."""
-    max_minutes: float | None = None
+    max_minutes: float | None = ranged(None, gt=0)
     """Wall-clock budget of training, validation included: the first epoch is timed (and validated), the schedule is
     set to span the epochs that fit, and training ends when another epoch would not fit (max_epochs still caps it)."""
-    batch_size: int = 2
+    batch_size: int = ranged(2, ge=1)
     """Volumes per step, each giving data.samples_per_volume patches; per process under DDP."""
-    lr: float = 3e-3
+    lr: float = ranged(3e-3, gt=0)
     """Peak learning rate."""
-    weight_decay: float = 3e-5
+    weight_decay: float = ranged(3e-5, ge=0)
     """Weight decay."""
     loss: str = "dice_ce"
     """dice_ce, dice_focal, dice or ce: Dice plus cross-entropy, Dice plus focal (gamma 2), Dice alone, cross-entropy
     alone (MONAI's). Softmax over the classes, or sigmoid per region (binary cross-entropy) on region-based data;
     ignore-label voxels take no part."""
-    class_weights: Any = None
+    class_weights: Any = ranged(None, gt=0)
     """null (unweighted); auto (from the fingerprint's voxels per output n_c: min(sqrt(n_max / n_c), 10), normalised
     to average 1); or [w0, w1, ...], one positive weight per network output (background first, or one per region).
     They scale the Dice and the cross-entropy or focal term of each output."""
     optimizer: str = "adamw"
     """adamw, or sgd (nesterov, trainer.momentum)."""
-    momentum: float = 0.99
+    momentum: float = ranged(0.99, gt=0, lt=1)
     """SGD momentum."""
     scheduler: str = "cosine"
     """Learning-rate schedule per epoch after the warm-up: cosine, poly (power 0.9) or none."""
-    warmup_epochs: int = 0
+    warmup_epochs: int = ranged(0, ge=0)
     """Epochs of linear warm-up before the schedule."""
-    val_every: int = 2
+    val_every: int = ranged(2, ge=1)
     """Validation interval in epochs (the last epoch always validates)."""
-    sw_batch_size: int = 4
+    sw_batch_size: int = ranged(4, ge=1)
     """Sliding windows per forward pass in validation."""
-    sw_overlap: float = 0.25
+    sw_overlap: float = ranged(0.25, ge=0, lt=1)
     """Sliding-window overlap in validation."""
     device: str = "auto"
     """auto (CUDA when present), cpu, cuda or cuda:N."""
     precision: str = "auto"
     """auto (bf16 autocast on CUDA, fp32 on the CPU), bf16, fp16 (with loss scaling) or fp32."""
-    seed: int = 0
+    seed: int = ranged(0, ge=0, le=2**32 - 1)
     """Seed of the weights, the sampling and the augmentation."""
     deterministic: bool = False
     """Deterministic algorithms (slower); ops without one warn."""
     compile: bool = False
     """torch.compile the model."""
-    grad_clip: float | None = 12.0
+    grad_clip: float | None = ranged(12.0, gt=0)
     """Max gradient norm; null disables clipping."""
-    max_nonfinite_steps: int = 20
+    max_nonfinite_steps: int = ranged(20, ge=1)
     """Stop after this many non-finite losses or gradients in a row."""
     resume: bool = False
     """Resume from last.pt in the run directory."""
@@ -229,7 +324,7 @@ class TrainerConfig:
 class PlanningConfig:
     """What planning sizes the patch for (the ``plan`` node)."""
 
-    memory_gb: float | None = None
+    memory_gb: float | None = ranged(None, gt=0)
     """Training memory (GB, 2^30 bytes) a planned patch may need, estimated for the network, trainer.batch_size x
     data.samples_per_volume patches, trainer.precision and trainer.optimizer. null = on CUDA the GPU's memory, at most
     nnU-Net's 8 GB; on a CPU the voxel budget instead (48^3 voxels in 3D, 256^2 in 2D, for 32 first-level channels)."""
@@ -266,9 +361,9 @@ class EvaluateConfig:
     """Folder for the predictions, metrics.csv and summary.json."""
     split: str = "test"
     """dataset.json input only: test, training or validation (the checkpoint's fold without a validation list)."""
-    overlap: float = 0.5
+    overlap: float = ranged(0.5, ge=0, lt=1)
     """Sliding-window overlap (gaussian blending)."""
-    sw_batch_size: int = 4
+    sw_batch_size: int = ranged(4, ge=1)
     """Windows per forward pass."""
     tta: bool = False
     """Mirroring test-time augmentation (3D: all axes; 2D: the in-plane axes)."""
@@ -281,7 +376,7 @@ class EvaluateConfig:
     postprocessing: str = "auto"
     """auto (the postprocessing.json that scripts/crossval.py decided for exactly these checkpoints, found in their
     multirun's crossval/; none when there is none, e.g. for a single fold), none, or a postprocessing.json file."""
-    tolerance_mm: float = 1.0
+    tolerance_mm: float = ranged(1.0, ge=0)
     """Normalised surface Dice tolerance in mm."""
     progress: bool = True
     """Progress bars (cases x models, and windows within a case for a single model)."""
@@ -330,17 +425,17 @@ class VisualizeConfig:
     """A medseg checkpoint whose network has attention slots, e.g. outputs/train/<date>/<time>/checkpoints/best.pt."""
     input: str = MISSING
     """One volume file (.nii.gz, .nii, .nrrd, .mha), read and preprocessed as scripts/evaluate.py reads it."""
-    voxel: list[int] | None = None
+    voxel: list[int] | None = ranged(None, ge=0)
     """The query voxel as indices [i,j,k] of the input file; null (and no world) = the predicted foreground voxel
     nearest the foreground's centre of mass."""
-    world: list[float] | None = None
+    world: list[float] | None = unconstrained(None, "a point anywhere in the world coordinates")
     """The query point [x,y,z] in mm in the input file's world coordinates (RAS, as its affine maps voxels); instead
     of voxel."""
     output: str = "attention"
     """Folder for attention.json, the PNG montages and the NIfTI maps (one 4D file per slot and block)."""
     slot: str | None = None
     """Only this attention slot (e.g. bottleneck); null = every slot."""
-    block: int | None = None
+    block: int | None = ranged(None, ge=0)
     """Only this block of the slot(s), 0 the first; null = every block."""
     device: str = "auto"
     """auto, cpu, cuda or cuda:N."""
@@ -392,27 +487,40 @@ def _field_docs(cls: type) -> dict[str, str]:
     return docs
 
 
-def _leaf_fields(schema: type, prefix: str = "") -> Iterator[tuple[str, Field, str]]:
-    """``(key, field, meaning)`` for every leaf key of ``schema``, in declaration order (nested nodes walked)."""
-    docs = _field_docs(schema)
+def _leaves(schema: type, prefix: str = "") -> Iterator[tuple[str, Field, type]]:
+    """``(key, field, the dataclass declaring it)`` for every leaf key of ``schema``, in declaration order (nested
+    nodes walked)."""
     for item in fields(schema):
         key = f"{prefix}{item.name}"
         nested = item.default_factory if is_dataclass(item.default_factory) else None  # type: ignore[misc]
         if nested is not None:
-            yield from _leaf_fields(nested, f"{key}.")
+            yield from _leaves(nested, f"{key}.")
         else:
-            yield key, item, docs.get(item.name, "")
+            yield key, item, schema
 
 
-def key_docs(schema: type, prefix: str = "") -> Iterator[tuple[str, str, str]]:
-    """``(key, type, meaning)`` for every leaf key of ``schema``, in declaration order."""
+def _leaf_fields(schema: type, prefix: str = "") -> Iterator[tuple[str, Field, str]]:
+    """``(key, field, meaning)`` for every leaf key of ``schema``, in declaration order (nested nodes walked)."""
+    for key, item, owner in _leaves(schema, prefix):
+        yield key, item, _field_docs(owner).get(item.name, "")
+
+
+def key_docs(schema: type, prefix: str = "") -> Iterator[tuple[str, str, str, str]]:
+    """``(key, type, range, meaning)`` for every leaf key of ``schema``, in declaration order; the range as
+    :func:`range_text` writes it ("" for a key that is no number)."""
     for key, item, doc in _leaf_fields(schema, prefix):
-        yield key, str(item.type), doc
+        yield key, str(item.type), range_text(item), doc
+
+
+def help_line(key: str, kind: str, valid: str, doc: str) -> str:
+    """One key of ``--help``: ``key (type, range): meaning``."""
+    return f"  {key} ({kind}{f', {valid}' if valid else ''}): {doc}"
 
 
 def help_template(name: str) -> str:
-    """Hydra's ``--help`` text for entry point ``name``: config groups, every key with its meaning, the config."""
-    keys = "\n".join(f"  {key} ({kind}): {doc}" for key, kind, doc in key_docs(SCHEMAS[name]))
+    """Hydra's ``--help`` text for entry point ``name``: config groups, every key with its range and meaning, the
+    config."""
+    keys = "\n".join(help_line(*row) for row in key_docs(SCHEMAS[name]))
     return (f"medseg {name}: key=value overrides (Hydra); -m sweeps comma-separated values.\n\n"
             "== Config groups ==\n$APP_CONFIG_GROUPS\n\n"
             f"== Keys ==\n{keys}\n\n"
@@ -425,10 +533,13 @@ REFERENCE_PREAMBLE = """\
 
 <!-- Generated from medseg/config.py by `python scripts/config_reference.py`; edit the schema, not this file. -->
 
-Every key, with its type, default and meaning, is defined once: the dataclasses in `medseg/config.py`, which
-Hydra composes the YAML presets onto (`configs/data/*.yaml`, `configs/experiment/*.yaml` hold only what a
-preset changes). `python scripts/train.py --help` lists every key of training with its type and meaning (each
-script's `--help` its own); `python scripts/train.py --cfg job` prints the whole composed config.
+Every key, with its type, default, valid range and meaning, is defined once: the dataclasses in
+`medseg/config.py`, which Hydra composes the YAML presets onto (`configs/data/*.yaml`, `configs/experiment/*.yaml`
+hold only what a preset changes). `python scripts/train.py --help` lists every key of training with its type, range
+and meaning (each script's `--help` its own); `python scripts/train.py --cfg job` prints the whole composed config.
+Every script checks each number it is given against its range before any work starts (a list key such as
+`data.spacing`: each entry), and stops with one line that names the key, the value and the range; `any` marks a
+number whose every value is valid.
 
 The defaults below are the schema's. `python scripts/train.py` runs with the demo preset, `data=demo3d`
 ([configs/data/demo3d.yaml](../configs/data/demo3d.yaml)), which sets the demo's format and folder and hand-set
@@ -478,14 +589,15 @@ def _cell(text: str, code: bool = False) -> str:
 
 def reference_markdown() -> str:
     """``docs/configuration.md``: :data:`REFERENCE_PREAMBLE`, then one table per entry point of :data:`SCHEMAS`
-    (key, type, default, meaning), the same keys and meanings ``--help`` prints."""
+    (key, type, default, valid range, meaning), the same keys, ranges and meanings ``--help`` prints."""
     parts = [REFERENCE_PREAMBLE]
     for name, schema in SCHEMAS.items():
         summary = " ".join((schema.__doc__ or "").split("\n\n")[0].split())
         rows = [f"| `{key}` | {_cell(str(item.type), code=True)} | {_cell(default_text(item), code=True)} | "
-                f"{_cell(doc)} |" for key, item, doc in _leaf_fields(schema)]
+                f"{_cell(range_text(item), code=bool(range_text(item)))} | {_cell(doc)} |"
+                for key, item, doc in _leaf_fields(schema)]
         parts.append(f"## {name}: `python {ENTRY_POINTS[name]}`\n\n{summary}\n\n"
-                     "| key | type | default | meaning |\n|---|---|---|---|\n" + "\n".join(rows) + "\n")
+                     "| key | type | default | valid | meaning |\n|---|---|---|---|---|\n" + "\n".join(rows) + "\n")
     return "\n".join(parts)
 
 

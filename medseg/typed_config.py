@@ -16,6 +16,7 @@ from typing import Any, TypeVar
 from omegaconf import DictConfig, OmegaConf
 from omegaconf.errors import ConfigKeyError, MissingMandatoryValue, ValidationError
 
+from medseg.config import value_ranges, value_text
 from medseg.errors import ConfigError, check_choice
 
 Schema = TypeVar("Schema")
@@ -86,14 +87,31 @@ def _unknown_keys(node: DictConfig, schema: type, prefix: str = "") -> Iterator[
 
 
 def to_typed(schema: type[Schema], cfg: Schema | Mapping[str, Any] | DictConfig, context: str = "") -> Schema:
-    """``cfg`` merged onto ``schema``'s defaults and checked against its types; returns a ``schema`` instance.
+    """``cfg`` merged onto ``schema``'s defaults and checked against its types and ranges; returns a ``schema``
+    instance (``cfg`` itself when it is one, its ranges checked).
 
     Raises:
-        ConfigError: an unknown key (with the nearest valid ones), a wrong type, or a required value
-            (``???``) left unset. ``context`` (e.g. ``" for data=msd"``) ends the required-value message.
+        ConfigError: an unknown key (with the nearest valid ones), a wrong type, a required value (``???``) left
+            unset, or a number outside its key's range (:func:`check_ranges`). ``context`` (e.g.
+            ``" for data=msd"``) ends the required-value message.
     """
-    if isinstance(cfg, schema):
-        return cfg
+    typed = cfg if isinstance(cfg, schema) else _merged(schema, cfg, context)
+    check_ranges(typed)
+    return typed
+
+
+def check_ranges(typed: Any) -> None:
+    """Raise :class:`ConfigError` for the first key of schema object ``typed`` whose number (or a number of whose
+    list) lies outside the key's :class:`~medseg.config.Range`, naming the key, the value and the range."""
+    for key, valid in value_ranges(type(typed)):
+        value = _select(typed, key)
+        if valid.first_outside(value) is not None:
+            each = "each entry " if isinstance(value, list) else ""
+            raise ConfigError(f"{key}={value_text(value)}: expected {each}{valid.text()}")
+
+
+def _merged(schema: type[Schema], cfg: Mapping[str, Any] | DictConfig, context: str) -> Schema:
+    """``cfg`` merged onto ``schema``'s defaults and checked against its types (:func:`to_typed`)."""
     node = cfg if isinstance(cfg, DictConfig) else OmegaConf.create(dict(cfg))  # type: ignore[arg-type]
     unknown = next(_unknown_keys(node, schema), None)  # Hydra's "+key=value" adds keys even to a typed node
     if unknown is not None:

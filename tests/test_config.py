@@ -2,14 +2,29 @@
 
 from __future__ import annotations
 
+import re
 import subprocess
 import sys
+from collections.abc import Iterator
+from dataclasses import Field, fields, is_dataclass
+from typing import Any
 
 import pytest
-from omegaconf import OmegaConf
+from omegaconf import MISSING, OmegaConf
 
 from medseg.attention import available_blocks
-from medseg.config import SCHEMAS, DataConfig, ModelConfig, TrainConfig, TrainerConfig, key_docs
+from medseg.config import (
+    SCHEMAS,
+    DataConfig,
+    EvaluateConfig,
+    ModelConfig,
+    Range,
+    TrainConfig,
+    TrainerConfig,
+    help_line,
+    key_docs,
+    key_range,
+)
 from medseg.errors import ConfigError
 from medseg.training.settings import check_config
 from medseg.typed_config import check_override_keys, to_typed
@@ -32,7 +47,7 @@ def test_every_key_is_documented_once() -> None:
     for name, schema in SCHEMAS.items():
         docs = list(key_docs(schema))
         assert docs, name
-        undocumented = [key for key, _, doc in docs if not doc and key.split(".")[-1] not in ("model", "data")]
+        undocumented = [key for key, _, _, doc in docs if not doc and key.split(".")[-1] not in ("model", "data")]
         assert undocumented == [], f"{name}: keys without a docstring in medseg/config.py"
 
 
@@ -130,9 +145,130 @@ def test_help_lists_every_key_without_loading_torch(tmp_path) -> None:
     result = run_script("train.py", ["--help"], cwd=tmp_path)
     assert result.returncode == 0, result.stderr
     assert "data: demo3d, demo3d_planned, msd, nnunet" in result.stdout
-    for key, kind, doc in key_docs(TrainConfig):
-        assert f"{key} ({kind}): {doc}" in result.stdout
+    for row in key_docs(TrainConfig):
+        assert help_line(*row) in result.stdout
+    assert "  trainer.batch_size (int, >= 1): " in result.stdout
     imports = subprocess.run([sys.executable, "-X", "importtime", str(REPO / "scripts" / "train.py"), "--help"],
                              cwd=tmp_path, capture_output=True, text=True, timeout=120).stderr
     loaded = {line.split("|")[-1].strip().split(".")[0] for line in imports.splitlines() if "|" in line}
     assert "hydra" in loaded and not loaded & {"torch", "monai", "numpy", "nibabel"}
+
+
+def _leaves(schema: type, prefix: str = "") -> Iterator[tuple[str, Field]]:
+    """``(dotted key, field)`` for every leaf of ``schema``, walked here independently of medseg.config's walk."""
+    for item in fields(schema):
+        if is_dataclass(item.default_factory):
+            yield from _leaves(item.default_factory, f"{prefix}{item.name}.")  # type: ignore[arg-type]
+        else:
+            yield f"{prefix}{item.name}", item
+
+
+def _outside(valid: Range) -> list[float]:
+    """Numbers just outside ``valid``: at or below its low bound, at or above its high one, an even one inside."""
+    values = []
+    if valid.low is not None:
+        values.append(valid.low if valid.low_open else valid.low - 1)
+    if valid.high is not None:
+        values.append(valid.high if valid.high_open else valid.high + 1)
+    if valid.odd:
+        values.append((valid.low or 0) + 1 if (valid.low or 0) % 2 else (valid.low or 0) + 2)
+    return values
+
+
+def _required(schema: type) -> dict[str, Any]:
+    """Placeholder values for the keys ``schema`` requires (``???``), so that only the value under test is wrong."""
+    return {key: "x" for key, item in _leaves(schema) if item.default is MISSING}
+
+
+SCHEMA_RANGES = [(name, key, item) for name, schema in SCHEMAS.items() for key, item in _leaves(schema)
+                 if key_range(item) is not None and not key_range(item).unconstrained]
+
+
+@pytest.mark.parametrize(("name", "key", "item"), SCHEMA_RANGES, ids=[f"{n}:{k}" for n, k, _ in SCHEMA_RANGES])
+def test_every_constrained_key_refuses_a_value_outside_its_range_in_one_line(name: str, key: str, item: Field) -> None:
+    schema, valid = SCHEMAS[name], key_range(item)
+    listed = "list[" in str(item.type)
+    for number in _outside(valid):
+        node = OmegaConf.create()
+        for required, value in {**_required(schema), key: [number] if listed else number}.items():
+            OmegaConf.update(node, required, value)
+        with pytest.raises(ConfigError) as err:
+            to_typed(schema, node)
+        message = str(err.value)
+        expected = rf"^{re.escape(key)}=\[?-?[0-9.e+]*\]?: expected (each entry )?{re.escape(valid.text())}$"
+        assert re.match(expected, message) and str(abs(number)) in message.replace(".0", ""), message
+    inside = to_typed(schema, OmegaConf.merge(OmegaConf.create(), *[
+        OmegaConf.from_dotlist([f"{k}={v}"]) for k, v in _required(schema).items()]))
+    assert isinstance(inside, schema), "the defaults lie inside every range"
+
+
+def test_every_numeric_key_has_a_range_or_a_reason_for_none() -> None:
+    numeric = [(f"{name}:{key}", item) for name, schema in SCHEMAS.items() for key, item in _leaves(schema)
+               if re.search(r"\b(int|float)\b", str(item.type))]
+    assert len(numeric) > 40
+    missing = [key for key, item in numeric if key_range(item) is None]
+    assert missing == [], "numeric keys without a range: give them ranged(...) or unconstrained(..., reason)"
+    unexplained = [key for key, item in numeric if key_range(item).unconstrained and not key_range(item).reason]
+    assert unexplained == []
+    for key in ("model.strides", "data.fold", "trainer.class_weights"):  # numbers in lists or beside words
+        assert key_range(dict(_leaves(TrainConfig))[key]) is not None, key
+
+
+def test_ranges_are_checked_on_typed_objects_too() -> None:
+    with pytest.raises(ConfigError, match=r"^overlap=1\.0: expected in \[0, 1\)$"):
+        to_typed(EvaluateConfig, EvaluateConfig(ckpt="a.pt", input="b", overlap=1.0))
+    with pytest.raises(ConfigError, match=r"^model\.strides=\[2, \[2, 0, 2\]\]: expected each entry >= 1$"):
+        to_typed(TrainConfig, {"data": {"root": "x"}, "model": {"strides": [2, [2, 0, 2]]}})
+    assert to_typed(TrainConfig, {"data": {"root": "x", "fold": "all"}}).data.fold == "all", "words pass"
+
+
+@pytest.mark.parametrize(
+    ("override", "message"),
+    [
+        ("trainer.batch_size=0", r"trainer\.batch_size=0: expected >= 1"),
+        ("trainer.lr=-1", r"trainer\.lr=-1\.0: expected > 0"),
+        ("data.num_folds=1", r"data\.num_folds=1: expected >= 2"),
+        ("data.samples_per_volume=0", r"data\.samples_per_volume=0: expected >= 1"),
+        ("model.kernel_size=4", r"model\.kernel_size=4: expected odd, >= 1"),
+        ("data.num_workers=-1", r"data\.num_workers=-1: expected >= 0"),
+        ("model.dropout=1.5", r"model\.dropout=1\.5: expected in \[0, 1\)"),
+        ("model.channels=[16,-32,64,128]", r"model\.channels=\[16, -32, 64, 128\]: expected each entry >= 1"),
+        ("trainer.val_every=0", r"trainer\.val_every=0: expected >= 1"),
+        ("trainer.sw_overlap=1.0", r"trainer\.sw_overlap=1\.0: expected in \[0, 1\)"),
+        ("trainer.sw_batch_size=0", r"trainer\.sw_batch_size=0: expected >= 1"),
+        ("trainer.max_epochs=0", r"trainer\.max_epochs=0: expected >= 1"),
+        ("data.spacing=[0,1,1]", r"data\.spacing=\[0\.0, 1\.0, 1\.0\]: expected each entry > 0"),
+        ("data.patch_size=[0,32,16]", r"data\.patch_size=\[0, 32, 16\]: expected each entry >= 1"),
+        ("model.strides=[3,3,3]", r"model\.strides=\[3, 3, 3\]: medseg's U-Net pools by 1 or 2"),
+        ("data.patch_size=[8,8,8]", r"data\.patch_size=\[8, 8, 8\] pooled by model\.strides=\[2, 2, 2\] \(total "
+                                    r"\[8, 8, 8\]\) leaves a bottleneck of \[1, 1, 1\] voxels"),
+        ("model.name=monai_unet data.patch_size=[48,48,36]",
+         r"model\.name=monai_unet needs data\.patch_size divisible by the total stride \[8, 8, 8\]"),
+        ("model.name=monai_unetr data.patch_size=[48,48,40]",
+         r"model\.name=monai_unetr needs data\.patch_size divisible by 16"),
+    ],
+)
+def test_the_issues_bad_values_fail_at_start_up_in_one_line(override: str, message: str) -> None:
+    """:func:`check_config` is the first thing a training does: each of these used to fail with a traceback, some
+    only after a whole epoch (the validation keys), or to train on a meaningless value (spacing 0, no epochs)."""
+    with pytest.raises(ConfigError) as err:
+        _validated(*override.split())
+    assert re.match(f"^{message}", str(err.value)) and "\n" not in str(err.value), str(err.value)
+
+
+def test_a_2d_patch_is_checked_against_the_strides_at_start_up_when_it_has_two_sizes() -> None:
+    with pytest.raises(ConfigError, match=r"leaves a bottleneck of \[1, 1\] voxels"):
+        _validated("model.spatial_dims=2", "data.patch_size=[4,4]", "model.strides=[2,2,2]")
+    assert _validated("model.spatial_dims=2", "data.patch_size=[4,4,8]", "model.strides=[2,2,2]"), (
+        "three sizes in 2D: the slice axis is known after planning, where build_model checks the patch")
+
+
+@pytest.mark.parametrize("override", ["trainer.val_every=0", "trainer.sw_overlap=1.0", "trainer.sw_batch_size=0"])
+def test_the_validation_keys_fail_before_any_work(override: str, tmp_path) -> None:
+    """These used to crash at the first validation, after a whole epoch of training with nothing saved."""
+    from medseg.training.run import train
+
+    cfg = compose_config([f"data.root={tmp_path / 'demo'}", f"output_dir={tmp_path / 'run'}", override])
+    with pytest.raises(ConfigError, match=f"^{re.escape(override.split('=')[0])}="):
+        train(cfg)
+    assert not (tmp_path / "demo").exists() and not (tmp_path / "run").exists(), "no demo generated, no run folder"

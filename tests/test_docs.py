@@ -83,7 +83,7 @@ def test_config_reference_is_generated_from_the_schema() -> None:
 
 
 def reference_rows(name: str) -> dict[str, list[str]]:
-    """The rows of entry point ``name``'s table in the generated reference: key -> [type, default, meaning]."""
+    """The rows of entry point ``name``'s table in the generated reference: key -> [type, default, range, meaning]."""
     section = reference_markdown().split(f"\n## {name}: ", 1)[1].split("\n## ", 1)[0]
     rows = {}
     for line in section.splitlines():
@@ -96,9 +96,9 @@ def reference_rows(name: str) -> dict[str, list[str]]:
 @pytest.mark.parametrize("name", list(SCHEMAS))
 def test_reference_tables_hold_every_key_with_the_schemas_default(name: str) -> None:
     rows = reference_rows(name)
-    assert list(rows) == [key for key, _, _ in key_docs(SCHEMAS[name])]
+    assert list(rows) == [key for key, _, _, _ in key_docs(SCHEMAS[name])]
     defaults = OmegaConf.structured(SCHEMAS[name])
-    for key, kind, doc in key_docs(SCHEMAS[name]):
+    for key, kind, valid, doc in key_docs(SCHEMAS[name]):
         parent, _, leaf = key.rpartition(".")
         node = OmegaConf.select(defaults, parent) if parent else defaults
         if OmegaConf.is_missing(node, leaf):
@@ -107,8 +107,8 @@ def test_reference_tables_hold_every_key_with_the_schemas_default(name: str) -> 
             value = node[leaf]
             value = OmegaConf.to_container(value) if OmegaConf.is_config(value) else value
             expected = value if isinstance(value, str) else json.dumps(value).replace('"', "")
-        assert rows[key][:2] == [kind, expected], key
-        assert rows[key][2] == doc.replace("|", "\\|").replace("<", "&lt;"), key
+        assert rows[key][:3] == [kind, expected, valid], key
+        assert rows[key][3] == doc.replace("|", "\\|").replace("<", "&lt;"), key
 
 
 def test_the_reference_script_writes_and_checks_the_page(tmp_path: Path) -> None:
@@ -120,7 +120,7 @@ def test_the_reference_script_writes_and_checks_the_page(tmp_path: Path) -> None
     assert reference("--check") == 1, "no page yet"
     assert reference() == 0 and page.read_text(encoding="utf-8") == reference_markdown()
     assert reference("--check") == 0
-    row = "| `trainer.lr` | `float` | `0.003` |"
+    row = "| `trainer.lr` | `float` | `0.003` | `> 0` |"
     assert row in page.read_text(encoding="utf-8")
-    page.write_text(page.read_text(encoding="utf-8").replace(row, "| `trainer.lr` | `float` | `0.01` |"))
+    page.write_text(page.read_text(encoding="utf-8").replace(row, "| `trainer.lr` | `float` | `0.01` | `> 0` |"))
     assert reference("--check") == 1

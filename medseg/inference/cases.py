@@ -93,6 +93,10 @@ def _dataset_cases(json_path: Path, split: str, trained_on: DataConfig | None) -
         meta = json.loads(json_path.read_text())
         info = load_dataset(root, "nnunet" if "channel_names" in meta else "msd", require_training=False)
         if split == "validation" and not info.validation and trained_on is not None:
+            if trained_on.fold == "all":
+                raise EvaluationError(f"split=validation: the checkpoint was trained with data.fold=all, on every "
+                                      f"case of {json_path}, so it has no validation cases; choose split=test, or "
+                                      f"score a fold's checkpoint")
             stored = splits_path(dataset_cache_dir(info.root, trained_on.cache_dir), trained_on)
             _, entries = split_cases(info, trained_on.fold, trained_on.num_folds, trained_on.split_seed,
                                      splits_file=stored if stored.is_file() else None)
@@ -121,7 +125,8 @@ def find_cases(input_path: str | Path, split: str, num_channels: int,
     """The cases of ``input_path`` (see :mod:`medseg.evaluation.evaluate` for the accepted layouts).
 
     ``trained_on`` is the checkpoint's data config (:attr:`EvalModel.data`); with it, ``split=validation``
-    on a dataset without a validation list means the validation fold of that training run.
+    on a dataset without a validation list means the validation fold of that training run (refused for
+    ``data.fold=all``, which trained on every case).
 
     Raises:
         EvaluationError: the path does not exist, holds no images, has duplicate case ids, or cases of one file

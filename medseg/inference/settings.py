@@ -20,15 +20,10 @@ class EvaluationError(ConfigError):
 
 
 def check_config(cfg: EvaluateConfig | Mapping[str, Any] | DictConfig) -> EvaluateConfig:
-    """Check ``cfg`` against :class:`EvaluateConfig`; raises :class:`~medseg.errors.ConfigError` naming the key."""
+    """Check ``cfg`` against :class:`EvaluateConfig` (its types and ranges, the split, the checkpoints); raises
+    :class:`~medseg.errors.ConfigError` naming the key."""
     settings = to_typed(EvaluateConfig, cfg)
     check_choices(settings, {"split": SPLITS})
-    if not 0.0 <= settings.overlap < 1.0:
-        raise EvaluationError(f"overlap={settings.overlap}: expected a fraction in [0, 1)")
-    if settings.sw_batch_size < 1:
-        raise EvaluationError(f"sw_batch_size={settings.sw_batch_size}: expected at least 1")
-    if not settings.tolerance_mm >= 0.0:
-        raise EvaluationError(f"tolerance_mm={settings.tolerance_mm}: expected a distance >= 0")
     ckpts = settings.ckpt if isinstance(settings.ckpt, list) else [settings.ckpt]
     if not ckpts or not all(isinstance(c, str) and c for c in ckpts):
         raise EvaluationError(f"ckpt={settings.ckpt!r}: expected a checkpoint file, a run or multirun folder, or a "

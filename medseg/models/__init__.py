@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import asdict
 from typing import Any
@@ -11,10 +12,11 @@ from torch import nn
 from medseg.config import ModelConfig
 from medseg.errors import ConfigError, check_choice
 from medseg.models.norms import NORMS
-from medseg.models.unet import SlottedUNet, per_axis_strides
+from medseg.models.unet import SlottedUNet, per_axis_strides, stride_to_level
 from medseg.typed_config import to_typed
 
-__all__ = ["MODELS", "NORMS", "SlottedUNet", "build_model", "per_axis_strides", "unwrap_model"]
+__all__ = ["MODELS", "NORMS", "SlottedUNet", "build_model", "check_model", "check_patch", "per_axis_strides",
+           "unwrap_model"]
 
 
 def unwrap_model(model: nn.Module) -> nn.Module:
@@ -35,15 +37,9 @@ def _monai_unet(cfg: ModelConfig, in_channels: int, out_channels: int, patch_siz
                 channels=list(cfg.channels), strides=list(cfg.strides), num_res_units=2, norm="instance")
 
 
-def _require_divisible(patch_size: Sequence[int], divisor: int, name: str) -> None:
-    if any(s % divisor for s in patch_size):
-        raise ConfigError(f"model.name={name} needs data.patch_size divisible by {divisor}, got {list(patch_size)}")
-
-
 def _monai_swinunetr(cfg: ModelConfig, in_channels: int, out_channels: int, patch_size: Sequence[int]) -> nn.Module:
     from monai.networks.nets import SwinUNETR
 
-    _require_divisible(patch_size, 32, "monai_swinunetr")
     return SwinUNETR(in_channels=in_channels, out_channels=out_channels, feature_size=24,
                      spatial_dims=cfg.spatial_dims)
 
@@ -51,7 +47,6 @@ def _monai_swinunetr(cfg: ModelConfig, in_channels: int, out_channels: int, patc
 def _monai_unetr(cfg: ModelConfig, in_channels: int, out_channels: int, patch_size: Sequence[int]) -> nn.Module:
     from monai.networks.nets import UNETR
 
-    _require_divisible(patch_size, 16, "monai_unetr")
     return UNETR(in_channels=in_channels, out_channels=out_channels, img_size=tuple(patch_size),
                  spatial_dims=cfg.spatial_dims, feature_size=16)
 
@@ -76,10 +71,48 @@ MODELS: dict[str, Callable[[ModelConfig, int, int, Sequence[int]], nn.Module]] =
 """The values of ``model.name``: name -> ``builder(model_cfg, in_channels, out_channels, patch_size)``."""
 
 
+PATCH_DIVISORS = {"monai_swinunetr": 32, "monai_unetr": 16}
+"""The MONAI transformers, which take no ``model.strides``: what each side of their patch must be a multiple of."""
+
+
 def check_model(cfg: ModelConfig) -> None:
-    """Refuse a ``model.name`` or ``model.norm`` that no registry holds (:func:`build_model` checks this first)."""
+    """Refuse a ``model.name`` or ``model.norm`` that no registry holds, and strides medseg's U-Net cannot pool by
+    (:func:`build_model` checks this first)."""
     check_choice("model.name", cfg.name, MODELS)
     check_choice("model.norm", cfg.norm, NORMS)
+    if cfg.name == "unet" and cfg.strides is not None:
+        too_large = [s for level in per_axis_strides(cfg.strides, cfg.spatial_dims) for s in level if s > 2]
+        if too_large:
+            raise ConfigError(f"model.strides={cfg.strides}: medseg's U-Net pools by 1 or 2 per axis and level (the "
+                              f"1x1 shortcut of its residual blocks), got {too_large[0]}")
+
+
+def check_patch(cfg: ModelConfig, patch_size: Sequence[int]) -> None:
+    """Refuse a training patch (one size per spatial axis) that the network of ``cfg`` cannot take: a side that is not
+    a multiple of what the MONAI transformers need (:data:`PATCH_DIVISORS`); with ``model.strides`` resolved, a side
+    not divisible by the total stride for monai_unet (which does not pad), or a bottleneck of one voxel (normalising
+    it needs more). :func:`build_model` checks this first; training checks it at start-up when both are set.
+
+    Raises:
+        ConfigError: naming ``data.patch_size`` (and ``model.strides``) and what the patch must be.
+    """
+    patch = [int(s) for s in patch_size]
+    if len(patch) != cfg.spatial_dims:
+        raise ConfigError(f"data.patch_size={patch}: the {cfg.spatial_dims}D model needs {cfg.spatial_dims} sizes")
+    divisor = PATCH_DIVISORS.get(cfg.name)
+    if divisor is not None and any(s % divisor for s in patch):
+        raise ConfigError(f"model.name={cfg.name} needs data.patch_size divisible by {divisor}, got {patch}")
+    if divisor is not None or cfg.strides is None:
+        return
+    strides = per_axis_strides(cfg.strides, cfg.spatial_dims)
+    total = list(stride_to_level(strides, len(strides)))
+    if cfg.name == "monai_unet" and any(s % t for s, t in zip(patch, total)):
+        raise ConfigError(f"model.name=monai_unet needs data.patch_size divisible by the total stride {total} of "
+                          f"model.strides={cfg.strides}, got {patch}")
+    bottleneck = [-(-s // t) for s, t in zip(patch, total)]  # medseg's U-Net pads the patch to the total stride
+    if math.prod(bottleneck) < 2:
+        raise ConfigError(f"data.patch_size={patch} pooled by model.strides={cfg.strides} (total {total}) leaves a "
+                          f"bottleneck of {bottleneck} voxels, too few to normalise: a larger patch or fewer levels")
 
 
 def build_model(model_cfg: ModelConfig | Mapping[str, Any], in_channels: int, out_channels: int,
@@ -96,4 +129,6 @@ def build_model(model_cfg: ModelConfig | Mapping[str, Any], in_channels: int, ou
     check_model(cfg)
     if cfg.strides is None:
         raise ConfigError("model.strides is null: plan it from the data first (medseg.planning.plan)")
+    if patch_size is not None:  # None: a network for no particular patch (the planner's memory estimate)
+        check_patch(cfg, patch_size)
     return MODELS[cfg.name](cfg, in_channels, out_channels, patch_size)

@@ -21,9 +21,8 @@ from medseg.config import DataConfig, TrainConfig
 from medseg.data.datalist import DATASET_FORMATS
 from medseg.data.transforms import check_normalization
 from medseg.errors import ConfigError
-from medseg.models import check_model
+from medseg.models import check_model, check_patch
 from medseg.optim import OPTIMIZERS, SCHEDULES
-from medseg.planning.from_config import check_planning
 from medseg.runtime.device import PRECISIONS
 from medseg.training.losses import LOSSES
 from medseg.training.prepare import CACHE_MODES, PLAN_SOURCES
@@ -42,11 +41,14 @@ def _choices() -> dict[str, Sequence[str]]:
 
 
 def _check_builders(cfg: TrainConfig) -> None:
-    """The checks the builders make (the spatial dims, the model name and norm, each slot's block and its
-    ``model.attention`` values, the normalisation), made at start-up, before any data is read."""
+    """The checks the builders make (the spatial dims, the model name, norm and strides, the patch against them when
+    both are set with one size per axis, each slot's block and its ``model.attention`` values, the normalisation),
+    made at start-up, before any data is read."""
     model = cfg.model
     check_spatial_dims(model.spatial_dims)
     check_model(model)
+    if cfg.data.patch_size is not None and len(cfg.data.patch_size) == model.spatial_dims:
+        check_patch(model, cfg.data.patch_size)
     check_blocks({"model.bottleneck": model.bottleneck, "model.decoder": model.decoder}, model.spatial_dims,
                  **asdict(model.attention))
     if cfg.data.normalization is not None:
@@ -78,7 +80,8 @@ def _check_start(cfg: TrainConfig) -> None:
 
 
 def _check_values(cfg: TrainConfig) -> None:
-    """Every value of ``cfg`` against what it may be, and the values against each other."""
+    """The values of ``cfg`` against the registries and against each other (each number against its range is
+    :func:`~medseg.typed_config.to_typed`'s check)."""
     check_choices(cfg, _choices())
     _check_builders(cfg)
     model, data = cfg.model, cfg.data
@@ -89,22 +92,16 @@ def _check_values(cfg: TrainConfig) -> None:
                           f"levels, so expected {len(model.channels) - 1} strides")
     levels = (len(model.channels) if model.channels is not None
               else len(model.strides) + 1 if model.strides is not None else None)  # None: the depth is planned
-    if model.decoder_levels < 0 or (levels is not None and model.decoder_levels > levels - 1):
-        raise ConfigError(f"model.decoder_levels={model.decoder_levels}: expected "
-                          f"{'0 or more' if levels is None else f'0..{levels - 1}'}")
-    check_planning(cfg.plan)
+    if levels is not None and model.decoder_levels > levels - 1:  # >= 0 is its range
+        raise ConfigError(f"model.decoder_levels={model.decoder_levels}: expected 0..{levels - 1}")
     if data.spacing is not None and len(data.spacing) != 3:
         raise ConfigError(f"data.spacing={data.spacing}: expected 3 entries (mm along R, A, S), also in 2D")
     if data.patch_size is not None and len(data.patch_size) not in (2, 3):
         raise ConfigError(f"data.patch_size={data.patch_size}: expected 2 or 3 sizes")
-    if not 0.0 <= data.pos_fraction <= 1.0:
-        raise ConfigError(f"data.pos_fraction={data.pos_fraction}: expected a fraction in [0, 1]")
     if data.regions is not None and not (isinstance(data.regions, Mapping) and all(
             isinstance(v, list) and all(isinstance(i, int) for i in v) for v in data.regions.values())):
         raise ConfigError(f"data.regions={data.regions!r}: expected a mapping region name -> list of label values, "
                           f"e.g. {{whole_tumor:[1,2,4],tumor_core:[2,4],enhancing:[4]}}")
-    if cfg.trainer.max_minutes is not None and not cfg.trainer.max_minutes > 0:
-        raise ConfigError(f"trainer.max_minutes={cfg.trainer.max_minutes}: expected a positive budget, or null")
     _check_start(cfg)
     if data.fold != "all" and not (isinstance(data.fold, int) and 0 <= data.fold < data.num_folds):
         raise ConfigError(f"data.fold={data.fold!r}: expected 0..{data.num_folds - 1} or all")

@@ -25,7 +25,7 @@ from monai.utils import set_determinism
 from torch import nn
 from tqdm import tqdm
 
-from medseg.config import TrainConfig
+from medseg.config import TrainConfig, value_text
 from medseg.data.labels import LabelSpec
 from medseg.errors import CheckpointError, NoSpaceError, TrainingError, TrainingInterrupted
 from medseg.io import atomic_write_json
@@ -50,6 +50,7 @@ from medseg.training.losses import build_loss, named_class_weights
 from medseg.training.prepare import PreparedData
 from medseg.training.tensorboard import TensorBoardLogger
 from medseg.training.validation import validate
+from medseg.typed_config import to_typed
 
 log = logging.getLogger("medseg")
 
@@ -85,6 +86,27 @@ def differing_values(mine: Mapping[str, Any], theirs: Mapping[str, Any],
             yield from differing_values(a, b, f"{prefix}{key}.")
         elif a != b:
             yield f"{prefix}{key}", a, b
+
+
+MEANING_KEYS = ("data.spacing", "data.normalization", "data.regions", "data.regions_class_order", "model", "dataset")
+"""The keys (and the nodes whose every key) that say what a checkpoint's weights mean: the spacing and intensities of
+their input, their outputs (the regions; ``dataset``: the dataset's labels and channels) and the network, every
+``model`` key but :data:`RUN_ONLY_MODEL_KEYS`. A resumed run keeps them. ``data.patch_size`` may change: the same
+convolutions see another patch (a block whose parameters follow the patch grid changes their shapes, refused by
+:func:`~medseg.runs.checkpoint.load_model_state`)."""
+RUN_ONLY_MODEL_KEYS = ("model.checkpointing", "model.channels_last", "model.dropout", "model.attention.drop_path",
+                       "model.attention.max_bias_gb")
+"""The ``model`` keys that change how the network is trained or run, not what its weights compute."""
+
+
+def meaning_changes(mine: Mapping[str, Any], theirs: Mapping[str, Any]) -> list[str]:
+    """``key=mine (checkpoint: theirs)`` for each key of :data:`MEANING_KEYS` where a resumed run (``mine``: its
+    config as nested dicts, plus ``dataset``) differs from its checkpoint (``theirs``, the same form)."""
+    def means(key: str) -> bool:
+        return key not in RUN_ONLY_MODEL_KEYS and any(key == k or key.startswith(f"{k}.") for k in MEANING_KEYS)
+
+    return [f"{key}={value_text(a)} (checkpoint: {value_text(b)})" for key, a, b in differing_values(mine, theirs)
+            if means(key)]
 
 
 class TrainStep:
@@ -331,8 +353,12 @@ class Trainer:
             "train_seconds": self.train_seconds,
             "config": asdict(self.cfg),
             "loss": self.loss,
-            "dataset": {**self.data.info.label_spec.as_dict(), "channel_names": self.data.info.channel_names},
+            "dataset": self.dataset_description(),
         }
+
+    def dataset_description(self) -> dict[str, Any]:
+        """The labels and channels of the dataset, as checkpoints hold them (``dataset``)."""
+        return {**self.data.info.label_spec.as_dict(), "channel_names": self.data.info.channel_names}
 
     def save(self, name: str, step: int = 0) -> Path | None:
         """Write checkpoint ``name`` (rank 0 only); returns its path.
@@ -355,6 +381,7 @@ class Trainer:
         """Restore model, optimizer, scheduler, scaler, epoch/step, best metric and history from ``path``."""
         state = load_checkpoint(path, map_location=self.device, needs=RESUMED_KEYS)
         load_model_state(self.model, state["model"], path)
+        self.check_same_meaning(state, path)
         self.optimizer.load_state_dict(state["optimizer"])
         if self.budget is not None and state["epoch"] > 0:  # the epochs the budget was found to span
             self.set_max_epochs(state["config"]["trainer"]["max_epochs"])
@@ -374,6 +401,21 @@ class Trainer:
         if self.dist.is_main:
             where = f"epoch {self.epoch}" + (f", step {self.start_step}" if self.start_step else "")
             log.info("resumed from %s at %s (best val Dice %.4f)", path, where, self.best_dice)
+
+    def check_same_meaning(self, state: Mapping[str, Any], path: Path) -> None:
+        """Refuse to resume checkpoint ``state`` (read from ``path``) when its weights mean something else in this run:
+        a key of :data:`MEANING_KEYS` differs (after planning), though the weights may fit.
+
+        Raises:
+            CheckpointError: naming each differing key with both values.
+        """
+        theirs = {**asdict(to_typed(TrainConfig, state["config"])), "dataset": state["dataset"]}
+        changes = meaning_changes({**asdict(self.cfg), "dataset": self.dataset_description()}, theirs)
+        if changes:
+            raise CheckpointError(
+                f"checkpoint {path} was trained with other values of keys that change what its weights mean: "
+                f"{'; '.join(changes)}. Resume with the checkpoint's values (data.plan_from=init takes its planned "
+                f"ones), or start a new run from its weights with trainer.init_from={path}")
 
     def init_weights(self, path: Path) -> None:
         """``trainer.init_from``: another run's weights, and nothing else of it (the optimizer, the schedule and the

@@ -63,15 +63,14 @@ class VisualizeResult:
 
 
 def check_config(cfg: VisualizeConfig | Mapping[str, Any] | DictConfig) -> VisualizeConfig:
-    """Check ``cfg`` against :class:`VisualizeConfig`; raises :class:`ConfigError` naming the key."""
+    """Check ``cfg`` against :class:`VisualizeConfig` (its types and ranges, one query point); raises
+    :class:`ConfigError` naming the key."""
     settings = to_typed(VisualizeConfig, cfg)
     if settings.voxel is not None and settings.world is not None:
         raise ConfigError(f"voxel={settings.voxel} and world={settings.world}: give one query point, not both")
     for key, value in (("voxel", settings.voxel), ("world", settings.world)):
         if value is not None and len(value) != 3:
             raise ConfigError(f"{key}={value}: expected three coordinates")
-    if settings.block is not None and settings.block < 0:
-        raise ConfigError(f"block={settings.block}: expected a block index >= 0")
     return settings
 
 

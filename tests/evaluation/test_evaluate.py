@@ -307,6 +307,17 @@ def test_validation_split_is_the_fold_the_checkpoint_was_trained_with(tiny_demo_
     assert [c.case for c in find_cases(tiny_demo_root, "validation", 1, trained_on)] == [ids[1]]
 
 
+def test_validation_split_of_a_checkpoint_trained_on_every_case_is_refused(tiny_demo_root: Path,
+                                                                             tmp_path: Path) -> None:
+    trained_on = DataConfig(root=str(tiny_demo_root), fold="all")
+    with pytest.raises(EvaluationError, match=r"^split=validation: the checkpoint was trained with data\.fold=all, "
+                                              r"on every case of .*dataset\.json, so it has no validation cases"):
+        find_cases(tiny_demo_root, "validation", 1, trained_on)
+    listed = msd_copy_with_validation(tiny_demo_root, tmp_path / "demo", cases=2)
+    cases = find_cases(listed, "validation", 1, trained_on)
+    assert len(cases) == 2, "a dataset's own validation list is scored as listed, whatever the fold"
+
+
 def test_script_end_to_end(tiny_demo_root: Path, ckpt_3d: Path, tmp_path: Path) -> None:
     folder = nnunet_folder(tiny_demo_root, tmp_path / "data", cases=1)
     result = run_script("evaluate.py", [f"ckpt={ckpt_3d}", f"input={folder}", "output=preds", "progress=false"],

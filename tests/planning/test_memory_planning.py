@@ -132,8 +132,8 @@ def test_memory_budget_defaults(monkeypatch: pytest.MonkeyPatch) -> None:
 
 @pytest.mark.parametrize("value", [0, -1.5])
 def test_a_budget_that_is_not_positive_is_one_line(value: float) -> None:
-    with pytest.raises(ConfigError, match=rf"^plan\.memory_gb={value}: expected a positive number") as error:
-        check_config({"data": {"root": "x"}, "plan": {"memory_gb": value}})
+    with pytest.raises(ConfigError, match=rf"^plan\.memory_gb={float(value)}: expected > 0$") as error:
+        check_config({"data": {"root": "x"}, "plan": {"memory_gb": value}})  # the key's range
     assert "\n" not in str(error.value)
     with pytest.raises(ConfigError, match=r"^plan\.memory_gb="):
         plan_from_config(CT, DataConfig(root="x"), ModelConfig(), CPU_TRAINER, PlanningConfig(memory_gb=value))
