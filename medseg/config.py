@@ -88,6 +88,12 @@ class ModelConfig:
     """One per down-sampling: an int, or one int per axis (anisotropic pooling); null = planned from the data."""
     kernel_size: int = 3
     """Convolution kernel of the U-Net's stages."""
+    encoder_blocks: Any = 1
+    """Residual blocks (two convs each) per encoder level: an int for every level, or a list per level from the
+    full-resolution one down; a longer list is cut to the network's levels (nnU-Net's n_blocks_per_stage), so one list
+    serves any planned depth. experiment=resenc_m / resenc_l: [1, 3, 4, 6, 6, 6, ...] (nnU-Net's ResEnc presets)."""
+    decoder_convs: int = 2
+    """Conv layers per decoder stage after the up-sampling and the skip: 2, or 1 as in nnU-Net's ResEnc presets."""
     norm: str = "instance"
     """Normalisation of the conv stages: instance, batch, or group (8 groups, fewer for narrower levels)."""
     dropout: float = 0.0
@@ -232,7 +238,11 @@ class PlanningConfig:
     memory_gb: float | None = None
     """Training memory (GB, 2^30 bytes) a planned patch may need, estimated for the network, trainer.batch_size x
     data.samples_per_volume patches, trainer.precision and trainer.optimizer. null = on CUDA the GPU's memory, at most
-    nnU-Net's 8 GB; on a CPU the voxel budget instead (48^3 voxels in 3D, 256^2 in 2D, for 32 first-level channels)."""
+    plan.reference_gb; on a CPU the voxel budget instead (48^3 voxels in 3D, 256^2 in 2D, for 32 first-level
+    channels)."""
+    reference_gb: float = 8.0
+    """With plan.memory_gb null on CUDA: the most of the GPU's memory a planned patch may need (nnU-Net's memory
+    target: 8 GB; experiment=resenc_l 24)."""
 
 
 @dataclass

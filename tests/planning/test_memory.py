@@ -30,7 +30,9 @@ NATIVE_BF16 = pytest.mark.skipif(not torch.ops.mkldnn._is_mkldnn_bf16_supported(
     (ModelConfig(channels=[8, 16, 32], strides=[2, 2]), (32, 32, 32), 2, "fp32"),
     (ModelConfig(spatial_dims=2, channels=[16, 32, 64], strides=[2, 2], bottleneck="masa"), (96, 96), 4, "fp32"),
     pytest.param(ModelConfig(channels=[16, 32, 64], strides=[2, 2]), (48, 48, 32), 2, "bf16", marks=NATIVE_BF16),
-], ids=["3d-conv", "2d-masa", "3d-conv-bf16"])
+    (ModelConfig(channels=[8, 16, 32], strides=[2, 2], encoder_blocks=[1, 3, 4], decoder_convs=1), (32, 32, 32), 2,
+     "fp32"),
+], ids=["3d-conv", "2d-masa", "3d-conv-bf16", "3d-resenc"])
 def test_estimate_is_within_30_percent_of_the_measured_peak(one_thread: None, model: ModelConfig,
                                                             patch: tuple[int, ...], batch: int, precision: str) -> None:
     # Measured as benchmark.py models measures: every tensor alive at the peak of the trainer's own step (forward,
