@@ -183,6 +183,12 @@ class ModelConfig:
     the data."""
     kernel_size: int = ranged(3, ge=1, odd=True)
     """Convolution kernel of the U-Net's stages."""
+    encoder_blocks: Any = ranged(1, ge=1)
+    """Residual blocks (two convs each) per encoder level: an int for every level, or a list per level from the
+    full-resolution one down; a longer list is cut to the network's levels (nnU-Net's n_blocks_per_stage), so one list
+    serves any planned depth. experiment=resenc_m / resenc_l: [1, 3, 4, 6, 6, 6, ...] (nnU-Net's ResEnc presets)."""
+    decoder_convs: int = ranged(2, ge=1, le=2)
+    """Conv layers per decoder stage after the up-sampling and the skip: 2, or 1 as in nnU-Net's ResEnc presets."""
     norm: str = "instance"
     """Normalisation of the conv stages: instance, batch, or group (8 groups, fewer for narrower levels)."""
     dropout: float = ranged(0.0, ge=0, lt=1)
@@ -327,7 +333,11 @@ class PlanningConfig:
     memory_gb: float | None = ranged(None, gt=0)
     """Training memory (GB, 2^30 bytes) a planned patch may need, estimated for the network, trainer.batch_size x
     data.samples_per_volume patches, trainer.precision and trainer.optimizer. null = on CUDA the GPU's memory, at most
-    nnU-Net's 8 GB; on a CPU the voxel budget instead (48^3 voxels in 3D, 256^2 in 2D, for 32 first-level channels)."""
+    plan.reference_gb; on a CPU the voxel budget instead (48^3 voxels in 3D, 256^2 in 2D, for 32 first-level
+    channels)."""
+    reference_gb: float = ranged(8.0, gt=0)
+    """With plan.memory_gb null on CUDA: the most of the GPU's memory a planned patch may need (nnU-Net's memory
+    target: 8 GB; experiment=resenc_l 24)."""
 
 
 @dataclass

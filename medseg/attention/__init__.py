@@ -6,7 +6,8 @@
 
 Pure tensor ops live in :mod:`medseg.attention.functional`; one module per block family
 (:mod:`~medseg.attention.masa`, :mod:`~medseg.attention.focused_linear`, :mod:`~medseg.attention.cswin`,
-:mod:`~medseg.attention.mha`); :mod:`~medseg.attention.registry` turns names into modules and checks a config's
+:mod:`~medseg.attention.mha`, and :mod:`~medseg.attention.identity`, the ablation without attention);
+:mod:`~medseg.attention.registry` turns names into modules and checks a config's
 block settings. :mod:`medseg.models.inspect` recomputes a trained U-Net's attention rows for one voxel.
 """
 

@@ -14,7 +14,7 @@ from abc import ABC, abstractmethod
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from functools import lru_cache
-from typing import Any, TypeVar
+from typing import Any, ClassVar, TypeVar
 
 import torch
 import torch.nn.functional as F
@@ -210,6 +210,10 @@ class SpatialAttention(nn.Module, ABC):
         num_heads: attention heads; must divide ``dim``.
     """
 
+    mixes_tokens: ClassVar[bool] = True
+    """False for a block whose token mixer is the identity (the ``identity`` ablation): it has no ``qkv`` and
+    ``proj``, and no attention map to show."""
+
     def __init__(self, dim: int, spatial_dims: int, num_heads: int) -> None:
         super().__init__()
         check_spatial_dims(spatial_dims)
@@ -220,8 +224,9 @@ class SpatialAttention(nn.Module, ABC):
         self.spatial_dims = spatial_dims
         self.num_heads = num_heads
         self.head_dim = dim // num_heads
-        self.qkv = nn.Linear(dim, 3 * dim)
-        self.proj = nn.Linear(dim, dim)
+        if self.mixes_tokens:
+            self.qkv = nn.Linear(dim, 3 * dim)
+            self.proj = nn.Linear(dim, dim)
 
     @property
     def bias_heads(self) -> int:

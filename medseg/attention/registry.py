@@ -14,6 +14,7 @@ from medseg.attention.block import TransformerBlock
 from medseg.attention.common import SpatialAttention
 from medseg.attention.cswin import CSWinAttention
 from medseg.attention.focused_linear import FocusedLinearAttention
+from medseg.attention.identity import IdentityMixer
 from medseg.attention.masa import MaSA, MaSADecomposed
 from medseg.attention.mha import MultiHeadAttention
 from medseg.config import AttentionConfig
@@ -25,8 +26,10 @@ ATTENTION_BLOCKS: dict[str, type[SpatialAttention]] = {
     "focused_linear": FocusedLinearAttention,
     "cswin": CSWinAttention,
     "mha": MultiHeadAttention,
+    "identity": IdentityMixer,
 }
-"""Every block a config string can name. ``none`` is not a block: the U-Net leaves such a slot empty."""
+"""Every block a config string can name. ``none`` is not a block: the U-Net leaves such a slot empty (a pure CNN);
+``identity`` is the transformer block without attention (the ablation)."""
 
 RESERVED_NAMES = ("none",)
 

@@ -224,7 +224,8 @@ def _fwd_bwd(block: nn.Module, x: torch.Tensor, amp: torch.dtype | None) -> torc
     block.zero_grad(set_to_none=True)
     with autocast(x.device, amp):
         out = block(x)
-    out.sum().backward()
+    if out.requires_grad:  # a block without parameters (identity) has no backward pass of its own
+        out.sum().backward()
     return out.detach()
 
 

@@ -54,7 +54,8 @@ def _monai_unetr(cfg: ModelConfig, in_channels: int, out_channels: int, patch_si
 def _slotted_unet(cfg: ModelConfig, in_channels: int, out_channels: int, patch_size: Sequence[int]) -> nn.Module:
     return SlottedUNet(
         spatial_dims=cfg.spatial_dims, in_channels=in_channels, out_channels=out_channels,
-        channels=list(cfg.channels), strides=list(cfg.strides), kernel_size=cfg.kernel_size, norm=cfg.norm,
+        channels=list(cfg.channels), strides=list(cfg.strides), kernel_size=cfg.kernel_size,
+        encoder_blocks=cfg.encoder_blocks, decoder_convs=cfg.decoder_convs, norm=cfg.norm,
         dropout=cfg.dropout, deep_supervision=cfg.deep_supervision, bottleneck=cfg.bottleneck,
         bottleneck_depth=cfg.bottleneck_depth, decoder=cfg.decoder, decoder_levels=cfg.decoder_levels,
         attention=asdict(cfg.attention), checkpointing=cfg.checkpointing, channels_last=cfg.channels_last,

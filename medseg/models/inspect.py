@@ -147,10 +147,15 @@ def _check(net: nn.Module, slots: list[Slot], image: torch.Tensor, query: Sequen
             f"{type(net).__name__} has no attention slot: attention maps need medseg's U-Net (model.name=unet) with "
             f"model.bottleneck or model.decoder set to one of {list(ATTENTION_BLOCKS)}"
         )
+    with_rows = [name for name, cls in ATTENTION_BLOCKS.items() if has_attention_rows(cls)]
     for slot in slots:
         for attention in slot.attentions:
+            if not attention.mixes_tokens:
+                raise ConfigError(
+                    f"attention block {block_kind(attention)!r} (slot {slot.name}) mixes no tokens (the ablation "
+                    f"without attention), so it has no attention map; blocks with attention maps: {with_rows}"
+                )
             if not has_attention_rows(type(attention)):
-                with_rows = [name for name, cls in ATTENTION_BLOCKS.items() if has_attention_rows(cls)]
                 raise ConfigError(
                     f"attention block {block_kind(attention)!r} ({type(attention).__name__}, slot {slot.name}) has no "
                     f"attention rows: it does not implement SpatialAttention.attention_row; blocks with attention "
@@ -239,8 +244,9 @@ def attention_maps(
         One :class:`AttentionMap` per slot and block, in forward order.
 
     Raises:
-        ConfigError: a model without an attention slot, a block that has no attention rows, an image not of
-            shape ``(1, C, *spatial)``, a query outside the image or a bad ``voxel_spacing``.
+        ConfigError: a model without an attention slot, a block that has no attention rows (``identity`` mixes no
+            tokens), an image not of shape ``(1, C, *spatial)``, a query outside the image or a bad
+            ``voxel_spacing``.
     """
     net = unwrap_model(model)
     slots = attention_slots(net)

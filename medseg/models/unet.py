@@ -1,7 +1,9 @@
 """The U-Net with attention slots, for 2D and 3D.
 
-Residual conv stages (MONAI ``UnetResBlock``) down, transposed-conv up stages with skip connections
-(MONAI ``UnetUpBlock``) back. Two kinds of slot take any attention block from the registry by name:
+Residual conv stages (MONAI ``UnetResBlock``, ``encoder_blocks`` of them per level: one by default, nnU-Net's
+residual encoder with more) down, transposed-conv up stages with skip connections (MONAI ``UnetUpBlock``, or one
+conv per stage as in nnU-Net's ResEnc presets) back. Two kinds of slot take any attention block from the registry by
+name:
 
 * the **bottleneck**: ``bottleneck_depth`` transformer blocks at the lowest resolution;
 * the **decoder**: one transformer block after each of the ``decoder_levels`` lowest-resolution
@@ -21,6 +23,8 @@ from typing import Any
 import torch
 import torch.nn.functional as F
 from monai.networks.blocks import UnetOutBlock, UnetResBlock, UnetUpBlock
+from monai.networks.blocks.dynunet_block import get_conv_layer
+from monai.networks.layers.utils import get_act_layer, get_norm_layer
 from torch import nn
 
 from medseg.attention import SpatialAttention, build_transformer_block, functional
@@ -99,25 +103,84 @@ class _ConvStyle:
                 "norm_name": NORMS[self.norm](width), "dropout": self.dropout}
 
 
-def _encoder_stages(in_channels: int, channels: Sequence[int], strides: list[tuple[int, ...]],
-                    conv: _ConvStyle) -> tuple[UnetResBlock, nn.ModuleList]:
-    """The stem and the down stages, residual conv blocks.
+DECODER_CONVS = (1, 2)
+"""The values of ``model.decoder_convs``."""
+
+
+def encoder_block_counts(encoder_blocks: int | Sequence[int], num_levels: int) -> list[int]:
+    """Residual blocks per encoder level (``num_levels`` entries, the full-resolution level first) from
+    ``model.encoder_blocks``: an int for every level, or a list whose first ``num_levels`` entries are taken.
+
+    Raises:
+        ConfigError: a count below 1, or a list shorter than the levels.
+    """
+    counts = [int(encoder_blocks)] * num_levels if isinstance(encoder_blocks, int) else [int(n) for n in encoder_blocks]
+    if len(counts) < num_levels or min(counts, default=1) < 1:
+        raise ConfigError(f"model.encoder_blocks={encoder_blocks}: expected an int >= 1 or a list of at least "
+                          f"{num_levels} such ints (one per level of model.channels)")
+    return counts[:num_levels]
+
+
+def _residual_stage(in_channels: int, out_channels: int, stride: StrideSpec, blocks: int,
+                    conv: _ConvStyle) -> nn.Module:
+    """``blocks`` residual blocks, the first with ``stride`` and the width change: ``(B, in_channels, *S) ->
+    (B, out_channels, *S / stride)``. One block is the ``UnetResBlock`` itself (the default U-Net's modules)."""
+    first = UnetResBlock(in_channels=in_channels, out_channels=out_channels, stride=stride, **conv.args(out_channels))
+    if blocks == 1:
+        return first
+    more = (UnetResBlock(in_channels=out_channels, out_channels=out_channels, stride=1, **conv.args(out_channels))
+            for _ in range(blocks - 1))
+    return nn.Sequential(first, *more)
+
+
+def _encoder_stages(in_channels: int, channels: Sequence[int], strides: list[tuple[int, ...]], blocks: Sequence[int],
+                    conv: _ConvStyle) -> tuple[nn.Module, nn.ModuleList]:
+    """The stem and the down stages, ``blocks[level]`` residual conv blocks each.
 
     ``stem``: ``(B, in_channels, *S) -> (B, channels[0], *S)``; ``down[i]``: ``(B, channels[i], *S_i) ->
     (B, channels[i + 1], *S_i / strides[i])``, where ``S_i`` is the input size down-sampled ``i`` times.
     """
-    stem = UnetResBlock(in_channels=in_channels, out_channels=channels[0], stride=1, **conv.args(channels[0]))
+    stem = _residual_stage(in_channels, channels[0], 1, blocks[0], conv)
     down = nn.ModuleList(
-        UnetResBlock(in_channels=channels[i], out_channels=channels[i + 1], stride=strides[i],
-                     **conv.args(channels[i + 1]))
-        for i in range(len(strides))
+        _residual_stage(channels[i], channels[i + 1], strides[i], blocks[i + 1], conv) for i in range(len(strides))
     )
     return stem, down
 
 
-def _decoder_stages(channels: Sequence[int], strides: list[tuple[int, ...]], conv: _ConvStyle) -> nn.ModuleList:
+class OneConvUpBlock(nn.Module):
+    """A decoder stage of nnU-Net's residual-encoder U-Net: transposed conv by the stride, concatenation with the
+    skip, one conv -> norm -> LeakyReLU (MONAI ``UnetUpBlock`` has two).
+
+    ``forward(x, skip)``: ``(B, in_channels, *S / stride)`` and ``(B, out_channels, *S)`` -> ``(B, out_channels, *S)``.
+    """
+
+    def __init__(self, spatial_dims: int, in_channels: int, out_channels: int, stride: StrideSpec, kernel_size: int,
+                 norm_name: Any, dropout: float) -> None:
+        super().__init__()
+        self.transp_conv = get_conv_layer(spatial_dims, in_channels, out_channels, kernel_size=stride, stride=stride,
+                                          dropout=dropout, bias=False, conv_only=True, is_transposed=True)
+        self.conv = get_conv_layer(spatial_dims, 2 * out_channels, out_channels, kernel_size=kernel_size, stride=1,
+                                   dropout=dropout, bias=False, conv_only=True)
+        self.norm = get_norm_layer(name=norm_name, spatial_dims=spatial_dims, channels=out_channels)
+        self.act = get_act_layer(name=("leakyrelu", {"inplace": True, "negative_slope": 0.01}))
+
+    def forward(self, x: torch.Tensor, skip: torch.Tensor) -> torch.Tensor:
+        return self.act(self.norm(self.conv(torch.cat((self.transp_conv(x), skip), dim=1))))
+
+
+def _decoder_stages(channels: Sequence[int], strides: list[tuple[int, ...]], convs: int,
+                    conv: _ConvStyle) -> nn.ModuleList:
     """The up stages: ``up[i]`` takes level ``i + 1`` features ``(B, channels[i + 1], *S_{i+1})`` and the skip
-    ``(B, channels[i], *S_i)`` to ``(B, channels[i], *S_i)`` (transposed conv by ``strides[i]``, then conv)."""
+    ``(B, channels[i], *S_i)`` to ``(B, channels[i], *S_i)`` (transposed conv by ``strides[i]``, then ``convs``
+    convs: MONAI's ``UnetUpBlock`` for 2, :class:`OneConvUpBlock` for 1)."""
+    if convs not in DECODER_CONVS:
+        raise ConfigError(f"model.decoder_convs={convs}: expected one of {list(DECODER_CONVS)}")
+    if convs == 1:
+        return nn.ModuleList(
+            OneConvUpBlock(in_channels=channels[i + 1], out_channels=channels[i], stride=strides[i],
+                           **conv.args(channels[i]))
+            for i in range(len(strides))
+        )
     return nn.ModuleList(
         UnetUpBlock(in_channels=channels[i + 1], out_channels=channels[i], stride=strides[i],
                     upsample_kernel_size=strides[i], **conv.args(channels[i]))
@@ -165,6 +228,8 @@ class SlottedUNet(nn.Module):
         out_channels: output classes, background included.
         channels: feature width per level, e.g. ``[16, 32, 64, 128]``; ``len(channels) - 1`` down-samplings.
         strides: one per down-sampling, an int or a per-axis tuple (anisotropic pooling).
+        encoder_blocks: residual blocks per level, an int or a list (:func:`encoder_block_counts`).
+        decoder_convs: convs per decoder stage, 2 or 1 (:func:`_decoder_stages`).
         bottleneck: block name for the bottleneck slot, or ``"none"``.
         bottleneck_depth: transformer blocks stacked in the bottleneck.
         decoder: block name for the decoder slots, or ``"none"``.
@@ -191,6 +256,8 @@ class SlottedUNet(nn.Module):
         channels: Sequence[int] = (16, 32, 64, 128),
         strides: Sequence[StrideSpec] = (2, 2, 2),
         kernel_size: int = 3,
+        encoder_blocks: int | Sequence[int] = 1,
+        decoder_convs: int = 2,
         norm: str = "instance",
         dropout: float = 0.0,
         deep_supervision: bool = False,
@@ -217,12 +284,14 @@ class SlottedUNet(nn.Module):
         conv = _ConvStyle(spatial_dims, kernel_size, norm, dropout)
         slots = _SlotBuilder(spatial_dims, self.strides, dict(attention or {}), checkpointing, patch_size)
         num_levels = len(self.strides)
-        self.stem, self.down = _encoder_stages(in_channels, channels, self.strides, conv)
+        self.encoder_blocks = encoder_block_counts(encoder_blocks, len(channels))
+        self.decoder_convs = int(decoder_convs)
+        self.stem, self.down = _encoder_stages(in_channels, channels, self.strides, self.encoder_blocks, conv)
         functional.clear_cache()  # a new model: drop the cached attention tensors of earlier ones
         self.bottleneck = slots.build(bottleneck, num_levels, channels[num_levels], bottleneck_depth,
                                       "model.bottleneck")
         # up[i] takes level i+1 features to level i; decoder slot i follows it.
-        self.up = _decoder_stages(channels, self.strides, conv)
+        self.up = _decoder_stages(channels, self.strides, self.decoder_convs, conv)
         self.decoder_slots = nn.ModuleList(
             slots.build(decoder, i, channels[i], 1 if i >= num_levels - decoder_levels else 0,
                         f"model.decoder (level {i})")

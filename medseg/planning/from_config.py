@@ -30,8 +30,6 @@ from medseg.planning.plan import (
 )
 from medseg.runtime.device import amp_dtype, resolve_device
 
-REFERENCE_MEMORY_GB = 8.0
-"""nnU-Net's reference GPU memory: the budget on a GPU with more, when ``plan.memory_gb`` is null."""
 GB = 2**30
 """Bytes per GB of ``plan.memory_gb``."""
 
@@ -51,25 +49,29 @@ def check_planning(planning: PlanningConfig) -> None:
     """Raise :class:`ConfigError` for a ``plan`` node that cannot be planned with (a memory budget of 0 or less)."""
     if planning.memory_gb is not None and not planning.memory_gb > 0:
         raise ConfigError(f"plan.memory_gb={planning.memory_gb:g}: expected a positive number of GB, or null for the "
-                          "default (the GPU's memory up to 8 GB; the voxel budget on a CPU)")
+                          f"default (the GPU's memory up to plan.reference_gb={planning.reference_gb:g} GB; the voxel "
+                          "budget on a CPU)")
+    if not planning.reference_gb > 0:
+        raise ConfigError(f"plan.reference_gb={planning.reference_gb:g}: expected a positive number of GB")
 
 
 def memory_budget(planning: PlanningConfig, device: torch.device) -> tuple[int | None, str]:
     """The training memory (bytes) a patch planned for ``device`` may need, and where that figure comes from.
 
-    ``plan.memory_gb`` when set; else on CUDA the GPU's memory, at most ``REFERENCE_MEMORY_GB``; else None: on a
+    ``plan.memory_gb`` when set; else on CUDA the GPU's memory, at most ``plan.reference_gb``; else None: on a
     CPU time, not memory, limits training, and the patch keeps the voxel budget (:func:`voxel_budget_for`).
 
     Raises:
-        ConfigError: ``plan.memory_gb`` is not positive.
+        ConfigError: ``plan.memory_gb`` or ``plan.reference_gb`` is not positive.
     """
     check_planning(planning)
     if planning.memory_gb is not None:
         return int(planning.memory_gb * GB), f"plan.memory_gb={planning.memory_gb:g}"
     if device.type == "cuda":
         total = torch.cuda.get_device_properties(device).total_memory
-        return min(total, int(REFERENCE_MEMORY_GB * GB)), (
-            f"plan.memory_gb=null: the GPU's {bytes_text(total)}, at most nnU-Net's {REFERENCE_MEMORY_GB:g} GB")
+        return min(total, int(planning.reference_gb * GB)), (
+            f"plan.memory_gb=null: the GPU's {bytes_text(total)}, at most "
+            f"plan.reference_gb={planning.reference_gb:g} GB")
     return None, "plan.memory_gb=null on a CPU"
 
 

@@ -4,10 +4,11 @@ A training step (:class:`~medseg.training.trainer.TrainStep`) peaks when the for
 holding:
 
 * the tensors autograd keeps for the backward pass of every conv stage, counted in feature maps of the stage's
-  width on its level's grid: :data:`ENCODER_TENSORS` per encoder stage (MONAI ``UnetResBlock``: both conv
-  outputs, the first activation, the residual branch's conv output, the stage's output, which is also the skip
-  connection) and :data:`DECODER_TENSORS` per decoder stage (``UnetUpBlock``: the concatenation of the
-  up-sampled and the skip features, two widths; both conv outputs and activations);
+  width on its level's grid: :data:`ENCODER_TENSORS` per residual block of an encoder stage (MONAI
+  ``UnetResBlock``: both conv outputs, the first activation, the residual branch's conv output, the block's
+  output, the last one's also the skip connection; ``model.encoder_blocks`` of them) and per decoder stage
+  :data:`DECODER_CONCAT_TENSORS` (the concatenation of the up-sampled and the skip features, two widths) and
+  :data:`DECODER_CONV_TENSORS` per conv (its output and activation; ``model.decoder_convs`` of them);
 * those of every transformer block in an attention slot, in token maps ``(N, C)``: :data:`BLOCK_TENSORS`, plus
   the FFN's hidden layer (``mlp_ratio`` wide) :data:`HIDDEN_TENSORS` times, twice that with ``ffn=dwconv``;
   :data:`CHECKPOINTED_BLOCK_TENSORS` under activation checkpointing. A slot whose block holds a dense ``N x N``
@@ -46,9 +47,11 @@ from medseg.models.unet import level_grid
 from medseg.optim import OPTIMIZERS
 
 ENCODER_TENSORS = 5
-"""Feature maps an encoder stage keeps for the backward pass, in units of its width x its grid."""
-DECODER_TENSORS = 6
-"""Feature maps a decoder stage keeps for the backward pass, in units of its width x its grid."""
+"""Feature maps a residual block of an encoder stage keeps for the backward pass, in units of its width x its grid."""
+DECODER_CONCAT_TENSORS = 2
+"""Feature maps of a decoder stage's concatenation (up-sampled and skip features), in units of its width x its grid."""
+DECODER_CONV_TENSORS = 2
+"""Feature maps each conv of a decoder stage keeps (its output and activation), in units of its width x its grid."""
 BLOCK_TENSORS = 12
 """Token maps ``(N, C)`` a transformer block keeps besides its FFN's hidden layer: the position-encoded input, both
 norms' outputs, q, k and v and their head-split copies, the attention output, the local-context term, the two
@@ -182,8 +185,9 @@ def estimate_training_memory(
     net = _network(model, in_channels, out_channels, patch_size)
     voxels = [math.prod(level_grid(patch_size, net.strides, level)) for level in range(len(net.strides) + 1)]
     widths = list(model.channels)
-    elements = sum(ENCODER_TENSORS * w * n for w, n in zip(widths, voxels))
-    elements += sum(DECODER_TENSORS * w * n for w, n in zip(widths[:-1], voxels[:-1]))
+    elements = sum(ENCODER_TENSORS * blocks * w * n for blocks, w, n in zip(net.encoder_blocks, widths, voxels))
+    decoder_tensors = DECODER_CONCAT_TENSORS + DECODER_CONV_TENSORS * net.decoder_convs
+    elements += sum(decoder_tensors * w * n for w, n in zip(widths[:-1], voxels[:-1]))
     supervised = voxels[:-1] if model.deep_supervision else voxels[:1]
     elements += in_channels * voxels[0] + LOSS_TENSORS * out_channels * sum(supervised)
     shared = 0

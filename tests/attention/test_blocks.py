@@ -54,11 +54,12 @@ def test_batch_independence(name: str, cfg: dict, spatial_dims: int) -> None:
 @dims
 def test_bf16_autocast(name: str, cfg: dict, spatial_dims: int) -> None:
     block, x = make(name, cfg, spatial_dims)
+    x.requires_grad_(True)  # a block without parameters (identity) backpropagates to its input only
     with torch.autocast("cpu", dtype=torch.bfloat16):
         out = block(x)
         out.float().square().mean().backward()
     assert out.shape == x.shape and torch.isfinite(out).all()
-    assert all(torch.isfinite(p.grad).all() for p in block.parameters())
+    assert torch.isfinite(x.grad).all() and all(torch.isfinite(p.grad).all() for p in block.parameters())
 
 
 @pytest.mark.parametrize("shape", [(1, 1, 1), (2, 9, 4), (8, 8, 8)], ids=str)

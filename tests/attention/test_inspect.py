@@ -17,6 +17,7 @@ from medseg.models.inspect import (
     attention_slots,
     block_kind,
     capture_mix,
+    has_attention_rows,
     token_position,
 )
 from medseg.models.unet import SlottedUNet
@@ -35,7 +36,7 @@ EXTRA = [
     ("mha", {"pe": "relative"}),
     ("mha", {"pe": "none", "rope": "axial"}),
 ]
-CASES = [(name, {}) for name in available_blocks()] + EXTRA
+CASES = [(name, {}) for name in available_blocks() if has_attention_rows(ATTENTION_BLOCKS[name])] + EXTRA
 dims = pytest.mark.parametrize("spatial_dims", [2, 3], ids=["2d", "3d"])
 
 
@@ -362,3 +363,12 @@ def check_block_without_rows(name: str) -> None:
 
 def test_block_without_rows_is_a_one_line_error(throwaway_registered: str) -> None:
     check_block_without_rows(throwaway_registered)
+
+
+def test_identity_block_has_no_map_and_says_why() -> None:
+    model = SlottedUNet(2, 1, 2, channels=(4, 8), strides=(2,), bottleneck="identity", decoder="masa",
+                        attention={"num_heads": 2})
+    with pytest.raises(ConfigError, match=r"^attention block 'identity' \(slot bottleneck\) mixes no tokens .*"
+                                          r"blocks with attention maps: \['masa', ") as error:
+        attention_maps(model, torch.randn(1, 1, 6, 6), (1, 1))
+    assert "\n" not in str(error.value) and "'identity'" not in str(error.value).partition("maps:")[2]

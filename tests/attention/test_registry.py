@@ -95,8 +95,8 @@ def test_register_a_new_block(throwaway_block: str) -> None:
         with pytest.raises(ValueError, match="already taken"):
             register_attention(taken)(throwaway.ThrowawayAttention)
     with pytest.raises(TypeError, match="SpatialAttention"):
-        register_attention("identity")(torch.nn.Identity)
-    assert "identity" not in available_blocks()
+        register_attention("plain_identity")(torch.nn.Identity)
+    assert "plain_identity" not in available_blocks()
 
 
 GENERIC_TEST_FILES = ("tests/attention/test_blocks.py", "tests/attention/test_registry.py", "tests/test_compile.py")

@@ -26,7 +26,8 @@ CPU = torch.device("cpu")
 @pytest.mark.parametrize(("model", "patch", "batch"), [
     (ModelConfig(channels=[8, 16, 32], strides=[2, 2]), (32, 32, 32), 2),
     (ModelConfig(spatial_dims=2, channels=[16, 32, 64], strides=[2, 2], bottleneck="masa"), (96, 96), 4),
-], ids=["3d-conv", "2d-masa"])
+    (ModelConfig(channels=[8, 16, 32], strides=[2, 2], encoder_blocks=[1, 3, 4], decoder_convs=1), (32, 32, 32), 2),
+], ids=["3d-conv", "2d-masa", "3d-resenc"])
 def test_estimate_is_within_30_percent_of_the_measured_fp32_peak(one_thread: None, model: ModelConfig,
                                                                  patch: tuple[int, ...], batch: int) -> None:
     # Measured as benchmark.py models measures: every tensor alive at the peak of the trainer's own step (forward,

@@ -2,16 +2,18 @@
 
 from __future__ import annotations
 
-from dataclasses import asdict
+from dataclasses import asdict, replace
 from pathlib import Path
 from types import SimpleNamespace
 
 import numpy as np
 import pytest
 import torch
+from monai.networks.blocks import UnetResBlock
 
 from medseg.config import DataConfig, ModelConfig, PlanningConfig, TrainConfig, TrainerConfig
 from medseg.errors import ConfigError
+from medseg.models import build_model
 from medseg.planning.from_config import (
     GB,
     apply_plan,
@@ -25,6 +27,7 @@ from medseg.planning.report import plan_report
 from medseg.runs.checkpoint import save_checkpoint
 from medseg.training.prepare import plan_of_checkpoint
 from medseg.training.settings import check_config
+from tests.helpers.configs import compose_config
 from tests.helpers.realistic import write_ct_dataset
 
 CPU_TRAINER = TrainerConfig(device="cpu")
@@ -78,6 +81,47 @@ def test_planned_network_and_patch_follow_nnunet(name: str) -> None:
     assert 0.5 * 8 * GB < plan.memory.total <= 8 * GB, "the patch is as large as the budget allows"
 
 
+# nnU-Net v2 2.8.1's residual-encoder plans (3d_fullres) for the same CT geometry, made by
+#   python -c "from tests.helpers.realistic import write_ct_dataset; write_ct_dataset('$nnUNet_raw/Dataset901_ResEncCT',
+#       'nnunet', num_cases=5, shape=[(512, 512, z) for z in (56, 60, 60, 64, 62)], spacing=(0.7, 0.7, 5.0),
+#       orientation='RAS')"
+#   nnUNetv2_extract_fingerprint -d 901 -np 2
+#   nnUNetv2_plan_experiment -d 901 -pl nnUNetPlannerResEncM; nnUNetv2_plan_experiment -d 901 -pl nnUNetPlannerResEncL
+# and read from nnUNetResEncUNet{M,L}Plans.json (arch_kwargs: n_blocks_per_stage, features_per_stage, strides,
+# n_conv_per_stage_decoder; patch_size, batch_size 2 in both), in RAS order and without the stride-1 first stage.
+NNUNET_RESENC = {
+    "resenc_m": {"patch": [224, 224, 28], "blocks": [1, 3, 4, 6, 6, 6], "features": [32, 64, 128, 256, 320, 320],
+                 "strides": [[2, 2, 1], [2, 2, 1], [2, 2, 2], [2, 2, 2], [2, 2, 1]], "decoder_convs": 1},
+    "resenc_l": {"patch": [320, 320, 40], "blocks": [1, 3, 4, 6, 6, 6, 6],
+                 "features": [32, 64, 128, 256, 320, 320, 320],
+                 "strides": [[2, 2, 1], [2, 2, 1], [2, 2, 2], [2, 2, 2], [2, 2, 2], [2, 2, 1]], "decoder_convs": 1},
+}
+RESENC_PATCH_MATCHES = {"resenc_m": True, "resenc_l": False}
+"""Whether medseg's patch is nnU-Net's exactly: for M (8 GB) it is; for L (24 GB) medseg's estimate leaves room for
+320 x 384 x 40 where nnU-Net's reference value stops at 320 x 320 x 40 (1.2 times the voxels)."""
+
+
+@pytest.mark.parametrize("preset", list(NNUNET_RESENC))
+def test_resenc_presets_plan_nnunet_s_resenc_network(preset: str) -> None:
+    """The blocks per stage, widths, strides and decoder convs of a planned preset are nnU-Net's ResEnc planner's, on
+    the preset's memory target; so is M's patch (see RESENC_PATCH_MATCHES)."""
+    expected = NNUNET_RESENC[preset]
+    cfg = check_config(compose_config([f"experiment={preset}", "output_dir=x"]))
+    trainer = replace(NNUNET_TRAINING, batch_size=cfg.trainer.batch_size)
+    target = PlanningConfig(memory_gb=cfg.plan.reference_gb)  # the preset's memory target, as on a large GPU
+    plan = plan_from_config(CT, DataConfig(root="x"), cfg.model, trainer, target)
+    data, model = apply_plan(DataConfig(root="x"), cfg.model, plan)
+    with torch.device("meta"):
+        net = build_model(model, 1, 3, data.patch_size)
+    stages = [net.stem, *net.down]
+    assert [sum(isinstance(m, UnetResBlock) for m in stage.modules()) for stage in stages] == expected["blocks"]
+    assert plan.channels == expected["features"] and plan.strides == expected["strides"]
+    assert net.decoder_convs == expected["decoder_convs"] and plan.memory.batch == 2, "nnU-Net's 2 patches per step"
+    assert (plan.patch_size == expected["patch"]) == RESENC_PATCH_MATCHES[preset], plan.patch_size
+    assert 0.5 <= np.prod(plan.patch_size) / np.prod(expected["patch"]) <= 2
+    assert plan.memory.total <= cfg.plan.reference_gb * GB
+
+
 def test_between_the_two_estimates_the_ct_plan_is_nnunet_s() -> None:
     expected = NNUNET["ct"]
     plan = plan_from_config(CT, DataConfig(root="x"), ModelConfig(channels=None), NNUNET_TRAINING,
@@ -128,6 +172,8 @@ def test_memory_budget_defaults(monkeypatch: pytest.MonkeyPatch) -> None:
         limit, source = memory_budget(PlanningConfig(), torch.device("cuda"))
         assert limit == budget_gb * GB and f"{gpu_gb}.0 GiB" in source
     assert memory_budget(PlanningConfig(memory_gb=12), torch.device("cuda"))[0] == 12 * GB
+    monkeypatch.setattr(torch.cuda, "get_device_properties", lambda device: SimpleNamespace(total_memory=80 * GB))
+    assert memory_budget(PlanningConfig(reference_gb=24), torch.device("cuda"))[0] == 24 * GB  # experiment=resenc_l
 
 
 @pytest.mark.parametrize("value", [0, -1.5])
