@@ -39,7 +39,12 @@ from medseg.runs.folders import (
 )
 from medseg.tables import CellFormat, format_mean_std, markdown_table, mean_std, text_table
 
-RESULT_COLUMNS = ("best_val_dice", "best_epoch", "train_seconds", "params", "peak_memory_mb")
+COMPUTE_COLUMNS = ("params", "gflops_per_patch_forward", "peak_memory_mb", "seconds_per_step", "train_seconds",
+                   "wall_seconds")
+"""A run's compute, as ``metrics.json`` records it: parameters, GFLOPs of one training patch's forward pass,
+peak memory (MB), seconds per training step, training time and the wall time of the whole run (s)."""
+
+RESULT_COLUMNS = ("best_val_dice", "best_epoch", *COMPUTE_COLUMNS)
 """Columns copied from ``metrics.json`` into every row, after the per-class Dice."""
 
 MAX_PLOT_COLUMNS = 3
@@ -48,7 +53,8 @@ MAX_PLOT_COLUMNS = 3
 MAX_LINE_POINTS = 12
 """A numeric parameter with at most this many distinct values is plotted as lines, else as points."""
 
-DISPLAY_DIGITS = {"train_seconds": 1, "peak_memory_mb": 0}
+DISPLAY_DIGITS = {"params": 0, "gflops_per_patch_forward": 3, "peak_memory_mb": 0, "seconds_per_step": 3,
+                  "train_seconds": 1, "wall_seconds": 1}
 """Decimals shown in the markdown and terminal tables (4 for every other float; the CSV keeps full precision)."""
 
 
@@ -135,7 +141,7 @@ def group_rows(jobs: Sequence[Run], swept: Sequence[str], metric: str) -> tuple[
     if not repeated:
         return [], []
     keys = setting_keys(swept)
-    columns = list(dict.fromkeys([*class_columns(jobs), RESULT_COLUMNS[0], metric, "train_seconds",
+    columns = list(dict.fromkeys([*class_columns(jobs), RESULT_COLUMNS[0], metric, *COMPUTE_COLUMNS,
                                   *attention_columns(jobs)]))
     headers = [*keys, *(REPEAT_KEYS[key] for key in repeated), "completed", *columns]
     rows = []
@@ -200,10 +206,10 @@ def _blank_none(rows: Sequence[Sequence[Any]]) -> list[list[Any]]:
 
 
 def display_formats(swept: Sequence[str]) -> dict[str, CellFormat]:
-    """How the tables show cells: swept values via :func:`display_value`, 1,234 parameters, seconds to 0.1,
-    whole MB (Dice and other floats to 4 decimals, the renderer's default)."""
+    """How the tables show cells: swept values via :func:`display_value`, 1,234 parameters, the decimals of
+    :data:`DISPLAY_DIGITS` (Dice and other floats to 4 decimals, the renderer's default)."""
     digits = {column: f".{places}f" for column, places in DISPLAY_DIGITS.items()}
-    return {**dict.fromkeys(swept, display_value), "params": ",", **digits}
+    return {**dict.fromkeys(swept, display_value), **digits, "params": ","}
 
 
 
