@@ -39,10 +39,10 @@ from medseg.runs.folders import (
 )
 from medseg.tables import CellFormat, format_mean_std, markdown_table, mean_std, text_table
 
-COMPUTE_COLUMNS = ("params", "gflops_per_patch_forward", "peak_memory_mb", "seconds_per_step", "train_seconds",
+COMPUTE_COLUMNS = ("train_seconds", "params", "peak_memory_mb", "gflops_per_patch_forward", "seconds_per_step",
                    "wall_seconds")
-"""A run's compute, as ``metrics.json`` records it: parameters, GFLOPs of one training patch's forward pass,
-peak memory (MB), seconds per training step, training time and the wall time of the whole run (s)."""
+"""A run's compute, as ``metrics.json`` records it: training time (s), parameters, peak memory (MB), GFLOPs of one
+training patch's forward pass, seconds per training step and the wall time of the whole run (s)."""
 
 RESULT_COLUMNS = ("best_val_dice", "best_epoch", *COMPUTE_COLUMNS)
 """Columns copied from ``metrics.json`` into every row, after the per-class Dice."""
@@ -53,8 +53,8 @@ MAX_PLOT_COLUMNS = 3
 MAX_LINE_POINTS = 12
 """A numeric parameter with at most this many distinct values is plotted as lines, else as points."""
 
-DISPLAY_DIGITS = {"params": 0, "gflops_per_patch_forward": 3, "peak_memory_mb": 0, "seconds_per_step": 3,
-                  "train_seconds": 1, "wall_seconds": 1}
+DISPLAY_DIGITS = {"train_seconds": 1, "params": 0, "peak_memory_mb": 0, "gflops_per_patch_forward": 3,
+                  "seconds_per_step": 3, "wall_seconds": 1}
 """Decimals shown in the markdown and terminal tables (4 for every other float; the CSV keeps full precision)."""
 
 
