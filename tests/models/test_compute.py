@@ -14,7 +14,8 @@ import pytest
 import torch
 from torch import nn
 
-from medseg.config import ModelConfig
+from medseg.attention import available_blocks
+from medseg.config import AttentionConfig, ModelConfig
 from medseg.models import MODELS
 from medseg.models.compute import META, forward_flops, patch_forward_flops
 
@@ -58,6 +59,19 @@ def test_a_bottleneck_attention_block_adds_at_least_its_attention_products(block
     attention = 2 * (4 * tokens**2 * width)
     assert flops[block] - flops["none"] >= attention
     assert flops[block] - flops["none"] < 2 * attention  # the rest of the blocks is small beside it
+
+
+@pytest.mark.parametrize("block", available_blocks())
+def test_every_block_runs_on_the_meta_device_and_adds_flops(block: str) -> None:
+    """Each registered block in the bottleneck and the lowest decoder level is counted (its norms and autocast
+    guards run on the meta device) and costs more than the pure CNN."""
+    def flops(name: str) -> int | None:
+        cfg = ModelConfig(channels=[6, 12], strides=[2], bottleneck=name, decoder=name,
+                          attention=AttentionConfig(num_heads=3, split_size=2))
+        return patch_forward_flops(cfg, 1, 2, [8, 8, 8])
+
+    cnn, attention = flops("none"), flops(block)
+    assert cnn is not None and attention is not None and attention > cnn
 
 
 def test_counting_leaves_the_random_state_as_it_was() -> None:
