@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable, Sequence
+from contextlib import nullcontext
 from functools import cache
 
 import torch
@@ -22,6 +23,7 @@ from medseg.attention import position
 from medseg.attention.common import _depthwise, merge_heads, split_heads, tensor_cache
 from medseg.attention.position import axis_scales, grid_coordinates, manhattan_distance, manhattan_row
 from medseg.errors import ConfigError
+from medseg.runtime.device import autocast_enabled
 
 try:
     from torch.nn.attention.flex_attention import flex_attention
@@ -362,7 +364,8 @@ def focused_linear(
     """
     out_dtype = v.dtype
     work = torch.promote_types(q.dtype, torch.float32)
-    with torch.autocast(device_type=q.device.type, enabled=False):
+    device = q.device.type
+    with torch.autocast(device, enabled=False) if autocast_enabled(device) else nullcontext():
         q = _focus(q.to(work), focusing_factor, scale)
         k = _focus(k.to(work), focusing_factor, scale)
         q, k, v = (split_heads(t, num_heads) for t in (q, k, v.to(work)))

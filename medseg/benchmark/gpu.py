@@ -207,9 +207,11 @@ def read_models(report: Mapping[str, Any], with_targets: bool) -> Outcome:
 
 
 def read_training(metrics: Mapping[str, Any]) -> Outcome:
-    """The demo run's validation Dice (best, per class), epochs, time and peak memory from ``metrics.json``."""
+    """The demo run's validation Dice (best, per class), epochs, its compute (time, seconds per step, peak memory,
+    parameters, GFLOPs of a patch's forward pass) from ``metrics.json``."""
     keys = ("status", "best_val_dice", "val_dice_per_class", "best_epoch", "epochs", "train_seconds",
-            "peak_memory_mb", "nonfinite_steps", "params")
+            "wall_seconds", "seconds_per_step", "peak_memory_mb", "nonfinite_steps", "params",
+            "gflops_per_patch_forward")
     outcome = Outcome({key: metrics.get(key) for key in keys})
     if metrics.get("status") != "completed":
         outcome.status, outcome.note = "failed", f"metrics.json status: {metrics.get('status')}"

@@ -59,6 +59,9 @@ class Result:
     val_dice_per_class: dict[str, float]
     params: int
     run_dir: str
+    gflops: float | None
+    """GFLOPs of one training patch's forward pass (None: not counted)."""
+    seconds_per_step: float | None
 
 
 def run_config(model: str, run_dir: Path, epochs: int | None, seconds: float | None, seed: int,
@@ -88,6 +91,8 @@ def train_model(
         last["val_dice_per_class"],
         metrics["params"],
         str(run_dir),
+        metrics["gflops_per_patch_forward"],
+        metrics["seconds_per_step"],
     )
 
 
@@ -99,15 +104,17 @@ def targets(results: Sequence[Result]) -> list[Target]:
     return [Target("val Dice: unet+masa - SwinUNETR (same data, seed, budget)", value, ">=", 0.0)]
 
 
-TABLE_FORMATS: dict[str, CellFormat] = {"params (M)": ".3g", "train time (s)": ".0f"}
+TABLE_FORMATS: dict[str, CellFormat] = {"params (M)": ".3g", "GFLOPs": ".3g", "s/step": ".3g",
+                                        "train time (s)": ".0f"}
 """How :func:`table` is shown (Dice to 4 decimals, the renderer's default)."""
 
 
 def table(results: Sequence[Result]) -> tuple[list[str], list[list[Any]]]:
     """Headers and values of the results table: a row per model; render it with :data:`TABLE_FORMATS`."""
     names = sorted({name for r in results for name in r.val_dice_per_class})
-    headers = ["model", "params (M)", "epochs", "train time (s)", "val Dice", *(f"Dice {n}" for n in names)]
-    rows = [[r.model, r.params / 1e6, r.epochs, r.train_seconds, r.val_dice,
+    headers = ["model", "params (M)", "GFLOPs", "s/step", "epochs", "train time (s)", "val Dice",
+               *(f"Dice {n}" for n in names)]
+    rows = [[r.model, r.params / 1e6, r.gflops, r.seconds_per_step, r.epochs, r.train_seconds, r.val_dice,
              *(r.val_dice_per_class.get(n) for n in names)] for r in results]
     return headers, rows
 

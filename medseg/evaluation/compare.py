@@ -113,7 +113,7 @@ class Setting:
     def compute(self) -> dict[str, float]:
         """The mean over the completed jobs of each compute key of ``metrics.json`` that they report."""
         out = {}
-        for key in dict.fromkeys((*COMPUTE_KEYS, FLOPS_KEY)):
+        for key in COMPUTE_KEYS:
             values = [value for job in self.jobs if not math.isnan(value := job.value(key))]
             if values:
                 out[key] = math.fsum(values) / len(values)
@@ -124,7 +124,7 @@ class Setting:
         """Foreground Dice per GFLOP (with recorded FLOPs), per GPU-hour (where every completed job ran on CUDA)."""
         compute, out = self.compute, {}
         if compute.get(FLOPS_KEY):
-            out["dice_per_gflop"] = self.dice / (compute[FLOPS_KEY] / 1e9)
+            out["dice_per_gflop"] = self.dice / compute[FLOPS_KEY]
         done = [job for job in self.jobs if job.status == "completed"]
         if done and all(job.device.startswith("cuda") for job in done) and compute.get("train_seconds"):
             out["dice_per_gpu_hour"] = self.dice / (compute["train_seconds"] / 3600)
@@ -313,7 +313,7 @@ def setting_table(comparison: Comparison, render: Any = text_table) -> str:
     verdict, then each compute column that some setting has and the efficiency."""
     rows_by_setting = comparison.foreground()
     ordered = [comparison.reference, *(s for s in comparison.settings if s is not comparison.reference)]
-    compute = [key for key in dict.fromkeys((*COMPUTE_KEYS, FLOPS_KEY)) if any(key in s.compute for s in ordered)]
+    compute = [key for key in COMPUTE_KEYS if any(key in s.compute for s in ordered)]
     efficiency = [key for key in EFFICIENCY if any(key in s.efficiency for s in ordered)]
     headers = ["setting", "seeds", "cases", "dice", "Δ dice", "95% CI", "p", "Holm p", "verdict",
                *compute, *efficiency]
@@ -324,7 +324,8 @@ def setting_table(comparison: Comparison, render: Any = text_table) -> str:
                    row.verdict] if row else ["", "", "", "", "reference"])
         rows.append([setting.label, len(setting.crossvals), setting.cases, setting.dice, *tested,
                      *(setting.compute.get(key) for key in compute), *(setting.efficiency.get(k) for k in efficiency)])
-    formats = {"params": ",.0f", FLOPS_KEY: ".4g", "train_seconds": ".1f", "peak_memory_mb": ".0f"}
+    formats = {"params": ",.0f", FLOPS_KEY: ".4g", "train_seconds": ".1f", "peak_memory_mb": ".0f",
+               "seconds_per_step": ".3g", "wall_seconds": ".1f"}
     return render(headers, rows, formats=formats)
 
 

@@ -21,6 +21,8 @@ import torch.nn.functional as F
 from monai.networks.layers.factories import Norm
 from torch import nn
 
+from medseg.runtime.device import autocast_enabled
+
 NormSpec = str | tuple[str, dict[str, Any]]
 
 GROUP_NORM_GROUPS = 8
@@ -40,7 +42,7 @@ class AutocastGroupNorm(nn.GroupNorm):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         device = x.device.type
-        if not torch.is_autocast_enabled(device):
+        if not autocast_enabled(device):
             return super().forward(x)
         dtype = torch.get_autocast_dtype(device)
         weight = None if self.weight is None else self.weight.to(dtype)

@@ -32,11 +32,13 @@ CROSSVAL_FOLDER = "crossval"
 
 BLOCK_KEY = "model.bottleneck"
 
-COMPUTE_KEYS = ("train_seconds", "params", "peak_memory_mb")
-"""The ``metrics.json`` keys of a run's compute, in the order reports show them (each report shows those present)."""
+FLOPS_KEY = "gflops_per_patch_forward"
+"""The ``metrics.json`` key of the GFLOPs of one training-patch forward, when the run recorded them."""
 
-FLOPS_KEY = "flops"
-"""The ``metrics.json`` key of the FLOPs of one training-patch forward, when the run recorded them."""
+COMPUTE_KEYS = ("train_seconds", "params", "peak_memory_mb", FLOPS_KEY, "seconds_per_step", "wall_seconds")
+"""The ``metrics.json`` keys of a run's compute, in the order reports show them (each report shows those present):
+training time (s), parameters, peak memory (MB), GFLOPs of one training patch's forward pass, seconds per training
+step and the wall time of the whole run (s)."""
 
 DEVICE_KEY = "device"
 """The ``metrics.json`` key of the device the run trained on (``cpu``, ``cuda:0``)."""

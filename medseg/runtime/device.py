@@ -45,6 +45,12 @@ def autocast(device: torch.device, dtype: torch.dtype | None) -> contextlib.Abst
     return torch.autocast(device.type, dtype=dtype) if dtype is not None else contextlib.nullcontext()
 
 
+def autocast_enabled(device_type: str) -> bool:
+    """Whether autocast is on for ``device_type`` (``"cuda"``, ``"cpu"``, ...); False on a device autocast does not
+    know, such as the meta device, where :mod:`medseg.models.compute` runs a network to count its FLOPs."""
+    return torch.amp.is_autocast_available(device_type) and torch.is_autocast_enabled(device_type)
+
+
 def reset_peak_memory(device: torch.device) -> None:
     """Start a new window for :func:`peak_memory_mb` (a Hydra multirun trains its jobs in one process).
 

@@ -54,7 +54,8 @@ MAX_PLOT_COLUMNS = 3
 MAX_LINE_POINTS = 12
 """A numeric parameter with at most this many distinct values is plotted as lines, else as points."""
 
-DISPLAY_DIGITS = {"train_seconds": 1, "peak_memory_mb": 0}
+DISPLAY_DIGITS = {"train_seconds": 1, "params": 0, "peak_memory_mb": 0, "gflops_per_patch_forward": 3,
+                  "seconds_per_step": 3, "wall_seconds": 1}
 """Decimals shown in the markdown and terminal tables (4 for every other float; the CSV keeps full precision)."""
 
 
@@ -141,7 +142,7 @@ def group_rows(jobs: Sequence[Run], swept: Sequence[str], metric: str) -> tuple[
     if not repeated:
         return [], []
     keys = setting_keys(swept)
-    columns = list(dict.fromkeys([*class_columns(jobs), RESULT_COLUMNS[0], metric, "train_seconds",
+    columns = list(dict.fromkeys([*class_columns(jobs), RESULT_COLUMNS[0], metric, *COMPUTE_KEYS,
                                   *attention_columns(jobs)]))
     headers = [*keys, *(REPEAT_KEYS[key] for key in repeated), "completed", *columns]
     rows = []
@@ -246,10 +247,10 @@ def _blank_none(rows: Sequence[Sequence[Any]]) -> list[list[Any]]:
 
 
 def display_formats(swept: Sequence[str]) -> dict[str, CellFormat]:
-    """How the tables show cells: swept values via :func:`display_value`, 1,234 parameters, seconds to 0.1,
-    whole MB (Dice and other floats to 4 decimals, the renderer's default)."""
+    """How the tables show cells: swept values via :func:`display_value`, 1,234 parameters, the decimals of
+    :data:`DISPLAY_DIGITS` (Dice and other floats to 4 decimals, the renderer's default)."""
     digits = {column: f".{places}f" for column, places in DISPLAY_DIGITS.items()}
-    return {**dict.fromkeys(swept, display_value), "params": ",", **digits}
+    return {**dict.fromkeys(swept, display_value), **digits, "params": ","}
 
 
 

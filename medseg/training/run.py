@@ -11,6 +11,7 @@ import logging
 import os
 import shlex
 import sys
+import time
 import traceback
 from collections.abc import Iterator, Mapping
 from contextlib import ExitStack, contextmanager
@@ -31,6 +32,7 @@ from medseg.data.verify import check_dataset
 from medseg.errors import TrainingInterrupted
 from medseg.io import atomic_write_json, check_writable, remove_temporaries
 from medseg.models import build_model
+from medseg.models.compute import patch_forward_flops
 from medseg.runs.lock import acquire
 from medseg.runtime.device import resolve_device
 from medseg.runtime.distributed import broadcast_object, on_main_rank, process_group
@@ -49,6 +51,7 @@ HPARAM_KEYS = ("model.name", "model.spatial_dims", "model.bottleneck", "model.bo
 
 def train(cfg: TrainConfig | Mapping[str, Any] | DictConfig) -> dict[str, Any]:
     """Check ``cfg``, read, check and plan the data, build the model, train; returns the metrics."""
+    started = time.perf_counter()
     cfg = check_config(cfg)
     progress = cfg.trainer.progress
     with (process_group(resolve_device(cfg.trainer.device)) as (dist, device), deterministic(cfg.trainer.deterministic),
@@ -67,13 +70,16 @@ def train(cfg: TrainConfig | Mapping[str, Any] | DictConfig) -> dict[str, Any]:
         data = prepare_data(cfg, info, plan, output_dir, dist)
         seed_everything(cfg.trainer.seed)  # the initial weights depend on the seed alone
         model = build_model(cfg.model, info.in_channels, info.num_outputs, data.window.net_patch)
+        flops = patch_forward_flops(cfg.model, info.in_channels, info.num_outputs,
+                                    data.window.net_patch) if dist.is_main else None
         trainer = Trainer(cfg, data, wrap_model(model, device, dist, cfg.trainer.compile), device, output_dir, dist,
-                          class_weights)
+                          class_weights, run_started=started)
         if cfg.trainer.init_from:
             trainer.init_weights(start)
         elif resume is not None:
             trainer.resume(resume)
         metrics = trainer.fit()
+        metrics["gflops_per_patch_forward"] = None if flops is None else round(flops / 1e9, 4)
         metrics["peak_ram_mb"] = round(ram.peak_bytes / 2**20, 1)  # this process and its loader workers, whole run
         if plan.memory is not None:  # the planner's estimate of one training step, beside peak_memory_mb on CUDA
             metrics["estimated_memory_mb"] = round(plan.memory.total / 2**20, 1)

@@ -190,10 +190,13 @@ class Trainer:
         output_dir: the run directory.
         class_weights: ``trainer.class_weights`` resolved, one per network output
             (:func:`medseg.training.losses.resolve_class_weights`), or None.
+        run_started: ``time.perf_counter()`` when the run started (before its data and planning), the start of
+            ``wall_seconds``; None: now.
     """
 
     def __init__(self, cfg: TrainConfig, data: PreparedData, model: nn.Module, device: torch.device,
-                 output_dir: Path, dist: DistInfo, class_weights: list[float] | None) -> None:
+                 output_dir: Path, dist: DistInfo, class_weights: list[float] | None,
+                 run_started: float | None = None) -> None:
         self.cfg, self.data, self.model, self.device, self.dist = cfg, data, model, device, dist
         self.settings = cfg.trainer
         self.ckpt_dir = output_dir / "checkpoints"
@@ -215,6 +218,9 @@ class Trainer:
         self.history: list[dict[str, Any]] = []
         self.epoch_losses: list[float] = []  # finite losses of the current epoch so far
         self.train_seconds = 0.0
+        self.step_seconds, self.steps_run = 0.0, 0  # the training steps' time (validation excluded) and count
+        self.run_started = time.perf_counter() if run_started is None else run_started
+        self.wall_before = 0.0  # wall time of the processes this run was resumed from, up to their checkpoint
         self.resume_rng: dict[str, torch.Tensor | None] | None = None
         self.saved_last: str | None = None  # the epoch (and step) last.pt holds, for the message of a failed save
         self.tb = TensorBoardLogger(output_dir / "tensorboard") if dist.is_main else None
@@ -225,12 +231,13 @@ class Trainer:
         reset_peak_memory(self.device)
         with GracefulStop(self.dist, self.device, str(self.ckpt_dir / "last.pt")) as stop, self.tb or nullcontext():
             while self.epoch < self.settings.max_epochs:
-                started = time.perf_counter()
+                started, steps = time.perf_counter(), len(self.data.train_loader) - self.start_step
                 record = {"epoch": self.epoch + 1, "loss": self.train_epoch(stop),
                           "lr": self.optimizer.param_groups[0]["lr"], "steps": len(self.data.train_loader)}
                 self.scheduler.step()
                 self.epoch += 1  # from here on, the number of completed epochs
                 trained = time.perf_counter() - started
+                self.step_seconds, self.steps_run = self.step_seconds + trained, self.steps_run + steps
                 self.stop_if_budget_spent(trained)
                 first_of_budget = self.budget is not None and self.epoch == 1  # timed with its validation
                 if (self.epoch % self.settings.val_every == 0 or self.epoch == self.settings.max_epochs
@@ -351,6 +358,9 @@ class Trainer:
             "history": self.history,
             "nonfinite_total": self.nonfinite.total,
             "train_seconds": self.train_seconds,
+            "step_seconds": self.step_seconds,
+            "steps_run": self.steps_run,
+            "wall_seconds": self.wall_seconds(),
             "config": asdict(self.cfg),
             "loss": self.loss,
             "dataset": self.dataset_description(),
@@ -395,6 +405,9 @@ class Trainer:
         self.best_per_class, self.history = state["best_per_class"], state["history"]
         self.nonfinite.total, self.nonfinite.streak = state["nonfinite_total"], state["nonfinite_streak"]
         self.train_seconds, self.epoch_losses = state["train_seconds"], state["epoch_losses"]
+        # checkpoints written before these counters: the steps and wall time from here on, wall >= train time
+        self.step_seconds, self.steps_run = state.get("step_seconds", 0.0), state.get("steps_run", 0)
+        self.wall_before = state.get("wall_seconds", self.train_seconds)
         self.resume_rng = {"torch": state["torch_rng"], "cuda": state["cuda_rng"]} if self.start_step else None
         if path.resolve() == (self.ckpt_dir / "last.pt").resolve():
             self.saved_last = saved_at(self.epoch, self.start_step)
@@ -463,6 +476,11 @@ class Trainer:
             torch.cuda.set_rng_state(self.resume_rng["cuda"].cpu(), self.device)
 
     # --- outputs -----------------------------------------------------------------------------
+    def wall_seconds(self) -> float:
+        """The run's wall time so far: from its start, planning, data preparation and validation included (over
+        resumes, the sum of each process's time up to its last checkpoint)."""
+        return self.wall_before + time.perf_counter() - self.run_started
+
     def log_epoch(self, record: dict[str, Any]) -> None:
         if not self.dist.is_main:
             return
@@ -482,6 +500,8 @@ class Trainer:
             "epochs": self.epoch,
             "val_dice_per_class": self.best_per_class,
             "train_seconds": round(self.train_seconds, 2),
+            "wall_seconds": round(self.wall_seconds(), 2),
+            "seconds_per_step": round(self.step_seconds / self.steps_run, 4) if self.steps_run else None,
             "params": sum(p.numel() for p in unwrap_model(self.model).parameters()),
             "peak_memory_mb": round(peak_memory_mb(self.device), 1),
             "device": str(self.device),
@@ -502,8 +522,15 @@ class Trainer:
         """The end-of-run table printed to the terminal."""
         rows = [["best val Dice (mean fg)", metrics["best_val_dice"]], ["best epoch", metrics["best_epoch"]]]
         rows += [[f"  Dice {name}", value] for name, value in metrics["val_dice_per_class"].items()]
+        per_step = metrics["seconds_per_step"]
         rows += [["epochs", metrics["epochs"]], ["train time (s)", f"{metrics['train_seconds']:.1f}"],
-                 ["parameters", f"{metrics['params']:,}"], ["peak memory (MB)", f"{metrics['peak_memory_mb']:.0f}"]]
+                 ["wall time, whole run (s)", f"{metrics['wall_seconds']:.1f}"],
+                 ["s per training step", "-" if per_step is None else f"{per_step:.3g}"],
+                 ["parameters", f"{metrics['params']:,}"]]
+        if "gflops_per_patch_forward" in metrics:  # medseg.training.run.train counts them
+            gflops = metrics["gflops_per_patch_forward"]
+            rows.append(["GFLOPs, forward of one patch", "not counted" if gflops is None else f"{gflops:.4g}"])
+        rows.append(["peak memory (MB)", f"{metrics['peak_memory_mb']:.0f}"])
         if "peak_ram_mb" in metrics:  # medseg.training.run.train measures it
             rows.append(["peak RAM with workers (MB)", f"{metrics['peak_ram_mb']:.0f}"])
         if "estimated_memory_mb" in metrics:

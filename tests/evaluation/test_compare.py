@@ -23,6 +23,7 @@ from scipy import ndimage, stats
 from medseg.data.labels import LabelSpec
 from medseg.errors import ConfigError, DatasetError
 from medseg.evaluation.compare import FILES, FOREGROUND, build_comparison
+from medseg.runs.folders import FLOPS_KEY
 from medseg.scoring.paired import BETTER, NO_EVIDENCE, WORSE
 from medseg.scoring.per_case import score_masks
 from medseg.sweeps.callbacks import SummarizeSweep
@@ -94,7 +95,7 @@ def fake_sweep(tmp_path: Path) -> tuple[Path, dict[str, list[list[dict[str, Any]
     rows = {f"model.bottleneck={block}": [seed_rows(rng, base, shift) for _ in range(2)]
             for block, shift in (("none", 0.0), ("masa", 0.05), ("identity", 0.0))}
     metrics = {setting: COMPUTE for setting in rows}
-    metrics["model.bottleneck=masa"] = {**COMPUTE, "flops": 2e9}
+    metrics["model.bottleneck=masa"] = {**COMPUTE, FLOPS_KEY: 2.0}
     return make_crossvalidated_sweep(tmp_path / "multirun", rows, metrics=metrics), rows
 
 
@@ -125,7 +126,7 @@ def test_compare_script_writes_the_four_files(tmp_path: Path, capsys: pytest.Cap
     for setting, values in dice.items():
         assert settings[setting]["dice"] == pytest.approx(values.mean()) and settings[setting]["cases"] == len(CASES)
         assert settings[setting]["compute"] == pytest.approx({k: v for k, v in COMPUTE.items() if k != "device"}
-                                                             | ({"flops": 2e9} if "masa" in setting else {}))
+                                                             | ({FLOPS_KEY: 2.0} if "masa" in setting else {}))
         assert settings[setting]["dice_per_gpu_hour"] == pytest.approx(values.mean() / 0.01)  # 36 s = 0.01 h
     assert settings["model.bottleneck=masa"]["dice_per_gflop"] == pytest.approx(masa.mean() / 2)  # 2 GFLOPs
     foreground = {r["setting"]: r for r in compared["comparisons"]

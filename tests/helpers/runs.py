@@ -22,7 +22,8 @@ from medseg.training import run as run_module
 from medseg.training import trainer as trainer_module
 from tests.helpers.configs import MICRO_OVERRIDES, compose_config
 
-METRIC_KEYS = {"best_val_dice", "best_epoch", "epochs", "val_dice_per_class", "train_seconds", "params", "device"}
+METRIC_KEYS = {"best_val_dice", "best_epoch", "epochs", "val_dice_per_class", "train_seconds", "params", "device",
+               "gflops_per_patch_forward", "peak_memory_mb", "seconds_per_step", "wall_seconds"}
 
 
 def micro_config(run_dir: Path, root: Path, *overrides: str) -> DictConfig:
@@ -100,6 +101,11 @@ def check_run_outputs(run_dir: Path, spatial_dims: int) -> dict:
     assert set(metrics["val_dice_per_class"]) == {"dim sphere", "bright sphere"}
     validated = [record["val_dice"] for record in metrics["history"] if "val_dice" in record]
     assert metrics["best_val_dice"] == max(validated) and 0.0 <= metrics["best_val_dice"] <= 1.0
+    # the compute: the steps' time is part of the training time (validation too), which is part of the wall time
+    steps = sum(record["steps"] for record in metrics["history"])
+    assert 0.0 < metrics["seconds_per_step"] * steps <= metrics["train_seconds"] + 0.01
+    assert metrics["train_seconds"] <= metrics["wall_seconds"]
+    assert metrics["gflops_per_patch_forward"] > 0.0 and metrics["peak_memory_mb"] > 0.0
     for name in ("last.pt", "best.pt"):
         state = load_checkpoint(run_dir / "checkpoints" / name)
         cfg = state["config"]

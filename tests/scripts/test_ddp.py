@@ -72,6 +72,8 @@ def test_two_processes_write_one_run_and_resume(tmp_path: Path, tiny_demo_root: 
     resumed = json.loads((run_dir / "metrics.json").read_text())
     assert resumed["epochs"] == 3 and [h["epoch"] for h in resumed["history"]] == [1, 2, 3]
     assert resumed["history"][:2] == metrics["history"]
+    # the wall time goes on from the first process's (its time up to last.pt), plus the second one's start-up
+    assert resumed["wall_seconds"] > metrics["wall_seconds"] + resumed["train_seconds"] - metrics["train_seconds"]
     assert "resumed from" in (run_dir / "train.log").read_text()
 
 

@@ -57,6 +57,9 @@ def test_multirun_summary_written_by_the_callback(grid_sweep: Path) -> None:
     assert all(0.0 <= float(row["best_val_dice"]) <= 1.0 and row["best_epoch"] == "1" for row in rows)
     assert {"dice_dim_sphere", "dice_bright_sphere", "train_seconds", "params", "peak_memory_mb"} <= set(rows[0])
     assert int(rows[2]["params"]) > int(rows[0]["params"])  # the masa bottleneck adds parameters
+    assert float(rows[2]["gflops_per_patch_forward"]) > float(rows[0]["gflops_per_patch_forward"])  # and FLOPs
+    assert all(float(row["seconds_per_step"]) > 0.0 and float(row["train_seconds"]) <= float(row["wall_seconds"])
+               for row in rows)
     assert (grid_sweep / "summary.png").stat().st_size > 0
     assert "highest mean: model.bottleneck=" in (grid_sweep / "summary.md").read_text()  # no folds: untested
 

@@ -43,7 +43,10 @@ def completed(dice: float, per_class: Sequence[float] | None = None, seconds: fl
         "epochs": 1,
         "val_dice_per_class": {"dim sphere": dim, "bright sphere": bright},
         "train_seconds": seconds,
+        "wall_seconds": seconds + 5.0,
+        "seconds_per_step": seconds / 100,
         "params": 1234,
+        "gflops_per_patch_forward": 2.5,
         "peak_memory_mb": 512.5,
         "history": [],
     }
@@ -177,6 +180,9 @@ def test_summary_files_rows_and_failures(grid_sweep: Path) -> None:
     assert float(rows[1]["best_val_dice"]) == pytest.approx(0.72)
     assert float(rows[1]["dice_bright_sphere"]) == pytest.approx(0.77)
     assert rows[0]["params"] == "1234" and rows[0]["best_epoch"] == "1" and rows[0]["reason"] == ""
+    compute = {"gflops_per_patch_forward": 2.5, "seconds_per_step": 0.1, "train_seconds": 10.0, "wall_seconds": 15.0}
+    assert {column: float(rows[0][column]) for column in compute} == compute
+    assert all(rows[2][column] == "" for column in compute)  # the failed job's metrics.json has none
     assert rows[2]["reason"] == "ValueError: num_heads=3 must divide 32" and rows[2]["best_val_dice"] == ""
     assert "still running" in rows[3]["reason"]
     assert summary.counts == {"completed": 2, "failed": 1, "missing": 1}
@@ -199,6 +205,8 @@ def test_seed_groups_mean_and_std(seed_sweep: Path) -> None:
     none, masa = [0.60, 0.62, 0.64], [0.70, 0.80]  # masa's failed seed left out
     assert numbers(by_block["none"]["best_val_dice"]) == pytest.approx([fmean(none), stdev(none)], abs=1e-4)
     assert by_block["masa"]["completed"] == "2/3"
+    assert numbers(by_block["none"]["gflops_per_patch_forward"]) == [2.5, 0.0]  # the compute of each setting too
+    assert numbers(by_block["none"]["wall_seconds"]) == [15.0, 0.0] and "seconds_per_step" in by_block["masa"]
     assert numbers(by_block["masa"]["best_val_dice"]) == pytest.approx([fmean(masa), stdev(masa)], abs=1e-4)
     # the highest mean: its mean and std over its 2 completed seeds, and their jobs (3 and 4); without folds the
     # ranking is untested

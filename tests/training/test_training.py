@@ -7,6 +7,7 @@ Each test trains the micro model of ``MICRO_OVERRIDES`` on the tiny demo (3 step
 from __future__ import annotations
 
 import json
+import logging
 import math
 from pathlib import Path
 
@@ -79,10 +80,17 @@ def test_deep_supervision_trains_every_head_and_validates_on_the_full_resolution
 
 
 @pytest.mark.parametrize("norm", NORMS)
-def test_one_epoch_with_every_norm(norm: str, tmp_path: Path, tiny_demo_root: Path) -> None:
+def test_one_epoch_with_every_norm(norm: str, tmp_path: Path, tiny_demo_root: Path,
+                                   caplog: pytest.LogCaptureFixture) -> None:
     run_dir = tmp_path / "run"
-    metrics = train(micro_config(run_dir, tiny_demo_root, "trainer.max_epochs=1", f"model.norm={norm}"))
+    with caplog.at_level(logging.INFO, logger="medseg"):
+        metrics = train(micro_config(run_dir, tiny_demo_root, "trainer.max_epochs=1", f"model.norm={norm}"))
     assert metrics["epochs"] == 1 and metrics["nonfinite_steps"] == 0
+    # the end-of-run table shows the compute
+    table = caplog.text.split("run finished", 1)[1]
+    for row in ("wall time, whole run (s)", "s per training step", "GFLOPs, forward of one patch", "peak memory"):
+        assert row in table
+    assert f"{metrics['gflops_per_patch_forward']:.4g}" in table
     assert math.isfinite(metrics["history"][0]["loss"]) and math.isfinite(metrics["best_val_dice"])
     weights = load_checkpoint(run_dir / "checkpoints" / "last.pt")["model"]
     # batch norm alone keeps running statistics: the checkpoint shows which norm the run built
