@@ -113,14 +113,16 @@ def all_rows() -> list[str]:
     return [*(UNET_ROW + block for block in block_choices()), *(name for name in MODELS if name != ModelConfig.name)]
 
 
-def train_config(row: str, overrides: Sequence[str] = ()) -> TrainConfig:
-    """The checked training config of ``row``: ``scripts/train.py``'s, with the row's block or network.
+def train_config(row: str, overrides: Sequence[str] = (), patch: Sequence[int] = CPU_SIZES.patch) -> TrainConfig:
+    """The checked training config of ``row``: ``scripts/train.py``'s, with the row's block or network and the
+    benchmark's ``patch`` (checked against the network at start-up, as training checks its own).
 
     Raises:
         ConfigError: an override names an unknown key or an invalid value.
     """
     choice = f"model.bottleneck={row.removeprefix(UNET_ROW)}" if row.startswith(UNET_ROW) else f"model.name={row}"
-    return check_config(compose_train_config([choice, *overrides, NO_RUN_DIR]))
+    patch_size = f"data.patch_size=[{','.join(map(str, patch))}]"
+    return check_config(compose_train_config([choice, patch_size, *overrides, NO_RUN_DIR]))
 
 
 def _tensor_bytes(tensors: Sequence[torch.Tensor | None]) -> int:
@@ -336,7 +338,7 @@ def run(args: argparse.Namespace) -> int:
     """Measure every row, print the markdown report, and write ``models.md`` / ``models.json`` under ``--out``."""
     device = torch.device(args.device)
     sizes = choose_sizes(args)
-    configs = {name: train_config(name, [*args.override, f"trainer.precision={sizes.precision}"])
+    configs = {name: train_config(name, [*args.override, f"trainer.precision={sizes.precision}"], sizes.patch)
                for name in args.models}
     rows = measure(configs, sizes, device, args.max_seconds)
     trainer = configs[args.models[0]].trainer  # the same for every row

@@ -130,7 +130,7 @@ def test_a_new_block_needs_no_other_edit(throwaway_block: str, tmp_path: Path) -
     # the models benchmark's row, in both slots of a small U-Net, takes steps of the trainer's TrainStep
     small = [f"model.decoder={name}", "model.channels=[8,16]", "model.strides=[2]", "model.attention.num_heads=2"]
     sizes = Sizes((8, 8, 8), batch=1, precision="fp32", reps=1, warmup=0)
-    runnable = prepare(row, train_config(row, small), sizes, torch.device("cpu"))
+    runnable = prepare(row, train_config(row, small, sizes.patch), sizes, torch.device("cpu"))
     assert runnable.row.status == "ok", runnable.row.detail
     assert runnable.trainer_step is not None and runnable.step is not None
     slots = {path: module for path, module in runnable.trainer_step.model.named_modules()
