@@ -269,8 +269,9 @@ class TrainerConfig:
     set to span the epochs that fit, and training ends when another epoch would not fit (max_epochs still caps it)."""
     batch_size: int = ranged(2, ge=1)
     """Volumes per step, each giving data.samples_per_volume patches; per process under DDP."""
-    lr: float = ranged(3e-3, gt=0)
-    """Peak learning rate."""
+    lr: float = ranged(3e-3, ge=0)
+    """Peak learning rate (0 keeps the weights as they start: a check of what initialisation or trainer.init_from
+    made)."""
     weight_decay: float = ranged(3e-5, ge=0)
     """Weight decay."""
     loss: str = "dice_ce"

@@ -165,7 +165,7 @@ def test_sigkill_mid_training_then_resume_equals_uninterrupted_run(tmp_path: Pat
     killed_at = load_checkpoint(last)
     assert 1 <= killed_at["epoch"] < EPOCHS and killed_at["step"] == 0
     assert not (run_dir / "metrics.json").exists()
-    stale = last.parent / ".last.pt.killedwrite.tmp"  # what a kill during a checkpoint write leaves behind
+    stale = last.parent / ".last.pt.k1llwr1t.tmp"  # what a kill during a checkpoint write leaves (atomic_save's name)
     stale.write_bytes(b"partial")
 
     result = _run(tiny_demo_root, run_dir, "trainer.resume=true")
