@@ -226,7 +226,7 @@ def test_ranges_are_checked_on_typed_objects_too() -> None:
     ("override", "message"),
     [
         ("trainer.batch_size=0", r"trainer\.batch_size=0: expected >= 1"),
-        ("trainer.lr=-1", r"trainer\.lr=-1\.0: expected > 0"),
+        ("trainer.lr=-1", r"trainer\.lr=-1\.0: expected >= 0"),
         ("data.num_folds=1", r"data\.num_folds=1: expected >= 2"),
         ("data.samples_per_volume=0", r"data\.samples_per_volume=0: expected >= 1"),
         ("model.kernel_size=4", r"model\.kernel_size=4: expected odd, >= 1"),

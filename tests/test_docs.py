@@ -120,7 +120,7 @@ def test_the_reference_script_writes_and_checks_the_page(tmp_path: Path) -> None
     assert reference("--check") == 1, "no page yet"
     assert reference() == 0 and page.read_text(encoding="utf-8") == reference_markdown()
     assert reference("--check") == 0
-    row = "| `trainer.lr` | `float` | `0.003` | `> 0` |"
+    row = "| `trainer.lr` | `float` | `0.003` | `>= 0` |"
     assert row in page.read_text(encoding="utf-8")
-    page.write_text(page.read_text(encoding="utf-8").replace(row, "| `trainer.lr` | `float` | `0.01` | `> 0` |"))
+    page.write_text(page.read_text(encoding="utf-8").replace(row, "| `trainer.lr` | `float` | `0.01` | `>= 0` |"))
     assert reference("--check") == 1
