@@ -294,6 +294,11 @@ def display_value(text: str | None) -> str:
     return f"{number:.4g}" if number is not None and len(str(text)) > 8 else str(text)
 
 
-def setting_label(setting: Sequence[str | None], keys: Sequence[str]) -> str:
-    """``"model.bottleneck=masa model.attention.gamma=0.8"``; ``"(all jobs)"`` when nothing is swept."""
-    return " ".join(f"{key}={display_value(value)}" for key, value in zip(keys, setting)) or "(all jobs)"
+def setting_label(setting: Sequence[str | None], keys: Sequence[str], name: Callable[[str], str] = str) -> str:
+    """``"model.bottleneck=masa model.attention.gamma=0.8"``, each key written as ``name(key)``.
+
+    A key the setting's jobs did not set (None: two multiruns of different keys in one folder) is left out;
+    ``"(defaults)"`` when the jobs set none of ``keys``, ``"(all jobs)"`` when nothing is swept.
+    """
+    parts = [f"{name(key)}={display_value(value)}" for key, value in zip(keys, setting) if value is not None]
+    return " ".join(parts) or ("(defaults)" if keys else "(all jobs)")

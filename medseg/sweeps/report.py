@@ -347,10 +347,7 @@ def _plot_bars(ax: Any, jobs: Sequence[Run], swept: Sequence[str], metric: str) 
         labels = [display_value(setting[0]) for setting in groups]
         ax.set_xlabel(keys[0])
     else:
-        labels = [
-            " ".join(f"{_short(k)}={display_value(v)}" for k, v in zip(keys, setting)) or "(all jobs)"
-            for setting in groups
-        ]
+        labels = [setting_label(setting, keys, _short) for setting in groups]
     stats = [mean_std([job.value(metric) for job in group]) for group in groups.values()]
     heights = [0.0 if math.isnan(mean) else mean for mean, _ in stats]
     errors = [0.0 if math.isnan(std) else std for _, std in stats]

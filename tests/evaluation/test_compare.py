@@ -212,3 +212,12 @@ def test_the_callback_compares_after_the_cross_validation_and_never_raises(
         SummarizeSweep(reference="model.bottleneck=mha").on_multirun_end(config)
     assert f"retry with: python scripts/compare.py {sweep} 'reference=model.bottleneck=mha'" in caplog.text
     assert (sweep / "summary.md").is_file() and not (sweep / "compare.md").exists()
+
+
+def test_two_multiruns_of_different_keys_in_one_folder_are_labelled_by_what_each_set(tmp_path: Path) -> None:
+    rows = [metric_rows(dict.fromkeys(CASES[:4], 0.8))]
+    cnn = "experiment=resenc_m trainer.batch_size=2"
+    sweep = make_crossvalidated_sweep(tmp_path / "multirun", {"model.bottleneck=none": rows, cnn: rows})
+    comparison = build_comparison(sweep)
+    assert [setting.label for setting in comparison.settings] == ["model.bottleneck=none", cnn]
+    assert comparison.reference.label == "model.bottleneck=none"
