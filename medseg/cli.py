@@ -1,9 +1,12 @@
-"""What every command-line entry point shares: override keys checked first, medseg's errors as one line.
+"""What every command-line entry point shares: the configs' folder, override keys checked first, medseg's errors as
+one line.
 
-A script is ``run(main, schema)``, where ``main`` is its ``@hydra.main`` task wrapped in :func:`one_line_errors`.
-Importing this module registers the schemas (:mod:`medseg.config`) and the configs' resolvers with Hydra. Only it,
-:mod:`medseg.config` and :mod:`medseg.typed_config` are imported before Hydra parses the command line, so ``--help``
-and config mistakes answer without loading torch or MONAI.
+A Hydra command (:mod:`medseg.commands`) is ``run(main, schema)``, where ``main`` is its ``@hydra.main`` task, on the
+configs of :data:`CONFIG_DIR`, wrapped in :func:`one_line_errors`. Importing this module registers the schemas
+(:mod:`medseg.config`) and the configs' resolvers with Hydra. Before Hydra parses the command line only it,
+:mod:`medseg.commands` and the light modules they import (:mod:`medseg.config`, :mod:`medseg.typed_config`, the
+errors, the version, :mod:`medseg.runtime.launch`) are loaded, so ``--help`` and config mistakes answer without
+torch or MONAI.
 """
 
 from __future__ import annotations
@@ -21,6 +24,10 @@ from medseg.errors import MedsegError
 from medseg.typed_config import check_override_keys
 
 T = TypeVar("T")
+
+CONFIG_DIR = Path(__file__).resolve().parent / "configs"
+"""The YAML presets and Hydra settings (``train.yaml``, ``data/``, ``experiment/``, ...): package data, so an installed
+wheel has them too."""
 
 
 def block_names() -> str:
@@ -50,16 +57,14 @@ def one_line_errors(task: Callable[..., T]) -> Callable[..., T]:
     return run_task
 
 
-def run(main: Callable[[], object], schema: type) -> None:
-    """Check the command line's override keys against ``schema``, then run ``main`` (a ``@hydra.main``).
-
-    The config groups are the folders of ``configs/`` beside the script's folder (``scripts/../configs``).
-    """
-    configs = Path(sys.argv[0]).resolve().parent.parent / "configs"
-    groups = [path.name for path in configs.iterdir() if path.is_dir()] if configs.is_dir() else []
+def run(main: Callable[[], object], schema: type) -> int:
+    """Check the command line's override keys against ``schema``, then run ``main`` (a ``@hydra.main`` on
+    :data:`CONFIG_DIR`, whose folders are the config groups); 0 when it returns (a failing task exits itself)."""
+    groups = [path.name for path in CONFIG_DIR.iterdir() if path.is_dir()]
     try:
         check_override_keys(sys.argv[1:], schema, groups)
     except MedsegError as err:
         print(f"error: {err}", file=sys.stderr)
-        sys.exit(1)
+        return 1
     main()
+    return 0

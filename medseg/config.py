@@ -1,7 +1,7 @@
 """The config contract: every key users type, with its type, default and meaning, written once.
 
 The dataclasses below are both the schema and the defaults. Importing this module registers them in Hydra's
-ConfigStore, so ``configs/*.yaml`` hold only presets (``data=msd``, ``experiment=...``) and Hydra settings
+ConfigStore, so ``medseg/configs/*.yaml`` hold only presets (``data=msd``, ``experiment=...``) and Hydra settings
 on top of them. The docstring under each field documents that key, and a numeric key's :class:`Range` (given with
 :func:`ranged`, or :func:`unconstrained` with the reason) says which values it takes; ``python scripts/train.py
 --help`` prints both (:func:`key_docs`), and :func:`medseg.typed_config.to_typed` checks every value against its
@@ -545,16 +545,17 @@ REFERENCE_PREAMBLE = """\
 <!-- Generated from medseg/config.py by `python scripts/config_reference.py`; edit the schema, not this file. -->
 
 Every key, with its type, default, valid range and meaning, is defined once: the dataclasses in
-`medseg/config.py`, which Hydra composes the YAML presets onto (`configs/data/*.yaml`, `configs/experiment/*.yaml`
-hold only what a preset changes). `python scripts/train.py --help` lists every key of training with its type, range
-and meaning (each script's `--help` its own); `python scripts/train.py --cfg job` prints the whole composed config.
+`medseg/config.py`, which Hydra composes the YAML presets onto (`medseg/configs/data/*.yaml`,
+`medseg/configs/experiment/*.yaml` hold only what a preset changes). `python scripts/train.py --help` lists every key
+of training with its type, range and meaning (each script's `--help` its own, and `medseg <command> --help` the same
+as its script's: [the command line](cli.md)); `python scripts/train.py --cfg job` prints the whole composed config.
 Every script checks each number it is given against its range before any work starts (a list key such as
 `data.spacing`: each entry), and stops with one line that names the key, the value and the range; `any` marks a
 number whose every value is valid.
 
 The defaults below are the schema's. `python scripts/train.py` runs with the demo preset, `data=demo3d`
-([configs/data/demo3d.yaml](../configs/data/demo3d.yaml)), which sets the demo's format and folder and hand-set
-preprocessing and pooling on top of them (`data.spacing`, `data.patch_size`, `data.normalization`,
+([medseg/configs/data/demo3d.yaml](../medseg/configs/data/demo3d.yaml)), which sets the demo's format and folder and
+hand-set preprocessing and pooling on top of them (`data.spacing`, `data.patch_size`, `data.normalization`,
 `data.pos_fraction`, `model.strides`; and `data.num_workers=0`); `data=msd` and `data=nnunet` keep the schema's,
 so the keys left `null` are planned from the data
 ([data and planning](data.md#what-is-planned-and-how-to-override-it)). The config groups are `data` (`demo3d`,

@@ -2,7 +2,7 @@
 
 import sys
 
-from medseg.benchmark import main
+from medseg.commands import benchmark
 
 if __name__ == "__main__":
-    sys.exit(main())
+    sys.exit(benchmark())  # `medseg benchmark` runs the same command

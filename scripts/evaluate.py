@@ -7,23 +7,7 @@ was evaluated, 1 when any failed or the checkpoint/input is unusable.
 
 import sys
 
-import hydra
-from omegaconf import DictConfig
-
-from medseg.cli import one_line_errors, run
-from medseg.config import EvaluateConfig
-
-
-@hydra.main(version_base="1.3", config_path="../configs", config_name="evaluate")
-@one_line_errors
-def main(cfg: DictConfig) -> None:
-    """Hydra entry point: evaluate and exit with the status."""
-    from medseg.evaluation.evaluate import evaluate_cli  # torch and MONAI load only when a job runs
-
-    code = evaluate_cli(cfg)
-    if code:
-        sys.exit(code)
-
+from medseg.commands import evaluate
 
 if __name__ == "__main__":
-    run(main, EvaluateConfig)
+    sys.exit(evaluate())  # `medseg evaluate` runs the same command

@@ -5,21 +5,9 @@ into ``output``; all files appear together or none. Exit code 1 with one line wh
 runtime or the export fails.
 """
 
-import hydra
-from omegaconf import DictConfig
+import sys
 
-from medseg.cli import one_line_errors, run
-from medseg.config import ExportConfig
-
-
-@hydra.main(version_base="1.3", config_path="../configs", config_name="export")
-@one_line_errors
-def main(cfg: DictConfig) -> None:
-    """Hydra entry point: export."""
-    from medseg.export import export_cli  # torch and MONAI load only when a job runs
-
-    export_cli(cfg)
-
+from medseg.commands import export
 
 if __name__ == "__main__":
-    run(main, ExportConfig)
+    sys.exit(export())  # `medseg export` runs the same command

@@ -6,21 +6,9 @@ default the centre of the predicted foreground) in every attention slot and bloc
 input's grid. Exit code 1 with one line for a bad checkpoint, input, point, slot or block.
 """
 
-import hydra
-from omegaconf import DictConfig
+import sys
 
-from medseg.cli import one_line_errors, run
-from medseg.config import VisualizeConfig
-
-
-@hydra.main(version_base="1.3", config_path="../configs", config_name="visualize")
-@one_line_errors
-def main(cfg: DictConfig) -> None:
-    """Hydra entry point: visualize."""
-    from medseg.visualize import visualize_cli  # torch and MONAI load only when a job runs
-
-    visualize_cli(cfg)
-
+from medseg.commands import visualize
 
 if __name__ == "__main__":
-    run(main, VisualizeConfig)
+    sys.exit(visualize())  # `medseg visualize` runs the same command

@@ -13,6 +13,7 @@ import pytest
 from omegaconf import MISSING, OmegaConf
 
 from medseg.attention import available_blocks
+from medseg.cli import CONFIG_DIR
 from medseg.config import (
     SCHEMAS,
     DataConfig,
@@ -55,7 +56,7 @@ def test_data_presets_hold_no_schema_defaults() -> None:
     """A data preset that restated a schema default would be a second place for it. (Experiment presets pin
     their values on purpose: ``experiment=seed_masa`` means gamma 0.9 whatever the default becomes.)"""
     defaults = {"data": DataConfig(root="?"), "model": ModelConfig(), "trainer": TrainerConfig()}
-    for path in sorted((REPO / "configs" / "data").glob("*.yaml")):
+    for path in sorted((CONFIG_DIR / "data").glob("*.yaml")):
         node = OmegaConf.load(path) or OmegaConf.create()
         if "defaults" in node:  # built on another preset, whose values it may undo
             continue
@@ -94,7 +95,7 @@ def test_unknown_key_names_the_nearest_valid_keys() -> None:
         check_override_keys(["modle.bottleneck=masa"], TrainConfig)
     with pytest.raises(ConfigError, match=r"^unknown config key 'epochs'\. Valid keys: model, data, trainer"):
         check_override_keys(["epochs=3"], TrainConfig, groups=["data", "experiment"])
-    groups = [path.name for path in (REPO / "configs").iterdir() if path.is_dir()]
+    groups = [path.name for path in CONFIG_DIR.iterdir() if path.is_dir()]
     check_override_keys(["-m", "model.bottleneck=masa,mha", "data=msd", "hydra.run.dir=x", "+experiment=seed_masa",
                          "data.normalization.scheme=ct", "--config-name", "train"], TrainConfig, groups)
 

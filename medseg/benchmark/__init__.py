@@ -34,8 +34,9 @@ def write_report(out: Path | None, name: str, markdown: str, report: Mapping[str
 
 
 def build_parser() -> argparse.ArgumentParser:
-    """The ``benchmark.py`` parser with one sub-parser per entry of :data:`SUBCOMMANDS`."""
-    parser = argparse.ArgumentParser(prog="benchmark.py", description="medseg benchmarks")
+    """The benchmarks' parser (``scripts/benchmark.py``, ``medseg benchmark``) with one sub-parser per entry of
+    :data:`SUBCOMMANDS`."""
+    parser = argparse.ArgumentParser(description="medseg benchmarks")
     subparsers = parser.add_subparsers(dest="command", required=True, metavar="{" + ",".join(SUBCOMMANDS) + "}")
     for name in SUBCOMMANDS:
         importlib.import_module(f"{__name__}.{name}").add_subcommand(subparsers)

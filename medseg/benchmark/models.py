@@ -43,6 +43,7 @@ from torch import nn
 from medseg.attention.registry import block_choices
 from medseg.benchmark import targets_markdown, write_report
 from medseg.benchmark.attention import Target, peak_bytes, ratio, time_ms
+from medseg.cli import CONFIG_DIR
 from medseg.config import ModelConfig, TrainConfig
 from medseg.data.datalist import DatasetInfo
 from medseg.data.demo import DEMO_LABELS
@@ -56,7 +57,6 @@ from medseg.training.run import wrap_model
 from medseg.training.settings import check_config
 from medseg.training.trainer import TrainStep
 
-CONFIG_DIR = Path(__file__).resolve().parents[2] / "configs"
 UNET_ROW = f"{ModelConfig.name}+"
 """Rows named ``unet+<block>`` are medseg's U-Net with ``model.bottleneck=<block>``."""
 NO_RUN_DIR = "output_dir=unused"
@@ -102,7 +102,8 @@ class Row:
 
 
 def compose_train_config(overrides: Sequence[str] = ()) -> DictConfig:
-    """``configs/train.yaml`` with ``overrides``, composed as ``scripts/train.py`` would (no Hydra run context)."""
+    """``medseg/configs/train.yaml`` with ``overrides``, composed as ``scripts/train.py`` would (no Hydra run
+    context)."""
     with initialize_config_dir(config_dir=str(CONFIG_DIR), version_base="1.3"):
         return compose(config_name="train", overrides=list(overrides))
 

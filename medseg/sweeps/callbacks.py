@@ -1,7 +1,7 @@
 """Hydra callbacks: cross-validate and summarise a sweep when a multirun ends; report failed jobs to Optuna.
 
-:class:`SummarizeSweep` is registered in ``configs/train.yaml`` under ``hydra.callbacks``;
-:class:`FailedJobsFailTrials` only in the Optuna presets (``configs/hparams_search/``). Hydra instantiates
+:class:`SummarizeSweep` is registered in ``medseg/configs/train.yaml`` under ``hydra.callbacks``;
+:class:`FailedJobsFailTrials` only in the Optuna presets (``medseg/configs/hparams_search/``). Hydra instantiates
 callbacks for every run, single or multirun, so this module imports nothing heavy; the cross-validation and summary
 code loads only at the end of a sweep.
 """

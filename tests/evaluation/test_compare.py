@@ -8,7 +8,6 @@ overrides and metrics.json, ``crossval/<setting>/metrics.csv`` written by hand),
 
 from __future__ import annotations
 
-import importlib.util
 import json
 import logging
 from pathlib import Path
@@ -20,6 +19,7 @@ import pytest
 from omegaconf import OmegaConf
 from scipy import ndimage, stats
 
+from medseg.commands import compare
 from medseg.data.labels import LabelSpec
 from medseg.errors import ConfigError, DatasetError
 from medseg.evaluation.compare import FILES, FOREGROUND, build_comparison
@@ -27,7 +27,6 @@ from medseg.runs.folders import FLOPS_KEY
 from medseg.scoring.paired import BETTER, NO_EVIDENCE, WORSE
 from medseg.scoring.per_case import score_masks
 from medseg.sweeps.callbacks import SummarizeSweep
-from tests.helpers.configs import REPO
 from tests.helpers.files import read_csv
 from tests.helpers.sweeps import make_crossvalidated_sweep, metric_rows
 
@@ -68,13 +67,6 @@ def test_eroded_predictions_are_worse_by_the_true_amount(tmp_path: Path) -> None
     assert comparison.reference.label == "model.bottleneck=none"
 
 
-def _script() -> Any:
-    spec = importlib.util.spec_from_file_location("compare_script", REPO / "scripts" / "compare.py")
-    module = importlib.util.module_from_spec(spec)  # type: ignore[arg-type]
-    spec.loader.exec_module(module)  # type: ignore[union-attr]
-    return module
-
-
 CASES = [f"case_{i:02d}" for i in range(24)]
 CLASSES = ("liver", "tumour")
 COMPUTE = {"params": 1000, "train_seconds": 36.0, "peak_memory_mb": 100.0, "device": "cuda:0"}
@@ -107,7 +99,7 @@ def foreground_dice(seeds: list[list[dict[str, Any]]]) -> np.ndarray:
 def test_compare_script_writes_the_four_files(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     sweep, rows = fake_sweep(tmp_path)
     assert (sweep / "crossval" / "model.bottleneck=masa_trainer.seed=1" / "metrics.csv").is_file()  # crossval's layout
-    assert _script().main([str(sweep), "reference=model.bottleneck=none"]) == 0
+    assert compare([str(sweep), "reference=model.bottleneck=none"]) == 0
     out = capsys.readouterr().out
     assert "model.bottleneck=masa" in out and f"{sweep}/compare.png" in out
     assert all((sweep / name).is_file() for name in FILES) and not list(sweep.glob(".compare*"))
@@ -152,7 +144,7 @@ def test_compare_script_writes_the_four_files(tmp_path: Path, capsys: pytest.Cap
 
 def test_help_explains_the_method_in_three_lines(capsys: pytest.CaptureFixture[str]) -> None:
     with pytest.raises(SystemExit) as exit_code:
-        _script().main(["--help"])
+        compare(["--help"])
     assert exit_code.value.code == 0
     method = capsys.readouterr().out.split("\n\n")[1]
     assert len(method.splitlines()) == 3
@@ -177,7 +169,7 @@ def test_a_sweep_without_folds_needs_cross_validation(tmp_path: Path, capsys: py
     rows = [metric_rows(dict.fromkeys(CASES[:4], 0.8))]
     sweep = make_crossvalidated_sweep(tmp_path / "multirun", {"model.bottleneck=none": rows,
                                                               "model.bottleneck=masa": rows}, folds=1)
-    assert _script().main([str(sweep)]) == 1
+    assert compare([str(sweep)]) == 1
     error = capsys.readouterr().err
     assert len(error.strip().splitlines()) == 1 and error.startswith("error: ")
     assert "a verdict needs cross-validation (data.fold=0,1,2,3,4)" in error

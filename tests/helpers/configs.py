@@ -12,10 +12,9 @@ from pathlib import Path
 from hydra import compose, initialize_config_dir
 from omegaconf import DictConfig
 
-import medseg.cli  # noqa: F401  (registers the schemas the configs compose onto, and their resolvers)
+from medseg.cli import CONFIG_DIR  # importing medseg.cli registers the schemas the configs compose onto, and resolvers
 
 REPO = Path(__file__).resolve().parents[2]
-CONFIGS = REPO / "configs"
 
 # A demo run small enough for CI: 8 volumes of 32x32x16, a 3-level U-Net, 2 epochs.
 TINY_OVERRIDES = [
@@ -35,7 +34,7 @@ MICRO_OVERRIDES = [
 
 def compose_config(overrides: Sequence[str] = (), config_name: str = "train") -> DictConfig:
     """The real configs composed with Hydra's compose API (``hydra:`` interpolations are not available)."""
-    with initialize_config_dir(config_dir=str(CONFIGS), version_base="1.3"):
+    with initialize_config_dir(config_dir=str(CONFIG_DIR), version_base="1.3"):
         return compose(config_name=config_name, overrides=list(overrides))
 
 

@@ -13,6 +13,7 @@ import pytest
 import torch
 import torch.multiprocessing as mp
 
+from medseg.cli import CONFIG_DIR
 from medseg.errors import ConfigError
 from medseg.runtime import distributed
 from medseg.runtime.distributed import any_rank, broadcast_object, gather_objects, on_main_rank, reduce_max
@@ -23,7 +24,7 @@ from medseg.runtime.launch import (
     hydra_rank_overrides,
     slurm_environment,
 )
-from tests.helpers.configs import CONFIGS, compose_config
+from tests.helpers.configs import compose_config
 from tests.helpers.ports import free_port
 
 SRUN_TASK = {  # what srun sets for task 3 of a 2-node x 2-task step of job 123456
@@ -174,7 +175,7 @@ def test_slurm_launcher_config_composes() -> None:
     from hydra import compose, initialize_config_dir
     from hydra.utils import instantiate
 
-    with initialize_config_dir(config_dir=str(CONFIGS), version_base="1.3"):
+    with initialize_config_dir(config_dir=str(CONFIG_DIR), version_base="1.3"):
         cfg = compose("train", overrides=["hydra/launcher=slurm", "hydra.launcher.tasks_per_node=2",
                                           "hydra.launcher.gpus_per_node=2", "hydra.launcher.partition=gpu"],
                       return_hydra_config=True)

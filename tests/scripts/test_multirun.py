@@ -15,11 +15,12 @@ from tensorboard.plugins.hparams import metadata as hparams_metadata
 from tensorboard.plugins.hparams import plugin_data_pb2
 
 from medseg.attention import available_blocks
+from medseg.cli import CONFIG_DIR
 from medseg.training.settings import check_config
-from tests.helpers.configs import CONFIGS, TINY_OVERRIDES, compose_config, run_script
+from tests.helpers.configs import TINY_OVERRIDES, compose_config, run_script
 from tests.helpers.files import read_csv
 
-EXPERIMENTS = sorted(path.stem for path in (CONFIGS / "experiment").glob("*.yaml"))
+EXPERIMENTS = sorted(path.stem for path in (CONFIG_DIR / "experiment").glob("*.yaml"))
 SUMMARY_FILES = ("summary.md", "summary.csv", "summary.png")
 
 
@@ -101,7 +102,7 @@ def test_failing_job_is_recorded_and_the_sweep_goes_on(tmp_path: Path, tiny_demo
 
 @pytest.mark.parametrize("name", EXPERIMENTS)
 def test_experiment_presets_compose_and_validate(name: str) -> None:
-    preset = OmegaConf.load(CONFIGS / "experiment" / f"{name}.yaml")
+    preset = OmegaConf.load(CONFIG_DIR / "experiment" / f"{name}.yaml")
     cfg = check_config(compose_config([f"experiment={name}", "output_dir=unused"]))
     if "bottleneck" in preset.get("model", {}):  # the preset's choice reaches the validated config
         assert cfg.model.bottleneck == preset.model.bottleneck
@@ -124,7 +125,7 @@ def test_experiment_preset_values() -> None:
 
 
 def compose_with_hydra(overrides: list[str]):
-    with initialize_config_dir(config_dir=str(CONFIGS), version_base="1.3"):
+    with initialize_config_dir(config_dir=str(CONFIG_DIR), version_base="1.3"):
         return compose(config_name="train", overrides=overrides, return_hydra_config=True)
 
 

@@ -3,7 +3,6 @@ callbacks."""
 
 from __future__ import annotations
 
-import importlib.util
 import itertools
 import json
 import logging
@@ -21,11 +20,11 @@ from hydra.core.utils import JobReturn, JobStatus
 from hydra.errors import OverrideParseException
 from omegaconf import OmegaConf
 
+from medseg.commands import summarize
 from medseg.runs.folders import Sweep, as_number, parse_overrides, swept_keys
 from medseg.sweeps.callbacks import FailedJobsFailTrials, SummarizeSweep, TrialFailed
 from medseg.sweeps.report import build_summary, numeric_keys, summarize_sweep
 from medseg.tables import format_mean_std, mean_std
-from tests.helpers.configs import REPO
 from tests.helpers.files import read_csv
 from tests.helpers.sweeps import make_crossvalidated_sweep, metric_rows
 
@@ -344,18 +343,10 @@ def test_failed_jobs_become_failed_optuna_trials(grid_sweep: Path) -> None:
         _ = unknown.return_value
 
 
-def _summarize_script() -> Any:
-    spec = importlib.util.spec_from_file_location("summarize_script", REPO / "scripts" / "summarize.py")
-    module = importlib.util.module_from_spec(spec)  # type: ignore[arg-type]
-    spec.loader.exec_module(module)  # type: ignore[union-attr]
-    return module
-
-
 def test_summarize_script(grid_sweep: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
-    script = _summarize_script()
-    assert script.main([str(grid_sweep), "--no-plot"]) == 0
+    assert summarize([str(grid_sweep), "--no-plot"]) == 0
     out = capsys.readouterr().out
     assert "highest mean: model.bottleneck=none model.attention.gamma=0.9" in out
     assert (grid_sweep / "summary.md").is_file() and not (grid_sweep / "summary.png").exists()
-    assert script.main([str(tmp_path / "absent")]) == 1
+    assert summarize([str(tmp_path / "absent")]) == 1
     assert "does not exist" in capsys.readouterr().err

@@ -1,0 +1,254 @@
+"""The command line: ``medseg <command> [arguments]``, and the commands behind ``scripts/*.py``.
+
+Each command is one function that reads ``sys.argv`` as its script does and returns the exit code;
+``scripts/<command>.py`` calls it, and so does ``medseg <command>`` (:func:`main`, the ``medseg`` entry point of
+``pyproject.toml``), so both take the same arguments. The Hydra commands (train, evaluate, crossval, export,
+visualize, plan, check-data) take ``key=value`` overrides, ``--help``, ``--cfg job`` and ``-m`` on the configs of
+:data:`medseg.cli.CONFIG_DIR`; compare, summarize and benchmark parse their arguments with argparse.
+
+Nothing here loads torch or MONAI at import: each command imports its stage when it runs, so ``medseg --help``,
+``medseg <command> --help`` and a mistyped key answer without loading them.
+"""
+
+from __future__ import annotations
+
+import argparse
+import difflib
+import sys
+from collections.abc import Callable, Sequence
+
+import hydra
+from omegaconf import DictConfig
+
+from medseg.cli import CONFIG_DIR, one_line_errors, run
+from medseg.config import (
+    CheckDataConfig,
+    CrossvalConfig,
+    EvaluateConfig,
+    ExportConfig,
+    PlanConfig,
+    TrainConfig,
+    VisualizeConfig,
+)
+from medseg.errors import MedsegError
+from medseg.runtime.launch import hydra_rank_overrides
+from medseg.typed_config import to_typed
+from medseg.version import __version__
+
+DATA_EXAMPLE = " (e.g. data=msd data.root=/path/to/Task09_Spleen)"
+
+
+def hydra_main(config_name: str) -> Callable[[Callable[[DictConfig], object]], Callable[[], object]]:
+    """``@hydra.main`` on ``medseg/configs/<config_name>.yaml``."""
+    return hydra.main(version_base="1.3", config_path=str(CONFIG_DIR), config_name=config_name)
+
+
+# --------------------------------------------------------------------------------------------- Hydra commands
+
+
+@hydra_main("train")
+@one_line_errors
+def _train(cfg: DictConfig) -> float:
+    from medseg.training.run import train_cli  # torch and MONAI load only when a job runs
+
+    return train_cli(cfg)
+
+
+def train() -> int:
+    """Train a segmentation model (key=value overrides; -m sweeps)."""
+    sys.argv += hydra_rank_overrides()  # torchrun ranks > 0 write no run directory of their own
+    return run(_train, TrainConfig)
+
+
+@hydra_main("evaluate")
+@one_line_errors
+def _evaluate(cfg: DictConfig) -> None:
+    from medseg.evaluation.evaluate import evaluate_cli
+
+    code = evaluate_cli(cfg)
+    if code:
+        sys.exit(code)
+
+
+def evaluate() -> int:
+    """Predict (and score, where labels exist) a folder with a checkpoint or an ensemble."""
+    return run(_evaluate, EvaluateConfig)
+
+
+@hydra_main("crossval")
+@one_line_errors
+def _crossval(cfg: DictConfig) -> None:
+    from medseg.evaluation.crossval import crossval_cli
+
+    code = crossval_cli(cfg)
+    if code:
+        sys.exit(code)
+
+
+def crossval() -> int:
+    """Score a multirun of folds on its out-of-fold predictions; decide the postprocessing (DIR or dir=DIR)."""
+    if len(sys.argv) > 1 and "=" not in sys.argv[1] and not sys.argv[1].startswith("-"):
+        sys.argv[1] = f"dir={sys.argv[1]}"  # the multirun folder may come first, without its key
+    return run(_crossval, CrossvalConfig)
+
+
+@hydra_main("export")
+@one_line_errors
+def _export(cfg: DictConfig) -> None:
+    from medseg.export import export_cli
+
+    export_cli(cfg)
+
+
+def export() -> int:
+    """Export a checkpoint to ONNX or TorchScript with its preprocessing.json."""
+    return run(_export, ExportConfig)
+
+
+@hydra_main("visualize")
+@one_line_errors
+def _visualize(cfg: DictConfig) -> None:
+    from medseg.visualize import visualize_cli
+
+    visualize_cli(cfg)
+
+
+def visualize() -> int:
+    """Write the attention maps of one voxel in every attention slot of a checkpoint."""
+    return run(_visualize, VisualizeConfig)
+
+
+@hydra_main("plan")
+@one_line_errors
+def _plan(cfg: DictConfig) -> None:
+    from medseg.planning.report import plan_report  # numpy and nibabel load only when a job runs
+
+    settings = to_typed(PlanConfig, cfg, context=DATA_EXAMPLE)
+    print(plan_report(settings.data, settings.model, settings.progress, settings.trainer, settings.plan))
+
+
+def plan() -> int:
+    """Print a dataset's fingerprint and the automatic plan."""
+    return run(_plan, PlanConfig)
+
+
+@hydra_main("check_data")
+@one_line_errors
+def _check_data(cfg: DictConfig) -> None:
+    from medseg.data.verify import check_data_cli
+
+    settings = to_typed(CheckDataConfig, cfg, context=DATA_EXAMPLE)
+    code = check_data_cli(settings.data, progress=settings.progress)
+    if code:
+        sys.exit(code)
+
+
+def check_data() -> int:
+    """Verify every case of a dataset and report all problems (exit 1 on any error)."""
+    return run(_check_data, CheckDataConfig)
+
+
+# --------------------------------------------------------------------------------------------- argparse commands
+
+COMPARE_METHOD = """\
+Each setting's out-of-fold per-case Dice, HD95 and NSD (seeds averaged per case) is paired with the reference's on
+the same cases: the mean difference with a bootstrap 95% interval and a Wilcoxon signed-rank p, Holm-corrected across
+the settings; the verdict is better or worse when that p < 0.05 and the interval excludes 0, else no evidence."""
+
+COMPARE_INPUT = """\
+DIR is a multirun that sweeps data.fold (say `-m model.bottleneck=none,identity,masa data.fold=0,1,2,3,4
+trainer.seed=0,1`), cross-validated (its callback did it, or `medseg crossval DIR`). Writes compare.md, compare.csv,
+compare.json and compare.png into DIR and prints the table. Exit code 0, or 1 with one line of error."""
+
+
+def compare(argv: Sequence[str] | None = None) -> int:
+    """Paired verdicts of a cross-validated sweep's settings against a reference (DIR [reference=KEY=VALUE])."""
+    from medseg.evaluation.compare import DEFAULT_REFERENCE, FILES, compare_sweep, setting_table
+
+    parser = argparse.ArgumentParser(description=COMPARE_METHOD, formatter_class=argparse.RawDescriptionHelpFormatter,
+                                     epilog=COMPARE_INPUT)
+    parser.add_argument("sweep_dir", help="the multirun directory (one folder per job, and crossval/)")
+    parser.add_argument("reference", nargs="?", default=f"reference={DEFAULT_REFERENCE}",
+                        metavar="reference=KEY=VALUE",
+                        help=f"the setting the others are compared with: key=value pairs (quoted and space-separated "
+                             f"for several) that pick one setting (default: reference={DEFAULT_REFERENCE})")
+    args = parser.parse_args(argv)
+    key, _, reference = args.reference.partition("=")
+    if key != "reference" or not reference:
+        parser.error(f"{key}: expected reference=KEY=VALUE, e.g. reference={DEFAULT_REFERENCE}")
+    try:
+        comparison = compare_sweep(args.sweep_dir, reference)
+    except MedsegError as err:
+        print(f"error: {err}", file=sys.stderr)
+        return 1
+    print(setting_table(comparison))
+    print(f"\nwritten: {', '.join(f'{args.sweep_dir}/{name}' for name in FILES)}")
+    return 0
+
+
+def summarize(argv: Sequence[str] | None = None) -> int:
+    """Rank a sweep's settings: summary.md, summary.csv and summary.png in the sweep folder (DIR [--metric KEY])."""
+    from medseg.sweeps.report import summarize_sweep
+
+    parser = argparse.ArgumentParser(description=summarize.__doc__)
+    parser.add_argument("sweep_dir", help="the multirun directory (holds one folder per job)")
+    parser.add_argument(
+        "--metric",
+        default="best_val_dice",
+        help="metrics.json key (or dice_<class>) that ranks settings (default: best_val_dice)",
+    )
+    parser.add_argument("--lower-is-better", action="store_true", help="rank by the smallest metric instead")
+    parser.add_argument("--no-plot", action="store_true", help="skip summary.png")
+    args = parser.parse_args(argv)
+    try:
+        summary = summarize_sweep(args.sweep_dir, args.metric, not args.lower_is_better, plot=not args.no_plot)
+    except FileNotFoundError as err:
+        print(f"error: {err}", file=sys.stderr)
+        return 1
+    print(summary.text())
+    print(f"\nwritten: {args.sweep_dir}/summary.md, summary.csv" + ("" if args.no_plot else ", summary.png"))
+    return 0
+
+
+def benchmark(argv: Sequence[str] | None = None) -> int:
+    """Benchmarks: attention, models, quality, peers (nnU-Net v2), gpu."""
+    from medseg.benchmark import main as benchmark_main
+
+    return benchmark_main(argv)
+
+
+# --------------------------------------------------------------------------------------------- medseg <command>
+
+COMMANDS: dict[str, Callable[[], int]] = {
+    "train": train, "evaluate": evaluate, "crossval": crossval, "compare": compare, "export": export,
+    "visualize": visualize, "plan": plan, "check-data": check_data, "summarize": summarize, "benchmark": benchmark,
+}
+"""``medseg <name>`` -> its command; ``scripts/<name with _ for ->.py`` runs the same one."""
+
+
+def usage() -> str:
+    """``medseg --help``: every command with the first line of its docstring."""
+    width = max(map(len, COMMANDS))
+    lines = [f"  {name:<{width}}  {(command.__doc__ or '').splitlines()[0]}" for name, command in COMMANDS.items()]
+    return ("usage: medseg <command> [arguments]\n\n"
+            "The commands take the same arguments as scripts/<command>.py: `medseg <command> --help` lists them.\n\n"
+            "commands:\n" + "\n".join(lines) + "\n\noptions:\n  -h, --help  this list\n  --version   medseg's version")
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """``medseg <command> [arguments]``: run the command on ``arguments``, as ``scripts/<command>.py`` would."""
+    args = list(sys.argv[1:] if argv is None else argv)
+    if not args or args[0] in ("-h", "--help"):
+        print(usage(), file=sys.stdout if args else sys.stderr)
+        return 0 if args else 1
+    if args[0] == "--version":
+        print(f"medseg {__version__}")
+        return 0
+    name, *rest = args
+    if name not in COMMANDS:
+        near = difflib.get_close_matches(name, COMMANDS, n=1)
+        hint = f"; did you mean {near[0]}?" if near else "."
+        print(f"error: unknown command {name!r}{hint} Commands: {', '.join(COMMANDS)}", file=sys.stderr)
+        return 1
+    sys.argv = [f"medseg {name}", *rest]  # what the command's parser reads (and names itself by)
+    return COMMANDS[name]()
