@@ -14,20 +14,18 @@ from __future__ import annotations
 import functools
 import sys
 from collections.abc import Callable
-from pathlib import Path
+from string import Template
 from typing import TypeVar
 
 from omegaconf import OmegaConf
 
 import medseg.config  # noqa: F401  (registers the schemas with Hydra)
+from medseg.config import CONFIG_DIR, SCHEMAS, help_template
 from medseg.errors import MedsegError
 from medseg.typed_config import check_override_keys
 
 T = TypeVar("T")
 
-CONFIG_DIR = Path(__file__).resolve().parent / "configs"
-"""The YAML presets and Hydra settings (``train.yaml``, ``data/``, ``experiment/``, ...): package data, so an installed
-wheel has them too."""
 
 
 def block_names() -> str:
@@ -66,5 +64,27 @@ def run(main: Callable[[], object], schema: type) -> int:
     except MedsegError as err:
         print(f"error: {err}", file=sys.stderr)
         return 1
+    if {"--help", "-h"} & set(sys.argv[1:]) and print_help(schema, sys.argv[1:]):
+        return 0
     main()
     return 0
+
+
+def print_help(schema: type, args: list[str]) -> bool:
+    """Print ``--help`` (:func:`medseg.config.help_template`, the config composed with ``args``' overrides) without
+    Hydra's help path, which composes the schemas once per config group (seconds). False, printing nothing, for a
+    command line that one composition cannot show (a sweep, Hydra's own flags): Hydra's ``--help`` answers it."""
+    from hydra import compose, initialize_config_dir  # after the key check: only --help pays for it
+    from hydra.errors import HydraException
+
+    name = next(key for key, value in SCHEMAS.items() if value is schema)
+    overrides = [arg for arg in args if arg not in ("--help", "-h")]
+    if any(arg.startswith("-") for arg in overrides):
+        return False
+    try:
+        with initialize_config_dir(config_dir=str(CONFIG_DIR), version_base="1.3", job_name=name):
+            cfg = compose(name, overrides=overrides)
+    except HydraException:
+        return False
+    print(Template(help_template(name)).safe_substitute(CONFIG=OmegaConf.to_yaml(cfg)))
+    return True

@@ -17,10 +17,12 @@ from __future__ import annotations
 
 import ast
 import inspect
+import sys
 from collections.abc import Iterator
 from dataclasses import MISSING as NO_DEFAULT
 from dataclasses import Field, dataclass, field, fields, is_dataclass
 from functools import cache
+from pathlib import Path
 from typing import Any
 
 from hydra.core.config_store import ConfigStore
@@ -485,17 +487,27 @@ SCHEMAS: dict[str, type] = {"train": TrainConfig, "evaluate": EvaluateConfig, "c
 # --------------------------------------------------------------------------------------------- docs
 
 
-@cache
-def _field_docs(cls: type) -> dict[str, str]:
-    """The docstring under each field of dataclass ``cls`` (its source read once)."""
-    tree = ast.parse(inspect.getsource(cls))
-    body = tree.body[0].body  # type: ignore[attr-defined]
+def _docs_under_fields(body: list[ast.stmt]) -> dict[str, str]:
+    """The docstring under each annotated field of a class body."""
     docs = {}
     for node, following in zip(body, body[1:]):
         if (isinstance(node, ast.AnnAssign) and isinstance(node.target, ast.Name)
                 and isinstance(following, ast.Expr) and isinstance(following.value, ast.Constant)):
             docs[node.target.id] = " ".join(str(following.value.value).split())
     return docs
+
+
+@cache
+def _module_field_docs(module: str) -> dict[str, dict[str, str]]:
+    """The field docstrings of every class of ``module``, by class name: its source parsed once (one
+    ``inspect.getsource`` per class tokenises the whole file each time, most of an import's time)."""
+    tree = ast.parse(inspect.getsource(sys.modules[module]))
+    return {node.name: _docs_under_fields(node.body) for node in ast.walk(tree) if isinstance(node, ast.ClassDef)}
+
+
+def _field_docs(cls: type) -> dict[str, str]:
+    """The docstring under each field of dataclass ``cls``."""
+    return _module_field_docs(cls.__module__).get(cls.__name__, {})
 
 
 def _leaves(schema: type, prefix: str = "") -> Iterator[tuple[str, Field, type]]:
@@ -528,12 +540,41 @@ def help_line(key: str, kind: str, valid: str, doc: str) -> str:
     return f"  {key} ({kind}{f', {valid}' if valid else ''}): {doc}"
 
 
+CONFIG_DIR = Path(__file__).resolve().parent / "configs"
+"""The YAML presets and Hydra settings (``train.yaml``, ``data/``, ``experiment/``, ...): package data, so an installed
+wheel has them too."""
+
+
+def extra_config_dirs(argv: list[str]) -> list[Path]:
+    """The folders a command line adds with ``--config-dir DIR`` (``-cd DIR``, ``--config-dir=DIR``)."""
+    dirs = []
+    for flag, following in zip(argv, [*argv[1:], ""]):
+        if flag in ("--config-dir", "-cd") and following:
+            dirs.append(Path(following))
+        elif flag.startswith("--config-dir="):
+            dirs.append(Path(flag.split("=", 1)[1]))
+    return dirs
+
+
+def config_groups_text(folders: list[Path]) -> str:
+    """``--help``'s config groups: ``data: demo3d, msd, ...``, one line per group folder of ``folders`` (Hydra's own
+    ``hydra/`` groups left out). Listed from the folders, as Hydra's ``$APP_CONFIG_GROUPS`` would, without composing
+    the schemas once per group (which takes seconds)."""
+    options: dict[str, set[str]] = {}
+    for folder in folders:
+        for path in folder.rglob("*.yaml") if folder.is_dir() else []:
+            group = path.parent.relative_to(folder).as_posix()
+            if group != "." and group.split("/")[0] != "hydra":
+                options.setdefault(group, set()).add(path.stem)
+    return "\n".join(f"{group}: {', '.join(sorted(names))}" for group, names in sorted(options.items()))
+
+
 def help_template(name: str) -> str:
     """Hydra's ``--help`` text for entry point ``name``: config groups, every key with its range and meaning, the
     config."""
     keys = "\n".join(help_line(*row) for row in key_docs(SCHEMAS[name]))
     return (f"medseg {name}: key=value overrides (Hydra); -m sweeps comma-separated values.\n\n"
-            "== Config groups ==\n$APP_CONFIG_GROUPS\n\n"
+            f"== Config groups ==\n{config_groups_text([CONFIG_DIR, *extra_config_dirs(sys.argv)])}\n\n"
             f"== Keys ==\n{keys}\n\n"
             "== Composed config (--cfg job prints it alone) ==\n$CONFIG\n\n"
             "Hydra's own options: --hydra-help")

@@ -22,6 +22,8 @@ from medseg.config import (
     Range,
     TrainConfig,
     TrainerConfig,
+    config_groups_text,
+    extra_config_dirs,
     help_line,
     key_docs,
     key_range,
@@ -273,3 +275,16 @@ def test_the_validation_keys_fail_before_any_work(override: str, tmp_path) -> No
     with pytest.raises(ConfigError, match=f"^{re.escape(override.split('=')[0])}="):
         train(cfg)
     assert not (tmp_path / "demo").exists() and not (tmp_path / "run").exists(), "no demo generated, no run folder"
+
+
+def test_help_lists_the_config_groups_from_the_folders_and_those_added_on_the_command_line(tmp_path) -> None:
+    (tmp_path / "experiment").mkdir()
+    (tmp_path / "experiment" / "mine.yaml").write_text("# @package _global_\n")
+    (tmp_path / "hydra" / "launcher").mkdir(parents=True)
+    (tmp_path / "hydra" / "launcher" / "cluster.yaml").write_text("{}\n")
+    for argv in (["train.py", "--config-dir", str(tmp_path)], ["train.py", f"--config-dir={tmp_path}"]):
+        lines = config_groups_text([CONFIG_DIR, *extra_config_dirs(argv)]).splitlines()
+        experiments = sorted(path.stem for path in (CONFIG_DIR / "experiment").glob("*.yaml"))
+        assert f"experiment: {', '.join(sorted([*experiments, 'mine']))}" in lines
+        assert "data: demo3d, demo3d_planned, msd, nnunet" in lines
+        assert not any(line.startswith("hydra") for line in lines)
