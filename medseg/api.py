@@ -3,6 +3,7 @@
 ``from medseg import predict, load_model``. ``predict`` is ``scripts/evaluate.py`` for one volume in memory: the
 same preprocessing, sliding windows, inversion to the input's grid, ensemble averaging and postprocessing, so both
 give the same labels for the same file. ``image`` is a file path (``.nii.gz``, ``.nii``, ``.nrrd``, ``.mha``), a
+DICOM series folder (:mod:`medseg.data.dicom`: its voxels are columns, rows and slices in position order), a
 nibabel image, or a numpy array ``(X, Y, Z)`` (``(X, Y, Z, C)`` for several channels, as a NIfTI file holds them)
 with its ``(4, 4)`` voxel-to-world affine in RAS mm (nibabel's convention: an LPS affine from DICOM or ITK has its
 first two rows negated). Arrays are read in memory, never written to a file. The labels come back in the input's
@@ -63,7 +64,8 @@ def predict(image: str | Path | SpatialImage | np.ndarray, ckpt: Checkpoints, af
     """The label map of one volume, in the input's geometry.
 
     Args:
-        image: a file path, a nibabel image, or a numpy array ``(X, Y, Z)`` / ``(X, Y, Z, C)`` with ``affine``.
+        image: a file path, a DICOM series folder, a nibabel image, or a numpy array ``(X, Y, Z)`` / ``(X, Y, Z, C)``
+            with ``affine``.
         ckpt: a checkpoint, a training run or multirun folder, a model from :func:`load_model` (load once, predict
             many), or a list of them: an ensemble, whose probabilities are averaged.
         affine: the array's ``(4, 4)`` voxel-to-world matrix in RAS mm; only for arrays.

@@ -369,9 +369,14 @@ class EvaluateConfig:
     probabilities averaged: softmax, or sigmoid per region); or a multirun folder (the ensemble of its finished folds'
     best.pt)."""
     input: str = MISSING
-    """A folder of images, a folder with imagesTs/ (+ labelsTs/), or a dataset.json (or its folder)."""
+    """A folder of images or DICOM series (one per sub-folder, or the folder itself), a folder with imagesTs/
+    (+ labelsTs/), or a dataset.json (or its folder)."""
     output: str = "predictions"
     """Folder for the predictions, metrics.csv and summary.json."""
+    output_format: str = "nifti"
+    """nifti (<case>.nii.gz label maps on the input's grid) or dicom_seg (<case>.seg.dcm: a DICOM-SEG on the input
+    series, one segment per class or region; DICOM series inputs of one-channel models; pip install
+    "medseg[dicom]")."""
     split: str = "test"
     """dataset.json input only: test, training or validation (the checkpoint's fold without a validation list)."""
     overlap: float = ranged(0.5, ge=0, lt=1)
@@ -437,7 +442,8 @@ class VisualizeConfig:
     ckpt: str = MISSING
     """A medseg checkpoint whose network has attention slots, e.g. outputs/train/<date>/<time>/checkpoints/best.pt."""
     input: str = MISSING
-    """One volume file (.nii.gz, .nii, .nrrd, .mha), read and preprocessed as scripts/evaluate.py reads it."""
+    """One volume file (.nii.gz, .nii, .nrrd, .mha) or DICOM series folder, read and preprocessed as
+    scripts/evaluate.py reads it."""
     voxel: list[int] | None = ranged(None, ge=0)
     """The query voxel as indices [i,j,k] of the input file; null (and no world) = the predicted foreground voxel
     nearest the foreground's centre of mass."""

@@ -24,6 +24,19 @@ class DatasetError(MedsegError, ValueError):
     """A dataset folder, ``dataset.json`` or case file medseg cannot use; the message names the file."""
 
 
+class ImageReadError(DatasetError):
+    """An image file or DICOM series folder that is missing, that its reader cannot read, or whose voxels or affine
+    medseg cannot use (:mod:`medseg.data.reading`, :mod:`medseg.data.dicom`); ``reason`` says why without the
+    path."""
+
+    def __init__(self, path: Any, reason: str) -> None:
+        super().__init__(f"{path}: {reason}")
+        self.path, self.reason = str(path), reason
+
+    def __reduce__(self) -> tuple[type, tuple[str, str]]:  # picklable, so DataLoader workers can send it
+        return type(self), (self.path, self.reason)
+
+
 class CheckpointError(MedsegError, ValueError):
     """A checkpoint that is missing, unsafe, foreign or incompatible; the message names the file."""
 
@@ -46,6 +59,12 @@ class TrainingInterrupted(MedsegError):
 
     def __reduce__(self) -> tuple[type, tuple[str, int]]:  # picklable, so DDP ranks can share it
         return type(self), (str(self), self.exit_code)
+
+
+def one_line(err: BaseException) -> str:
+    """``"ValueError: first line of its message"``: what a library raised, for a one-line message of medseg's."""
+    lines = str(err).strip().splitlines()
+    return f"{type(err).__name__}: {lines[0]}" if lines else type(err).__name__
 
 
 def check_choice(key: str, value: Any, choices: Collection[str]) -> None:

@@ -1,6 +1,6 @@
 """The Python API: ``predict`` on an LPS, anisotropic array gives evaluate's labels for the same file, in the
-array's own voxel order (also permuted), from a path, a nibabel image or a loaded model; the snippet of
-docs/evaluation.md runs; ``import medseg`` stays light."""
+array's own voxel order (also permuted), from a path, a nibabel image, a DICOM series folder or a loaded model; the
+snippet of docs/evaluation.md runs; ``import medseg`` stays light."""
 
 from __future__ import annotations
 
@@ -97,6 +97,21 @@ def test_arrays_without_usable_voxels_or_affine_are_one_line_errors(ckpt: Path) 
         with pytest.raises(DatasetError, match=f"^predict\\(array\\): .*{reason}") as err:
             predict(array, ckpt=ckpt, affine=affine)
         assert "\n" not in str(err.value)
+
+
+def test_a_dicom_series_folder_is_predicted_as_the_nifti_it_was_written_from(ckpt: Path, tmp_path: Path) -> None:
+    """The oblique, rescaled series of :func:`tests.helpers.dicom.write_ct_case`: the labels and probabilities of its
+    folder are those of its NIfTI, on the same voxels."""
+    pytest.importorskip("pydicom")
+    from tests.helpers.dicom import write_ct_case
+
+    case = write_ct_case(tmp_path, "case", "oblique")
+    net = load_model(ckpt)
+    labels, probabilities = predict(str(case.series.folder), ckpt=net, return_probabilities=True)
+    expected, expected_probabilities = predict(str(case.nifti), ckpt=net, return_probabilities=True)
+    assert labels.shape == nib.load(case.nifti).shape and len(np.unique(labels)) > 1
+    np.testing.assert_array_equal(labels, expected)
+    np.testing.assert_allclose(probabilities, expected_probabilities, atol=1e-5)
 
 
 def test_the_documented_snippet_runs(ckpt: Path, evaluated: Path, tiny_demo_root: Path) -> None:

@@ -1,7 +1,8 @@
 """Dataset descriptions: MSD (Medical Segmentation Decathlon) and nnU-Net v2 raw folders, and folds.
 
 Both formats become one :class:`DatasetInfo`: a list of cases, each a dict with ``case`` (id),
-``image`` (a path, or a list of paths for one file per channel) and ``label`` (training cases only),
+``image`` (a path, or a list of paths for one file per channel; a path may name a DICOM series folder:
+:mod:`medseg.data.dicom`) and ``label`` (training cases only),
 plus the classes (label values with gaps, an ``ignore`` label and nnU-Net's regions:
 :mod:`medseg.data.labels`) and channel names. ``num_outputs`` and ``in_channels`` come from here, never
 typed twice in a config.
@@ -107,8 +108,11 @@ class DatasetInfo:
 
 
 def case_id(path: str | Path, file_ending: str | None = None) -> str:
-    """The case id of an image or label path: its file name without the image ending."""
+    """The case id of an image or label path: its file name without the image ending (a DICOM series folder: its
+    name)."""
     name = Path(path).name
+    if Path(path).is_dir():
+        return name
     for ending in ((file_ending,) if file_ending else ()) + IMAGE_ENDINGS:
         if name.endswith(ending):
             return name[: -len(ending)]

@@ -6,7 +6,8 @@ another orientation (DICOM's LPS, permuted axes) are permuted and flipped into i
 tools, and :func:`from_ras` takes voxels back to a file's own order.
 
 - :func:`read_file`: a file's voxels and affine as stored (NIfTI through nibabel, ``.nrrd``/``.mha``/``.mhd``
-  through MONAI's readers, which need the ``formats`` extra), or those of a nibabel image held in memory (the
+  through MONAI's readers, which need the ``formats`` extra), a DICOM series folder's (:mod:`medseg.data.dicom`,
+  the ``dicom`` extra), or those of a nibabel image held in memory (the
   Python API, :func:`medseg.predict`, passes arrays this way: no temporary file). It is the one gate of every
   reader path (training, planning, evaluation, cross-validation, ``predict()``, visualisation, the data check):
   a ``.gz`` file is read to the end of its stream (its CRC checked), and voxels that are empty, not numbers or
@@ -35,7 +36,8 @@ from monai.transforms import LoadImage, MapTransform
 from nibabel.orientations import apply_orientation, axcodes2ornt, inv_ornt_aff, io_orientation, ornt_transform
 from nibabel.spatialimages import SpatialImage
 
-from medseg.errors import DatasetError
+from medseg.data.dicom import DicomSeries, is_dicom_file, read_series
+from medseg.errors import DatasetError, ImageReadError, one_line
 
 IMAGE, LABEL = "image", "label"
 """The keys of a case's image file(s) and label file in a datalist entry, and of their tensors in a chain."""
@@ -44,21 +46,10 @@ FORMAT_PACKAGES = {".nrrd": ("nrrd", "pynrrd"), ".mha": ("itk", "itk-io"), ".mhd
 """Non-NIfTI endings MONAI reads through an optional package: ending -> (module, pip name)."""
 IMAGE_ENDINGS = (*NIBABEL_ENDINGS, *FORMAT_PACKAGES)
 """Every image file ending medseg reads."""
-ImageSource = str | Path | SpatialImage
-"""What the readers take: a file path, or a nibabel image held in memory."""
+ImageSource = str | Path | SpatialImage | DicomSeries
+"""What the readers take: a file path, a DICOM series folder (its path, or one :class:`DicomSeries` of a folder that
+holds several), or a nibabel image held in memory."""
 _RAS = axcodes2ornt("RAS")
-
-
-class ImageReadError(DatasetError):
-    """An image or label file that is missing, that its reader cannot read, or whose voxels or affine medseg cannot
-    use (:func:`check_voxels`, :func:`label_map`); ``reason`` says why without the path."""
-
-    def __init__(self, path: str | Path, reason: str) -> None:
-        super().__init__(f"{path}: {reason}")
-        self.path, self.reason = str(path), reason
-
-    def __reduce__(self) -> tuple[type, tuple[str, str]]:  # picklable, so DataLoader workers can send it
-        return type(self), (self.path, self.reason)
 
 
 def _missing_reader_hint(path: str | Path) -> str:
@@ -134,25 +125,29 @@ def read_file(path: ImageSource) -> tuple[np.ndarray, np.ndarray]:
 
     NIfTI goes through nibabel's ``dataobj`` (integer labels stay integer, scaling applied as stored), a ``.gz``
     file read to the end of its stream; other formats through MONAI's ``LoadImage``, whose affine is converted to
-    RAS world coordinates as NIfTI's are. A nibabel image in memory gives its array and affine as they are. Every
-    source then passes :func:`check_voxels`.
+    RAS world coordinates as NIfTI's are. A folder is a DICOM series (:func:`medseg.data.dicom.read_series`: voxels
+    ``(columns, rows, slices)`` in the modality's units, the affine from the slice positions). A nibabel image in
+    memory gives its array and affine as they are. Every source then passes :func:`check_voxels`.
 
     Raises:
         ImageReadError: the file is missing or unreadable (a corrupt gzip stream included): the message names it
             (and the package to install when its format needs one that is missing), the reader's exception is the
-            cause; or its voxels or affine are unusable (:func:`voxels_problem`).
+            cause; a series that is not one regular volume (:mod:`medseg.data.dicom`); a single DICOM file (its
+            folder is the series); or voxels or an affine that are unusable (:func:`voxels_problem`).
     """
     if isinstance(path, SpatialImage):
         array, affine = np.asarray(path.dataobj), np.asarray(path.affine, dtype=np.float64)
+    elif isinstance(path, DicomSeries) or Path(path).is_dir():
+        array, affine = read_series(path)
+    elif Path(path).is_file() and not str(path).endswith(IMAGE_ENDINGS) and is_dicom_file(Path(path)):
+        raise ImageReadError(path, "a DICOM file: give the folder of its series, which medseg reads as one volume")
     elif not Path(path).is_file():
         raise ImageReadError(path, "file not found")
     else:
         try:
             array, affine = (_read_nifti if str(path).endswith(NIBABEL_ENDINGS) else _read_with_monai)(str(path))
         except Exception as err:  # the file's bytes decide what nibabel, gzip, pynrrd or ITK raise: all "unreadable"
-            lines = str(err).strip().splitlines()
-            reason = f"{type(err).__name__}: {lines[0]}" if lines else type(err).__name__
-            raise ImageReadError(path, f"cannot read file ({reason}){_missing_reader_hint(path)}") from err
+            raise ImageReadError(path, f"cannot read file ({one_line(err)}){_missing_reader_hint(path)}") from err
     check_voxels(array, affine, path)
     return array, affine
 

@@ -5,7 +5,8 @@ rebuilds the model, its preprocessing (target spacing, normalisation), the slidi
 class names. ``ckpt`` may also name several models (a list, or a multirun folder: :mod:`.ensemble`), whose
 probabilities are averaged on each case's own grid. ``input`` is one of:
 
-- a folder of images (``.nii.gz``, ``.nii``, ``.nrrd``, ``.mha``): predict only;
+- a folder of images (``.nii.gz``, ``.nii``, ``.nrrd``, ``.mha``) or DICOM series (a sub-folder per series, or the
+  folder itself; each series, told apart by ``SeriesInstanceUID``, is a case: :mod:`medseg.data.dicom`): predict only;
 - a folder holding ``imagesTs/`` (or ``imagesTr/``) and, optionally, ``labelsTs/`` (``labelsTr/``),
   matched by case id; nnU-Net names (``CASE_0000.nii.gz`` ... one file per channel, label
   ``CASE.nii.gz``) are recognised;
@@ -25,7 +26,8 @@ one mask per output (argmax; a region's sigmoid above 0.5), then postprocessed p
 checkpoints). ``OUTPUT/<case>.nii.gz`` holds the dataset's own label values (regions written in their
 ``regions_class_order``) with the original image's affine and header, so its shape and affine equal the input's
 exactly (``save_probabilities``: ``<case>.npz`` with float16 ``probabilities`` ``(C, X, Y, Z)`` too, before
-postprocessing).
+postprocessing). With ``output_format=dicom_seg`` each case, a DICOM series, gets ``OUTPUT/<case>.seg.dcm`` instead:
+one segment per output on the series' own slices (:mod:`medseg.inference.dicom_seg`).
 
 With labels, every output (foreground class, or region) of every case is scored in the original geometry with the
 label's own voxel spacing (:mod:`medseg.scoring.metrics`), the ignore label's voxels left out of prediction and
@@ -63,8 +65,9 @@ from omegaconf import DictConfig
 from tqdm import tqdm
 
 from medseg.config import EvaluateConfig
-from medseg.errors import DatasetError, NoSpaceError
+from medseg.errors import DatasetError, NoSpaceError, one_line
 from medseg.inference.cases import Case, find_cases
+from medseg.inference.dicom_seg import check_seg_inputs, write_dicom_seg
 from medseg.inference.ensemble import Ensemble
 from medseg.inference.inferer import segment
 from medseg.inference.output import check_output, write_label_map, write_masks, write_probabilities
@@ -100,13 +103,13 @@ def _root_message(err: BaseException) -> str:
     """The innermost cause of an exception (MONAI wraps errors in transform errors), one line."""
     while err.__cause__ is not None:
         err = err.__cause__
-    text = str(err).strip().splitlines()
-    return f"{type(err).__name__}: {text[0] if text else ''}"
+    return one_line(err)
 
 
 def evaluate_case(ensemble: Ensemble, case: Case, output: Path, postprocessing: Postprocessing | None = None,
                   on_model: Callable[[], object] = lambda: None, save_masks: bool = False) -> list[dict[str, Any]]:
-    """Predict one case, postprocess it, write ``<case>.nii.gz`` (and ``.npz``), and score it when it has a label.
+    """Predict one case, postprocess it, write ``<case>.nii.gz`` (``<case>.seg.dcm`` with ``output_format=dicom_seg``;
+    and ``.npz``), and score it when it has a label.
 
     ``save_masks``: also write the output masks, ``<case>.masks.npz`` (:func:`~.output.write_masks`).
 
@@ -122,7 +125,11 @@ def evaluate_case(ensemble: Ensemble, case: Case, output: Path, postprocessing: 
     masks = segment(prediction, postprocessing)
     reference = None if case.label is None else read_reference(  # a label that cannot be scored: nothing written
         case.label, masks.shape[1:], prediction.affine, case.image_files[0], ensemble.label_spec)
-    write_label_map(output, case, ensemble.label_spec.label_map(masks), prediction.affine)
+    if settings.output_format == "dicom_seg":
+        model = ", ".join(path.name for path in ensemble.checkpoints) or "medseg"
+        write_dicom_seg(output, case, masks, ensemble.label_spec, model)
+    else:
+        write_label_map(output, case, ensemble.label_spec.label_map(masks), prediction.affine)
     if settings.save_probabilities:
         write_probabilities(output, case, prediction)
     if save_masks:
@@ -139,7 +146,8 @@ def evaluate(cfg: EvaluateConfig | Mapping[str, Any] | DictConfig) -> Evaluation
     ``summary.json``. Per-case failures are recorded, not raised.
 
     Raises:
-        EvaluationError: bad settings, no images, or outputs that would overwrite inputs.
+        EvaluationError: bad settings, no images, outputs that would overwrite inputs, or a DICOM-SEG asked for inputs
+            that are not DICOM series of a one-channel model.
         ConfigError: an ``output`` that cannot be written into (before any prediction).
         CheckpointError: a missing, foreign or incompatible checkpoint.
         NoSpaceError: the disk is full (the files written before are intact).
@@ -151,7 +159,9 @@ def evaluate(cfg: EvaluateConfig | Mapping[str, Any] | DictConfig) -> Evaluation
     ensemble = Ensemble.load(settings.ckpt, settings)
     postprocessing = from_setting(settings.postprocessing, ensemble.checkpoints, ensemble.label_spec.outputs)
     cases = find_cases(settings.input, settings.split, ensemble.in_channels, ensemble.trained_on)
-    check_output(cases, output)
+    if settings.output_format == "dicom_seg":
+        check_seg_inputs(cases, ensemble.nets[0].channel_names)
+    check_output(cases, output, settings.output_format)
     for path in remove_temporaries(output):
         log.warning("removed %s, half-written by an evaluation that was killed", path)
     for net, inferer in zip(ensemble.nets, ensemble.inferers):

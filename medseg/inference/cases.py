@@ -1,4 +1,5 @@
-"""The cases of an evaluation's ``input``: a folder of images, ``imagesTs/`` + ``labelsTs/``, or a ``dataset.json``.
+"""The cases of an evaluation's ``input``: a folder of images or DICOM series, ``imagesTs/`` + ``labelsTs/``, or a
+``dataset.json``.
 
 See :mod:`medseg.evaluation.evaluate` for the accepted layouts.
 """
@@ -12,6 +13,7 @@ from pathlib import Path
 
 from medseg.config import DataConfig
 from medseg.data.datalist import case_id, channel_groups, dataset_cache_dir, load_dataset, split_cases, splits_path
+from medseg.data.dicom import is_series_folder, series_sources
 from medseg.data.reading import IMAGE_ENDINGS, ImageSource
 from medseg.errors import DatasetError
 from medseg.inference.settings import EvaluationError
@@ -19,7 +21,8 @@ from medseg.inference.settings import EvaluationError
 
 @dataclass
 class Case:
-    """One case to evaluate: its id, image file(s) (one per channel; or images in memory) and optional label file."""
+    """One case to evaluate: its id, image file(s) (one per channel; DICOM series; or images in memory) and optional
+    label file."""
 
     case: str
     image: ImageSource | list[ImageSource]
@@ -77,11 +80,20 @@ def attach_labels(cases: list[Case], label_dir: Path) -> list[Case]:
     return cases
 
 
+def series_cases(folder: Path) -> list[Case]:
+    """The DICOM series of ``folder`` as cases: the folder's own when it holds DICOM files, else those of each of its
+    sub-folders that does; a folder of one series is a case named after it, one of several series a case per
+    ``SeriesInstanceUID`` (:func:`~medseg.data.dicom.series_sources`)."""
+    folders = [folder] if is_series_folder(folder) else sorted(
+        path for path in folder.iterdir() if path.is_dir() and not path.name.startswith(".") and is_series_folder(path))
+    return [Case(name, source) for series_folder in folders for name, source in series_sources(series_folder)]
+
+
 def _folder_cases(folder: Path) -> list[Case]:
-    """The cases of a folder of images, or of its ``imagesTs/`` (else ``imagesTr/``) with the labels of ``labelsTs/``
-    (``labelsTr/``)."""
+    """The cases of a folder of images or DICOM series, or of its ``imagesTs/`` (else ``imagesTr/``) with the labels
+    of ``labelsTs/`` (``labelsTr/``)."""
     image_dir = next((folder / d for d in ("imagesTs", "imagesTr") if (folder / d).is_dir()), folder)
-    cases = group_channels(_image_files(image_dir))
+    cases = [*group_channels(_image_files(image_dir)), *series_cases(image_dir)]
     if image_dir != folder:
         attach_labels(cases, folder / image_dir.name.replace("images", "labels"))
     return cases
@@ -131,6 +143,7 @@ def find_cases(input_path: str | Path, split: str, num_channels: int,
     Raises:
         EvaluationError: the path does not exist, holds no images, has duplicate case ids, or cases of one file
             per channel whose count is not ``num_channels`` (:func:`check_channels`).
+        ImageReadError: a DICOM file of a series folder that pydicom cannot read, or no pydicom installed.
     """
     path = Path(input_path).expanduser()
     if not path.exists():
@@ -146,8 +159,8 @@ def find_cases(input_path: str | Path, split: str, num_channels: int,
     else:
         cases = _folder_cases(path)
     if not cases:
-        raise EvaluationError(f"input={path}: no images found ({', '.join(IMAGE_ENDINGS)} files, imagesTs/ "
-                              f"+ labelsTs/, or a dataset.json)")
+        raise EvaluationError(f"input={path}: no images found ({', '.join(IMAGE_ENDINGS)} files, DICOM series "
+                              f"folders, imagesTs/ + labelsTs/, or a dataset.json)")
     check_channels(cases, num_channels, f"input={path}")
     ids = [c.case for c in cases]
     duplicates = sorted({i for i in ids if ids.count(i) > 1})

@@ -1,5 +1,5 @@
-"""What evaluation writes per case into ``output/``: the label map (NIfTI on the input's grid), probabilities and
-output masks."""
+"""What evaluation writes per case into ``output/``: the label map (NIfTI on the input's grid; a DICOM-SEG with
+``output_format=dicom_seg``: :mod:`.dicom_seg`), probabilities and output masks."""
 
 from __future__ import annotations
 
@@ -10,6 +10,7 @@ import numpy as np
 
 from medseg.data.reading import nifti_header
 from medseg.inference.cases import Case
+from medseg.inference.dicom_seg import seg_path
 from medseg.inference.inferer import Prediction
 from medseg.inference.settings import EvaluationError
 from medseg.io import atomic_write, write_nifti
@@ -51,10 +52,14 @@ def read_masks(output: Path, case: str) -> np.ndarray:
         return stored["masks"]
 
 
-def check_output(cases: Sequence[Case], output: Path) -> None:
-    """Refuse to write a prediction over an input file (e.g. ``output`` = the image folder)."""
+def check_output(cases: Sequence[Case], output: Path, output_format: str = "nifti") -> None:
+    """Refuse to write a prediction over an input file (e.g. ``output`` = the image folder), or into an input DICOM
+    series folder (where a DICOM-SEG would join the series)."""
     inputs = {Path(f).resolve() for c in cases for f in [*c.image_files, *([c.label] if c.label else [])]}
-    clash = [c.case for c in cases if label_map_path(output, c.case).resolve() in inputs]
+    path = seg_path if output_format == "dicom_seg" else label_map_path
+    clash = [c.case for c in cases if path(output, c.case).resolve() in inputs]
     if clash:
         raise EvaluationError(f"output={output}: predictions would overwrite input files (cases {clash[:3]}); "
                               f"choose another output folder")
+    if output.resolve() in inputs:
+        raise EvaluationError(f"output={output}: this is an input DICOM series folder; choose another output folder")

@@ -8,11 +8,14 @@ from typing import Any
 from omegaconf import DictConfig
 
 from medseg.config import EvaluateConfig
+from medseg.data.dicom import missing_packages
 from medseg.errors import ConfigError
 from medseg.typed_config import check_choices, to_typed
 
 SPLITS = ("test", "training", "validation")
 """The values of ``split``."""
+OUTPUT_FORMATS = ("nifti", "dicom_seg")
+"""The values of ``output_format``: NIfTI label maps, or DICOM-SEG objects (:mod:`medseg.inference.dicom_seg`)."""
 
 
 class EvaluationError(ConfigError):
@@ -23,7 +26,10 @@ def check_config(cfg: EvaluateConfig | Mapping[str, Any] | DictConfig) -> Evalua
     """Check ``cfg`` against :class:`EvaluateConfig` (its types and ranges, the split, the checkpoints); raises
     :class:`~medseg.errors.ConfigError` naming the key."""
     settings = to_typed(EvaluateConfig, cfg)
-    check_choices(settings, {"split": SPLITS})
+    check_choices(settings, {"split": SPLITS, "output_format": OUTPUT_FORMATS})
+    missing = missing_packages("pydicom", "highdicom") if settings.output_format == "dicom_seg" else None
+    if missing:
+        raise EvaluationError(f"output_format=dicom_seg {missing}")
     ckpts = settings.ckpt if isinstance(settings.ckpt, list) else [settings.ckpt]
     if not ckpts or not all(isinstance(c, str) and c for c in ckpts):
         raise EvaluationError(f"ckpt={settings.ckpt!r}: expected a checkpoint file, a run or multirun folder, or a "

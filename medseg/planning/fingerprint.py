@@ -81,7 +81,8 @@ def _case_fingerprint(
 
 
 def files_digest(entries: Sequence[Mapping[str, Any]]) -> str:
-    """Hash of the entries' image and label files (path, size, mtime): it changes when any file does.
+    """Hash of the entries' image and label files (path, size, mtime; a DICOM series folder: each of its files'): it
+    changes when any file does.
 
     Raises:
         DatasetError: a file is missing (the message names the case and path).
@@ -89,11 +90,13 @@ def files_digest(entries: Sequence[Mapping[str, Any]]) -> str:
     digest = hashlib.sha256()
     for entry in entries:
         for path in [*image_paths(entry), *([str(entry["label"])] if entry.get("label") else [])]:
-            try:
-                stat = os.stat(path)
-            except OSError as err:
-                raise DatasetError(f"case {entry['case']}: {path} not found") from err
-            digest.update(f"{entry['case']}|{path}|{stat.st_size}|{stat.st_mtime_ns}\n".encode())
+            files = sorted(p for p in Path(path).iterdir() if p.is_file()) if Path(path).is_dir() else [path]
+            for file in files:
+                try:
+                    stat = os.stat(file)
+                except OSError as err:
+                    raise DatasetError(f"case {entry['case']}: {path} not found") from err
+                digest.update(f"{entry['case']}|{file}|{stat.st_size}|{stat.st_mtime_ns}\n".encode())
     return digest.hexdigest()
 
 

@@ -1,6 +1,7 @@
 """See what the attention does: one voxel's attention maps in every attention slot of a checkpoint's network.
 
-Behind ``scripts/visualize.py ckpt=RUN/checkpoints/best.pt input=VOLUME voxel=[i,j,k] output=DIR``. The volume is
+Behind ``scripts/visualize.py ckpt=RUN/checkpoints/best.pt input=VOLUME voxel=[i,j,k] output=DIR`` (``VOLUME`` a file
+or a DICOM series folder, whose voxel indices are column, row and slice in position order). The volume is
 read and preprocessed exactly as evaluation reads it (:class:`medseg.evaluation.evaluate.Inferer`: RAS, the training
 spacing, the normalisation). The query, ``voxel`` (indices of the file) or ``world`` (mm in the file's world
 coordinates, RAS as in its affine), is mapped through the same spatial transforms into the preprocessed volume; by
@@ -32,6 +33,7 @@ from omegaconf import DictConfig
 
 from medseg.config import EvaluateConfig, VisualizeConfig
 from medseg.data.datalist import case_id
+from medseg.data.dicom import is_series_folder
 from medseg.data.reading import IMAGE, IMAGE_ENDINGS, read_file
 from medseg.errors import ConfigError
 from medseg.inference.cases import Case
@@ -166,8 +168,8 @@ def visualize(cfg: VisualizeConfig | Mapping[str, Any] | DictConfig) -> Visualiz
     """
     settings = check_config(cfg)
     path = Path(settings.input).expanduser()
-    if not path.is_file():
-        raise ConfigError(f"input={path}: not a volume file ({', '.join(IMAGE_ENDINGS)})")
+    if not (path.is_file() or is_series_folder(path)):
+        raise ConfigError(f"input={path}: not a volume file ({', '.join(IMAGE_ENDINGS)}) or a DICOM series folder")
     net = load_model(settings.ckpt)
     if not attention_slots(net.model):
         raise ConfigError(f"ckpt={settings.ckpt}: its network has no attention slot to show (model.bottleneck and "

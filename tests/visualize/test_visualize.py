@@ -1,6 +1,6 @@
 """Attention maps for people: mean distance and entropy against hand computations, the window around a query, the PNG
-montages, NIfTI maps on an oblique input's own grid with their peak at the query, attention.json, bad inputs, the
-maps during training (TensorBoard, metrics.json) and the sweep summary's column."""
+montages, NIfTI maps on an oblique input's own grid with their peak at the query (a DICOM series' too),
+attention.json, bad inputs, the maps during training (TensorBoard, metrics.json) and the sweep summary's column."""
 
 from __future__ import annotations
 
@@ -226,6 +226,21 @@ def test_world_point_and_default_query(scan: Path, tmp_path: Path) -> None:
                          "device": "cpu"}).summary
     assert default["query"]["from"] in ("predicted foreground", "volume centre")
     assert all(0 <= v < n for v, n in zip(default["query"]["voxel"], nib.load(scan).shape))
+
+
+def test_a_dicom_series_folder_is_visualised_on_its_own_grid(tmp_path: Path) -> None:
+    """A series folder is read as evaluation reads it; its maps lie on the series' grid (columns, rows, slices)."""
+    pytest.importorskip("pydicom")
+    from medseg.data.reading import read_file
+    from tests.helpers.dicom import write_ct_case
+
+    series = write_ct_case(tmp_path, "case", "oblique").series.folder
+    result = visualize({"ckpt": str(masa_checkpoint(tmp_path / "masa.pt")), "input": str(series),
+                        "voxel": [20, 18, 6], "output": str(tmp_path / "out"), "device": "cpu"})
+    array, affine = read_file(str(series))
+    written = nib.load(tmp_path / "out" / "bottleneck_block0.nii.gz")
+    assert written.shape == (*array.shape, 2) and result.summary["query"]["voxel"] == [20, 18, 6]
+    np.testing.assert_allclose(written.affine, affine, atol=1e-5)
 
 
 def test_bad_inputs_name_the_value_and_the_valid_range(scan: Path, tmp_path: Path) -> None:

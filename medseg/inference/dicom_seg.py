@@ -1,0 +1,90 @@
+"""DICOM-SEG output (``output_format=dicom_seg``): a case's masks as one DICOM Segmentation object on its source series.
+
+The masks are on the series' own grid already (evaluation inverts the preprocessing onto the input's voxels, in its
+own axis order: :mod:`medseg.data.dicom`'s columns, rows and slices sorted by position), so frame ``k`` of each
+segment is slice ``k`` of the series and references that image. highdicom (the ``dicom`` extra) writes a BINARY
+segmentation with one segment per output (a foreground class, or a region: they may overlap), labelled with its name
+from the dataset's labels or regions, in the study and frame of reference of the source series; a viewer (3D Slicer,
+OHIF) opens it on that series. The object is written atomically.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from pathlib import Path
+
+import numpy as np
+
+from medseg.data.dicom import DicomSeries, is_series_folder, series_geometry
+from medseg.data.labels import LabelSpec
+from medseg.data.reading import source_name
+from medseg.errors import DatasetError
+from medseg.inference.cases import Case
+from medseg.inference.settings import EvaluationError
+from medseg.io import atomic_save
+from medseg.version import __version__
+
+SEG_ENDING = ".seg.dcm"
+SERIES_NUMBER_OFFSET = 1000
+"""A SEG's ``SeriesNumber`` is its source series' plus this (1000 for a source without one)."""
+
+
+def seg_path(output: Path, case: str) -> Path:
+    """Where a case's DICOM-SEG goes: ``output/<case>.seg.dcm``."""
+    return output / f"{case}{SEG_ENDING}"
+
+
+def check_seg_inputs(cases: Sequence[Case], channel_names: Sequence[str]) -> None:
+    """Refuse ``output_format=dicom_seg`` unless the model takes one channel and every case is one DICOM series: a SEG
+    references the one series it segments.
+
+    Raises:
+        EvaluationError: naming the model's channels, or the first case that is no DICOM series.
+    """
+    if len(channel_names) != 1:
+        raise EvaluationError(f"output_format=dicom_seg: the model takes {len(channel_names)} input channels "
+                              f"({', '.join(channel_names)}); a DICOM-SEG is written onto one source series, for "
+                              f"one-channel models only (choose output_format=nifti)")
+    for case in cases:
+        image = case.image_files[0]
+        if len(case.image_files) != 1 or not (isinstance(image, DicomSeries) or (
+                isinstance(image, str | Path) and is_series_folder(image))):
+            raise EvaluationError(f"output_format=dicom_seg: case {case.case} ({source_name(image)}) is not a DICOM "
+                                  f"series; a DICOM-SEG is written onto the series it segments (choose "
+                                  f"output_format=nifti)")
+
+
+def write_dicom_seg(output: Path, case: Case, masks: np.ndarray, labels: LabelSpec, model: str) -> Path:
+    """Write ``masks`` (R, X, Y, Z) bool, one per output of ``labels`` on the case's series grid (columns, rows,
+    slices), as ``output/<case>.seg.dcm``; ``model`` names the checkpoint(s) in the object.
+
+    Raises:
+        DatasetError: the series cannot be read (:func:`~medseg.data.dicom.series_geometry`), or ``masks`` are not on
+            its grid.
+    """
+    import highdicom as hd
+    from pydicom.sr.codedict import codes
+
+    source = case.image_files[0]
+    datasets = series_geometry(source).datasets  # type: ignore[arg-type]  # check_seg_inputs: a series
+    grid = (int(datasets[0].Columns), int(datasets[0].Rows), len(datasets))
+    if tuple(masks.shape[1:]) != grid:
+        raise DatasetError(f"{source_name(source)}: masks of shape {tuple(masks.shape[1:])} are not on the "
+                              f"series' grid {grid}")
+    algorithm = hd.AlgorithmIdentificationSequence(name="medseg", version=__version__,
+                                                   family=codes.cid7162.ArtificialIntelligence)
+    segments = [hd.seg.SegmentDescription(segment_number=number, segment_label=name[:64],
+                                          segmented_property_category=codes.SCT.Tissue,
+                                          segmented_property_type=codes.SCT.Tissue,
+                                          algorithm_type=hd.seg.SegmentAlgorithmTypeValues.AUTOMATIC,
+                                          algorithm_identification=algorithm)
+                for number, name in labels.outputs.items()]
+    series_number = int(datasets[0].get("SeriesNumber") or 0) + SERIES_NUMBER_OFFSET
+    segmentation = hd.seg.Segmentation(
+        source_images=datasets, pixel_array=np.transpose(masks, (3, 2, 1, 0)).astype(np.uint8),  # (slices, rows, ...)
+        segmentation_type=hd.seg.SegmentationTypeValues.BINARY, segment_descriptions=segments,
+        series_instance_uid=hd.UID(), series_number=series_number, sop_instance_uid=hd.UID(), instance_number=1,
+        manufacturer="medseg", manufacturer_model_name=model[:64], software_versions=__version__,
+        device_serial_number="none", series_description=f"medseg {model}"[:64],
+        omit_empty_frames=bool(masks.any()))  # empty masks keep every frame (highdicom cannot omit them all)
+    return atomic_save(seg_path(output, case.case), segmentation.save_as, SEG_ENDING)
