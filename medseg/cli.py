@@ -19,13 +19,11 @@ from typing import TypeVar
 
 from omegaconf import OmegaConf
 
-import medseg.config  # noqa: F401  (registers the schemas with Hydra)
-from medseg.config import CONFIG_DIR, SCHEMAS, help_template
+from medseg.config import CONFIG_DIR, SCHEMAS, help_template  # importing it registers the schemas with Hydra
 from medseg.errors import MedsegError
 from medseg.typed_config import check_override_keys
 
 T = TypeVar("T")
-
 
 
 def block_names() -> str:

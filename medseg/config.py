@@ -575,12 +575,19 @@ def config_groups_text(folders: list[Path]) -> str:
     return "\n".join(f"{group}: {', '.join(sorted(names))}" for group, names in sorted(options.items()))
 
 
+@cache
+def _command_line_groups() -> str:
+    """:func:`config_groups_text` of :data:`CONFIG_DIR` and this command line's ``--config-dir``: the same for every
+    entry point's template, listed once."""
+    return config_groups_text([CONFIG_DIR, *extra_config_dirs(sys.argv)])
+
+
 def help_template(name: str) -> str:
     """Hydra's ``--help`` text for entry point ``name``: config groups, every key with its range and meaning, the
     config."""
     keys = "\n".join(help_line(*row) for row in key_docs(SCHEMAS[name]))
     return (f"medseg {name}: key=value overrides (Hydra); -m sweeps comma-separated values.\n\n"
-            f"== Config groups ==\n{config_groups_text([CONFIG_DIR, *extra_config_dirs(sys.argv)])}\n\n"
+            f"== Config groups ==\n{_command_line_groups()}\n\n"
             f"== Keys ==\n{keys}\n\n"
             "== Composed config (--cfg job prints it alone) ==\n$CONFIG\n\n"
             "Hydra's own options: --hydra-help")

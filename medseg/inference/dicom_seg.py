@@ -70,7 +70,7 @@ def write_dicom_seg(output: Path, case: Case, masks: np.ndarray, labels: LabelSp
     grid = (int(datasets[0].Columns), int(datasets[0].Rows), len(datasets))
     if tuple(masks.shape[1:]) != grid:
         raise DatasetError(f"{source_name(source)}: masks of shape {tuple(masks.shape[1:])} are not on the "
-                              f"series' grid {grid}")
+                           f"series' grid {grid}")
     algorithm = hd.AlgorithmIdentificationSequence(name="medseg", version=__version__,
                                                    family=codes.cid7162.ArtificialIntelligence)
     segments = [hd.seg.SegmentDescription(segment_number=number, segment_label=name[:64],
