@@ -36,7 +36,7 @@ from medseg.runtime.device import reset_peak_memory
 GIB = 2**30
 """Bytes per GiB, the unit of the log lines."""
 RUNTIME_BYTES = 600 * 2**20
-"""The interpreter, torch, MONAI and Hydra, with the loader workers' own share (the main process holds 0.36-0.45
+"""The interpreter, torch, MONAI and Hydra, with the loader workers' own share (the main process holds about 0.48
 GiB when caching starts, on the CPU)."""
 CACHING_TRANSIENT = 4.0
 """What resampling a case takes besides its cached result, per byte of the case as float32 image and label

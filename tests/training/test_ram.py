@@ -102,11 +102,12 @@ def test_peak_ram_counts_what_a_worker_adds_not_the_parent_pages_it_maps() -> No
 
 
 @linux_only
-def test_training_peak_ram_stays_within_the_runtime_and_3_5x_the_resampled_data(tmp_path: Path) -> None:
+def test_training_peak_ram_stays_within_the_runtime_and_3x_the_resampled_data(tmp_path: Path) -> None:
     """``data.cache=memory`` and 2 loader workers, in a fresh process: the whole run's peak RAM (main process and
-    workers, :class:`PeakRam`) beyond :data:`RUNTIME_BYTES` is measured at 2.1-2.6x the 156 MiB of resampled data
-    (one validated volume's maps are the largest part); before float32 resampling, int8 labels and the leaner Dice
-    it was 4.4x."""
+    workers, :class:`PeakRam`) beyond :data:`RUNTIME_BYTES` is measured at 1.4-1.7x the 156 MiB of resampled data
+    (one validated volume's maps are the largest part). With glibc's default allocator policy
+    (:mod:`medseg.runtime.host_memory`) it was 2.4-3.6x, varying by 190 MiB between identical runs; before float32
+    resampling, int8 labels and the leaner Dice, 4.4x."""
     spacings = [(0.8, 0.8, 2.5), (0.75, 0.75, 2.5), (0.85, 0.85, 2.5)]  # every case but the median's is resampled
     root = write_ct_dataset(tmp_path / "ct", num_cases=5, shape=(256, 256, 64), spacing=spacings, file_ending=".nii")
     run_dir = tmp_path / "run"
@@ -119,4 +120,4 @@ def test_training_peak_ram_stays_within_the_runtime_and_3_5x_the_resampled_data(
     data = json.loads((root / ".medseg_cache" / "fingerprint.json").read_text())["dataset_bytes"]
     peak = json.loads((run_dir / "metrics.json").read_text())["peak_ram_mb"] * MIB
     assert data > 150 * MIB, "enough data for its share of the peak to show"
-    assert data / 2 < peak < RUNTIME_BYTES + 3.5 * data, f"peak {peak / MIB:.0f} MiB, data {data / MIB:.0f} MiB"
+    assert data / 2 < peak < RUNTIME_BYTES + 3 * data, f"peak {peak / MIB:.0f} MiB, data {data / MIB:.0f} MiB"
