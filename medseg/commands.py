@@ -124,7 +124,7 @@ def _plan(cfg: DictConfig) -> None:
     from medseg.planning.report import plan_report  # numpy and nibabel load only when a job runs
 
     settings = to_typed(PlanConfig, cfg, context=DATA_EXAMPLE)
-    print(plan_report(settings.data, settings.model, settings.progress, settings.trainer, settings.plan))
+    print(plan_report(settings))
 
 
 def plan() -> int:

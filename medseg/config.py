@@ -176,10 +176,10 @@ class ModelConfig:
     """unet (medseg's slotted U-Net), or MONAI's monai_unet, monai_swinunetr, monai_unetr for comparisons."""
     spatial_dims: int = ranged(3, ge=2, le=3)
     """3, or 2 for slices across the thickest axis of the same volumes."""
-    channels: list[int] | None = ranged([16, 32, 64, 128], ge=1)
+    channels: list[int] | None = ranged(None, ge=1)
     """Feature width per level; len(channels) - 1 down-samplings. null = planned with the patch (nnU-Net's rule: a
     level per pooling step until every axis is down to about 4 voxels; widths 32, 64, ... up to 320 in 3D, 512 in
-    2D)."""
+    2D). The demo sets its small network, [16, 32, 64, 128]."""
     strides: list[Any] | None = ranged(None, ge=1)
     """One per down-sampling: an int, or one int per axis (anisotropic pooling), 1 or 2 for unet; null = planned from
     the data."""
@@ -269,8 +269,9 @@ class TrainerConfig:
     max_minutes: float | None = ranged(None, gt=0)
     """Wall-clock budget of training, validation included: the first epoch is timed (and validated), the schedule is
     set to span the epochs that fit, and training ends when another epoch would not fit (max_epochs still caps it)."""
-    batch_size: int = ranged(2, ge=1)
-    """Volumes per step, each giving data.samples_per_volume patches; per process under DDP."""
+    batch_size: int = ranged(1, ge=1)
+    """Volumes per step, each giving data.samples_per_volume patches (1 x 2 in 3D: nnU-Net's batch of 2 patches); per
+    process under DDP. The demo sets 2."""
     lr: float = ranged(3e-3, ge=0)
     """Peak learning rate (0 keeps the weights as they start: a check of what initialisation or trainer.init_from
     made)."""
@@ -331,16 +332,26 @@ class TrainerConfig:
 
 @dataclass
 class PlanningConfig:
-    """What planning sizes the patch for (the ``plan`` node)."""
+    """What planning sizes the patch for (the ``plan`` node): the machine that will train, not always this one."""
 
+    device: str = "auto"
+    """The device the plan is for: cuda, cpu, or auto (trainer.device on this machine: the one that trains). cuda
+    plans on a machine without a GPU too, for plan.memory_gb or plan.reference_gb."""
+    precision: str | None = None
+    """The training precision the plan is for (auto, bf16, fp16 or fp32, as trainer.precision); null =
+    trainer.precision, whose auto is bf16 on CUDA and fp32 on the CPU."""
     memory_gb: float | None = ranged(None, gt=0)
     """Training memory (GB, 2^30 bytes) a planned patch may need, estimated for the network, trainer.batch_size x
-    data.samples_per_volume patches, trainer.precision and trainer.optimizer. null = on CUDA the GPU's memory, at most
-    plan.reference_gb; on a CPU the voxel budget instead (48^3 voxels in 3D, 256^2 in 2D, for 32 first-level
-    channels)."""
+    data.samples_per_volume patches, the precision and trainer.optimizer. null = for CUDA the GPU's memory, at most
+    plan.reference_gb (plan.reference_gb itself where this machine has no GPU); for a CPU the voxel budget instead
+    (48^3 voxels in 3D, 256^2 in 2D, for 32 first-level channels)."""
     reference_gb: float = ranged(8.0, gt=0)
-    """With plan.memory_gb null on CUDA: the most of the GPU's memory a planned patch may need (nnU-Net's memory
+    """With plan.memory_gb null for CUDA: the most of the GPU's memory a planned patch may need (nnU-Net's memory
     target: 8 GB; experiment=resenc_l 24)."""
+    file: str | None = None
+    """A plan file (JSON, like nnU-Net's plans.json): scripts/plan.py writes the plan into it, scripts/train.py
+    takes its spacing, patch, normalization, strides and channels from it (keys set in the config win) after checking
+    that it was planned for the same dataset. null = plan when training."""
 
 
 @dataclass
@@ -471,6 +482,9 @@ class PlanConfig:
     are not read here)."""
     plan: PlanningConfig = field(default_factory=PlanningConfig)
     """What the planned patch and network are sized for."""
+    nnunet_plans: str | None = None
+    """An nnU-Net v2 plans file (nnUNetPlans.json) of the same dataset: the report compares its 3d_fullres (or 2d)
+    patch and depth with this plan's."""
     progress: bool = True
     """Progress bar while fingerprinting."""
 
@@ -480,6 +494,10 @@ class CheckDataConfig:
     """``scripts/check_data.py``: verify every case of ``data``."""
 
     data: DataConfig = field(default_factory=DataConfig)
+    model: Any = None
+    """Not read here: what a data preset sets for training (demo3d's small network)."""
+    trainer: Any = None
+    """Not read here: what a data preset sets for training (demo3d's batch)."""
     progress: bool = True
     """Progress bar over the cases."""
 

@@ -43,7 +43,16 @@ def test_defaults_compose_and_validate_to_the_typed_schema() -> None:
     assert isinstance(cfg, TrainConfig) and isinstance(cfg.trainer, TrainerConfig)
     assert cfg.model.bottleneck == "none" and cfg.model.spatial_dims == 3
     assert cfg.data.format == "demo" and cfg.model.strides == [2, 2, 2], "the demo preset's hand-set values"
-    assert cfg.trainer == TrainerConfig(), "the trainer's defaults are the schema's"
+    assert cfg.model.channels == [16, 32, 64, 128] and cfg.trainer.batch_size == 2, "the demo's small, fast network"
+    assert cfg.trainer == TrainerConfig(batch_size=2), "the trainer's other defaults are the schema's"
+    assert ModelConfig().channels is None and TrainerConfig().batch_size == 1, "real data plans nnU-Net's network"
+
+
+@pytest.mark.parametrize("name", list(SCHEMAS))
+def test_every_entry_point_composes_with_its_default_data_preset(name: str) -> None:
+    """The demo preset sets model and trainer keys too: every schema with a data node takes them."""
+    cfg = compose_config([], config_name=name)
+    assert "data" not in cfg or cfg.data.format == "demo"
 
 
 def test_every_key_is_documented_once() -> None:

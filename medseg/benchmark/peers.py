@@ -11,9 +11,11 @@ Systems (``systems=nnunet,medseg,medseg_masa`` by default; each in its own proce
 * ``medseg``: ``scripts/train.py`` with the planned defaults of ``data=msd|nnunet`` and ``trainer.max_minutes``,
   then ``scripts/evaluate.py`` on the validation cases; ``medseg_masa``: the same with ``model.bottleneck=masa``.
 
-Both train on medseg's split of fold ``data.fold`` (written as nnU-Net's ``splits_final.json``) and are scored by
-medseg's evaluation in the original geometry; nnU-Net's Dice is cross-checked against its own evaluator. The report
-(``peers.md`` / ``peers.json`` under ``--out``) gives Dice and HD95 per class, the wall time of each stage, step
+Both train on medseg's split of fold ``data.fold`` (written as nnU-Net's ``splits_final.json``) and their predictions
+are scored alike by medseg in the original geometry (:func:`score_folder`); nnU-Net's Dice is cross-checked against its
+own evaluator. The report (``peers.md`` / ``peers.json`` under ``--out``) gives Dice and HD95 per class, lesion-wise
+detection per class (sensitivity, false positives per case) beside Dice averaged as nnU-Net does (a case without the
+class in reference and prediction left out), the wall time of each stage, step
 time, peak RAM of the process tree (the resident sets of the process and its workers summed: an upper bound, the
 same measure for every system), the optimiser steps in the budget, the plans side by side,
 and how soon medseg's validation Dice (during training) reached nnU-Net's final Dice.
@@ -175,6 +177,12 @@ class SystemResult:
     dice: dict[str, float]
     hd95_mm: dict[str, float]
     mean_dice: float
+    dice_empty_left_out: dict[str, float]
+    """Dice per class as nnU-Net averages it: a case without the class in reference and prediction is left out (medseg
+    scores it 1)."""
+    detection: dict[str, dict[str, float]]
+    """Per class, lesion-wise (:func:`medseg.scoring.detection.detection_summary`): lesions, found, sensitivity,
+    false positives per case."""
     seconds: dict[str, float]
     steps: int
     step_seconds: float
@@ -185,25 +193,40 @@ class SystemResult:
     notes: list[str] = field(default_factory=list)
 
 
-def _scores(summary: Mapping[str, Any]) -> tuple[dict[str, float], dict[str, float], float]:
-    classes = summary["classes"]
-    return ({name: m["dice"] for name, m in classes.items()}, {name: m["hd95_mm"] for name, m in classes.items()},
-            summary["foreground_mean"]["dice"])
+def _scores(scored: Mapping[str, Any]) -> dict[str, Any]:
+    """The :class:`SystemResult` fields of :func:`score_folder`'s result."""
+    classes = scored["summary"]["classes"]
+    return {"dice": {name: m["dice"] for name, m in classes.items()},
+            "hd95_mm": {name: m["hd95_mm"] for name, m in classes.items()},
+            "mean_dice": scored["summary"]["foreground_mean"]["dice"],
+            "dice_empty_left_out": scored["dice_empty_left_out"], "detection": scored["detection"]}
 
 
 def score_folder(info: Any, cases: Sequence[Mapping[str, Any]], predictions: Path) -> dict[str, Any]:
-    """medseg's scoring of ``<case>.nii.gz`` predictions against the cases' labels, in the original geometry."""
+    """medseg's scoring of ``<case>.nii.gz`` predictions against the cases' labels, in the original geometry:
+    ``summary`` (:func:`medseg.scoring.per_case.summarize`), ``dice_empty_left_out`` and ``detection`` per class."""
+    from medseg.data.labels import member_masks
     from medseg.data.reading import drop_trailing_singletons, read_file
+    from medseg.scoring.detection import detect_lesions, detection_summary
+    from medseg.scoring.metrics import BOTH_EMPTY
     from medseg.scoring.per_case import read_reference, score_case, summarize
 
-    rows = []
+    spec = info.label_spec
+    rows, found = [], {name: [] for name in spec.outputs.values()}
     for entry in cases:
         prediction, affine = read_file(str(predictions / f"{entry['case']}.nii.gz"))
         prediction = np.rint(drop_trailing_singletons(prediction)).astype(np.int64)
-        reference, spacing = read_reference(str(entry["label"]), prediction.shape, affine, str(entry["image"]),
-                                            info.label_spec)
-        rows.extend(score_case(entry["case"], prediction, reference, spacing, info.label_spec, tolerance_mm=1.0))
-    return summarize(rows, info.label_spec.outputs)
+        reference, spacing = read_reference(str(entry["label"]), prediction.shape, affine, str(entry["image"]), spec)
+        rows.extend(score_case(entry["case"], prediction, reference, spacing, spec, tolerance_mm=1.0))
+        valid = True if spec.ignore_value is None else reference != spec.ignore_value
+        for name, mask, ref in zip(spec.outputs.values(), member_masks(prediction, spec.output_values),
+                                   member_masks(reference, spec.output_values)):
+            found[name].append(detect_lesions(mask & valid, ref))
+    left_out = {name: [row["dice"] for row in rows if row["class_name"] == name and row["flags"] != BOTH_EMPTY]
+                for name in found}
+    return {"summary": summarize(rows, spec.outputs),
+            "dice_empty_left_out": {name: float(np.mean(v)) if v else float("nan") for name, v in left_out.items()},
+            "detection": {name: detection_summary(cases) for name, cases in found.items()}}
 
 
 def nnunet_dice_check(summary: Mapping[str, Any], medseg_dice: Mapping[str, float], spec: Any) -> list[str]:
@@ -272,16 +295,16 @@ def collect_nnunet(system: str, info: Any, val_cases: Sequence[Mapping[str, Any]
     """nnU-Net's run under ``out/<system>``, its predictions scored by medseg and cross-checked with its evaluator."""
     base = out / system
     report, measured = json.loads((base / "result.json").read_text()), _measured(base)["nnunet"]
-    dice, hd95, mean = _scores(score_folder(info, val_cases, Path(report["predictions"])))
+    scores = _scores(score_folder(info, val_cases, Path(report["predictions"])))
     timings = report["timings"]
     return SystemResult(
-        system=system, dice=dice, hd95_mm=hd95, mean_dice=mean,
+        system=system, **scores,
         seconds={"planning + preprocessing": timings["planning"] + timings["preprocessing"],
                  "training": timings["training"], "prediction": timings["prediction"],
                  "total": measured["seconds"]},
         steps=report["steps"], step_seconds=report["budget_seconds_used"] / max(report["steps"], 1),
         peak_ram_gb=measured["peak_rss_bytes"] / 2**30, plan=nnunet_plan(report["plans"], report),
-        notes=nnunet_dice_check(report["nnunet_summary"], dice, info.label_spec),
+        notes=nnunet_dice_check(report["nnunet_summary"], scores["dice"], info.label_spec),
     )
 
 
@@ -315,17 +338,18 @@ def medseg_plan(cfg: Mapping[str, Any], metrics: Mapping[str, Any]) -> dict[str,
             "epochs x iterations": f"{metrics['epochs']} x {metrics['history'][0].get('steps', '?')}"}
 
 
-def collect_medseg(system: str, out: Path) -> SystemResult:
-    """A medseg system's run under ``out/<system>``: its evaluation summary, metrics, plan and measurements."""
+def collect_medseg(system: str, info: Any, val_cases: Sequence[Mapping[str, Any]], out: Path) -> SystemResult:
+    """A medseg system's run under ``out/<system>``: its predictions scored as nnU-Net's are, its metrics, plan and
+    measurements."""
     from medseg.runs.checkpoint import load_checkpoint
 
     run_dir = out / system
     metrics, measured = json.loads((run_dir / "metrics.json").read_text()), _measured(run_dir)
-    dice, hd95, mean = _scores(json.loads((run_dir / "predictions" / "summary.json").read_text()))
+    scores = _scores(score_folder(info, val_cases, run_dir / "predictions"))
     steps = sum(record.get("steps", 0) for record in metrics["history"])
     train_s, evaluate_s = measured["train"]["seconds"], measured["evaluate"]["seconds"]
     return SystemResult(
-        system=system, dice=dice, hd95_mm=hd95, mean_dice=mean,
+        system=system, **scores,
         seconds={"planning + preprocessing": train_s - metrics["train_seconds"], "training": metrics["train_seconds"],
                  "prediction": evaluate_s, "total": train_s + evaluate_s},
         steps=steps, step_seconds=metrics["train_seconds"] / max(steps, 1),
@@ -345,11 +369,11 @@ def seconds_to_reach(curve: Sequence[tuple[float, float]], dice: float) -> float
 
 PLAN_REASONS = {
     "target spacing (mm)": "both take the median spacing, except along an axis much thicker than the others",
-    "patch size": "nnU-Net fits the patch to a GPU memory target of 8 GB; medseg to `plan.memory_gb` (on the CPU a "
-                  "small budget)",
+    "patch size": "nnU-Net fits the patch to a GPU memory target of 8 GB; medseg to the machine of `plan.device` "
+                  "(a GPU's memory up to 8 GB, `plan.memory_gb`, or on a CPU a small voxel budget)",
     "pooling per axis": "both pool an axis until its feature map is about 4 voxels; the patch sets how often",
-    "features per stage": "nnU-Net plans 32 features doubling to 320 per stage; medseg keeps `model.channels` unless "
-                          "it is null",
+    "features per stage": "both plan 32 features doubling to 320 per stage on real data; medseg keeps "
+                          "`model.channels` when it is set",
     "normalisation": "both pick CT (clip to the foreground's 0.5-99.5 percentiles, global z-score) or per-image "
                      "z-score from the modality",
     "batch size (patches)": "nnU-Net's batch follows its memory target; medseg's is `trainer.batch_size` x "
@@ -357,6 +381,12 @@ PLAN_REASONS = {
     "epochs x iterations": "nnU-Net's epoch is a fixed number of iterations (250, fewer for short budgets); medseg's "
                            "is one pass over the training cases",
 }
+
+
+LESIONS_TEXT = ("A lesion is a connected component of a class in the reference (voxels touching by a face, edge or "
+                "corner), found when a predicted voxel of the class lies in it; a false positive is a predicted "
+                "component that touches none. \"Dice (empty left out)\" averages as nnU-Net does: a case without the "
+                "class in reference and prediction does not count, where the Dice column scores it 1.")
 
 
 def plan_differences(results: Sequence[SystemResult]) -> list[str]:
@@ -370,7 +400,7 @@ def plan_differences(results: Sequence[SystemResult]) -> list[str]:
 
 
 def report_tables(results: Sequence[SystemResult]) -> tuple[tuple[list[str], list[list[Any]]], ...]:
-    """(scores, costs, plans) as (header, rows) tables."""
+    """(scores, lesions, costs, plans) as (header, rows) tables."""
     classes = list(results[0].dice)
     scores = (["system", "mean Dice", *[f"Dice {c}" for c in classes], *[f"HD95 {c} (mm)" for c in classes]],
               [[r.system, r.mean_dice, *[r.dice[c] for c in classes], *[r.hd95_mm[c] for c in classes]]
@@ -380,17 +410,23 @@ def report_tables(results: Sequence[SystemResult]) -> tuple[tuple[list[str], lis
               "peak RAM, RSS sum (GB)"],
              [[r.system, *[r.seconds.get(s) for s in stages], r.seconds["total"], r.steps, r.step_seconds,
                r.peak_ram_gb] for r in results])
+    lesions = (["system", "class", "Dice", "Dice (empty left out)", "lesions found", "sensitivity",
+                "false positives / case"],
+               [[r.system, c, r.dice[c], r.dice_empty_left_out[c],
+                 f"{r.detection[c]['found']} of {r.detection[c]['lesions']}", r.detection[c]["sensitivity"],
+                 r.detection[c]["false_positives_per_case"]] for r in results for c in classes])
     keys = list(PLAN_REASONS)
     plans = (["plan", *[r.system for r in results]], [[k, *[str(r.plan.get(k)) for r in results]] for k in keys])
-    return scores, costs, plans
+    return scores, lesions, costs, plans
 
 
 def to_markdown(meta: Mapping[str, Any], results: Sequence[SystemResult]) -> str:
-    scores, costs, plans = report_tables(results)
+    scores, lesions, costs, plans = report_tables(results)
     lines = [f"# medseg vs nnU-Net v2: {meta['dataset']}, fold {meta['fold']}, {meta['budget_minutes']:g} min of "
              f"training each", "", f"{meta['machine']}; {meta['num_train']} training and {meta['num_val']} "
              f"validation cases; scored by medseg in the original geometry.", "", "## Scores", "",
-             markdown_table(*scores, missing="n/a"), "", "## Cost", "",
+             markdown_table(*scores, missing="n/a"), "", "## Lesions", "", LESIONS_TEXT, "",
+             markdown_table(*lesions, missing="n/a"), "", "## Cost", "",
              markdown_table(*costs, missing="n/a"), "", "## Plans", "",
              markdown_table(*plans), ""]
     lines += [f"- {sentence}" for sentence in plan_differences(results)]
@@ -462,7 +498,7 @@ def run(args: argparse.Namespace) -> int:
         else:
             train_medseg(system, MEDSEG_SYSTEMS[system], data_overrides, out, budget_s)
     results = [collect_nnunet(system, info, val_cases, out) if system in NNUNET_SYSTEMS
-               else collect_medseg(system, out) for system in systems]
+               else collect_medseg(system, info, val_cases, out) for system in systems]
     device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
     meta = {"dataset": str(data.root), "fold": data.fold, "budget_minutes": budget_s / 60.0,
             "machine": machine(device), "torch": torch.__version__, "num_train": len(train_cases),

@@ -8,15 +8,14 @@ from __future__ import annotations
 import copy
 from collections.abc import Mapping, Sequence
 from dataclasses import replace
-from pathlib import Path
 from typing import Any
 
 import torch
 
 from medseg.config import DataConfig, ModelConfig, PlanningConfig, TrainerConfig
-from medseg.data.datalist import DatasetInfo
+from medseg.data.datalist import DatasetInfo, dataset_cache_dir
 from medseg.data.transforms import samples_per_volume
-from medseg.errors import ConfigError
+from medseg.errors import ConfigError, check_choice
 from medseg.planning.fingerprint import FINGERPRINT_FILE, compute_fingerprint
 from medseg.planning.memory import MemoryEstimate, estimate_training_memory
 from medseg.planning.plan import (
@@ -24,11 +23,12 @@ from medseg.planning.plan import (
     BASE_VOXEL_BUDGET,
     MemoryBudget,
     Plan,
+    PlanTarget,
     bytes_text,
     make_plan,
     planned_channels,
 )
-from medseg.runtime.device import amp_dtype, resolve_device
+from medseg.runtime.device import PRECISIONS, amp_dtype, resolve_device
 
 GB = 2**30
 """Bytes per GB of ``plan.memory_gb``."""
@@ -45,8 +45,16 @@ def voxel_budget_for(model: ModelConfig) -> int:
     return int(BASE_VOXEL_BUDGET[model.spatial_dims] * BASE_CHANNELS / first)
 
 
+PLAN_DEVICES = ("auto", "cuda", "cpu")
+"""The values of ``plan.device``: ``auto`` is ``trainer.device`` on this machine."""
+
+
 def check_planning(planning: PlanningConfig) -> None:
-    """Raise :class:`ConfigError` for a ``plan`` node that cannot be planned with (a memory budget of 0 or less)."""
+    """Raise :class:`ConfigError` for a ``plan`` node that cannot be planned with: an unknown device or precision, a
+    memory budget of 0 or less."""
+    check_choice("plan.device", planning.device, PLAN_DEVICES)
+    if planning.precision is not None:
+        check_choice("plan.precision", planning.precision, PRECISIONS)
     if planning.memory_gb is not None and not planning.memory_gb > 0:
         raise ConfigError(f"plan.memory_gb={planning.memory_gb:g}: expected a positive number of GB, or null for the "
                           f"default (the GPU's memory up to plan.reference_gb={planning.reference_gb:g} GB; the voxel "
@@ -58,15 +66,19 @@ def check_planning(planning: PlanningConfig) -> None:
 def memory_budget(planning: PlanningConfig, device: torch.device) -> tuple[int | None, str]:
     """The training memory (bytes) a patch planned for ``device`` may need, and where that figure comes from.
 
-    ``plan.memory_gb`` when set; else on CUDA the GPU's memory, at most ``plan.reference_gb``; else None: on a
-    CPU time, not memory, limits training, and the patch keeps the voxel budget (:func:`voxel_budget_for`).
+    ``plan.memory_gb`` when set; else for CUDA the GPU's memory, at most ``plan.reference_gb``, or
+    ``plan.reference_gb`` itself where this machine has no GPU (planning for another machine); else None: on a CPU
+    time, not memory, limits training, and the patch keeps the voxel budget (:func:`voxel_budget_for`).
 
     Raises:
-        ConfigError: ``plan.memory_gb`` or ``plan.reference_gb`` is not positive.
+        ConfigError: the ``plan`` node is not valid (:func:`check_planning`).
     """
     check_planning(planning)
     if planning.memory_gb is not None:
         return int(planning.memory_gb * GB), f"plan.memory_gb={planning.memory_gb:g}"
+    if device.type == "cuda" and not torch.cuda.is_available():
+        return int(planning.reference_gb * GB), (
+            f"plan.memory_gb=null: plan.reference_gb={planning.reference_gb:g} GB, no GPU on this machine to read")
     if device.type == "cuda":
         total = torch.cuda.get_device_properties(device).total_memory
         return min(total, int(planning.reference_gb * GB)), (
@@ -75,23 +87,39 @@ def memory_budget(planning: PlanningConfig, device: torch.device) -> tuple[int |
     return None, "plan.memory_gb=null on a CPU"
 
 
+def plan_target(planning: PlanningConfig, trainer: TrainerConfig) -> tuple[PlanTarget, torch.dtype | None]:
+    """The machine a plan is for, and its autocast dtype (None: fp32).
+
+    ``plan.device`` (``auto``: ``trainer.device`` resolved on this machine; ``cuda`` needs no GPU here), the precision
+    ``plan.precision`` or else ``trainer.precision`` (``auto``: bf16 on CUDA, fp32 on a CPU), and
+    :func:`memory_budget`.
+
+    Raises:
+        ConfigError: the ``plan`` node is not valid, or ``plan.device=auto`` with a ``trainer.device`` this machine
+            lacks.
+    """
+    check_planning(planning)
+    device = resolve_device(trainer.device) if planning.device == "auto" else torch.device(planning.device)
+    amp = amp_dtype(planning.precision or trainer.precision, device)
+    limit, source = memory_budget(planning, device)
+    precision = next(name for name, dtype in PRECISIONS.items() if dtype == amp)  # fp32 before auto
+    return PlanTarget(device.type, precision, limit, source), amp
+
+
 def plan_from_config(fingerprint: Mapping[str, Any], data: DataConfig, model: ModelConfig,
                      trainer: TrainerConfig | None = None, planning: PlanningConfig | None = None) -> Plan:
     """:func:`make_plan` for the configs, keeping the user-set (non-null) spacing, patch, strides and channels.
 
-    The patch is fit to :func:`memory_budget` (for ``trainer.device``), by the estimated training memory of the
-    network for ``trainer.batch_size x data.samples_per_volume`` patches, ``trainer.precision`` and
-    ``trainer.optimizer`` (:func:`~medseg.planning.memory.estimate_training_memory`); on a CPU without
+    The patch is fit to the memory budget of the machine the plan is for (:func:`plan_target`), by the estimated
+    training memory of the network for ``trainer.batch_size x data.samples_per_volume`` patches, the plan's precision
+    and ``trainer.optimizer`` (:func:`~medseg.planning.memory.estimate_training_memory`); for a CPU without
     ``plan.memory_gb``, to :func:`voxel_budget_for`. ``model.channels`` null plans the depth with the patch and
-    the widths by :func:`planned_channels`. The plan reports the estimate at its patch. ``trainer`` and ``planning``
-    default to their configs' defaults.
+    the widths by :func:`planned_channels`. The plan reports the estimate at its patch and its target. ``trainer``
+    and ``planning`` default to their configs' defaults.
     """
-
     trainer, planning = trainer or TrainerConfig(), planning or PlanningConfig()
-    device = resolve_device(trainer.device)
-    limit, source = memory_budget(planning, device)
+    target, amp = plan_target(planning, trainer)
     batch = trainer.batch_size * samples_per_volume(data, model.spatial_dims)
-    amp = amp_dtype(trainer.precision, device)
 
     def estimate(patch: Sequence[int], strides: list[list[int]]) -> MemoryEstimate:
         channels = model.channels or planned_channels(len(strides) + 1, model.spatial_dims)
@@ -108,19 +136,17 @@ def plan_from_config(fingerprint: Mapping[str, Any], data: DataConfig, model: Mo
         target_spacing=data.spacing,
         patch_size=data.patch_size,
         strides=model.strides,
-        memory=None if limit is None else MemoryBudget(limit, estimate),
+        memory=None if target.memory_bytes is None else MemoryBudget(target.memory_bytes, estimate),
     )
     return replace(plan, channels=list(model.channels or plan.channels), memory=estimate(plan.patch_size, plan.strides),
-                   budget=f"{plan.budget}; {source}" if plan.budget else "")
+                   budget=f"{plan.budget}; {target.source}" if plan.budget else "", target=target)
 
 
-def plan_for(info: DatasetInfo, data: DataConfig, model: ModelConfig, cache_dir: str | Path | None = None,
-             progress: bool = True, trainer: TrainerConfig | None = None,
-             planning: PlanningConfig | None = None) -> Plan:
-    """Fingerprint ``info`` (cached in ``<cache_dir>/fingerprint.json``; none if None) and plan for the configs
-    (:func:`plan_from_config`)."""
-    cache_file = Path(cache_dir) / FINGERPRINT_FILE if cache_dir is not None else None
-    return plan_from_config(compute_fingerprint(info, cache_file, progress), data, model, trainer, planning)
+def dataset_fingerprint(info: DatasetInfo, data: DataConfig, progress: bool = True) -> dict[str, Any]:
+    """The fingerprint of ``info``, cached in the dataset's cache folder (``data.cache_dir``, else
+    :func:`~medseg.data.datalist.dataset_cache_dir`), as training and ``scripts/plan.py`` read it."""
+    cache_file = dataset_cache_dir(info.root, data.cache_dir) / FINGERPRINT_FILE
+    return compute_fingerprint(info, cache_file, progress)
 
 
 def plannable_values(data: DataConfig, model: ModelConfig) -> dict[str, Any]:

@@ -38,6 +38,31 @@ docs/data.md, "What is planned"). A 2D slice covers a small share of a volume an
 practice."""
 
 
+@dataclass(frozen=True)
+class PlanTarget:
+    """The machine a plan is sized for: the device that will train, its precision and its memory budget."""
+
+    device: str
+    """``cuda`` or ``cpu``."""
+    precision: str
+    """``bf16``, ``fp16`` or ``fp32``: the autocast the training memory is estimated for."""
+    memory_bytes: int | None
+    """Training memory a step may need; None on a CPU, whose patch is fit to a voxel budget."""
+    source: str
+    """Where the budget comes from, in words (``plan.memory_gb=null: plan.reference_gb=8 GB, ...``)."""
+
+    def text(self) -> str:
+        """``cuda, bf16, 8.0 GiB of training memory (plan.memory_gb=...)``, for the log and the report."""
+        memory = self.memory_bytes
+        budget = "the voxel budget" if memory is None else f"{bytes_text(memory)} of training memory"
+        return f"{self.device}, {self.precision}, {budget} ({self.source})"
+
+    def as_dict(self) -> dict[str, Any]:
+        """The record of ``metrics.json`` and of a plan file: device, precision, memory_gb (None on a CPU)."""
+        memory_gb = None if self.memory_bytes is None else round(self.memory_bytes / 2**30, 3)
+        return {"device": self.device, "precision": self.precision, "memory_gb": memory_gb, "source": self.source}
+
+
 @dataclass
 class Plan:
     """Planned preprocessing and network geometry; per-axis lists follow the RAS axes in use.
@@ -69,6 +94,9 @@ class Plan:
     """Estimated training memory of the network at the patch (:func:`plan_from_config`; None from :func:`make_plan`)."""
     budget: str = ""
     """What the patch was fit to, in words ("" for a given patch)."""
+    target: PlanTarget | None = None
+    """The machine the plan is sized for (:func:`medseg.planning.from_config.plan_target`; None from
+    :func:`make_plan`)."""
 
     @property
     def spatial_dims(self) -> int:

@@ -7,12 +7,14 @@ from typing import Any
 
 import numpy as np
 
-from medseg.config import DataConfig, ModelConfig, PlanningConfig, TrainerConfig
-from medseg.data.datalist import dataset_cache_dir, dataset_from_config
-from medseg.planning.fingerprint import FINGERPRINT_FILE, case_array, compute_fingerprint
-from medseg.planning.from_config import plan_from_config, plannable_values
+from medseg.config import PlanConfig
+from medseg.data.datalist import dataset_from_config
+from medseg.planning.fingerprint import case_array
+from medseg.planning.from_config import apply_plan, dataset_fingerprint, plan_from_config, plannable_values
 from medseg.planning.memory import MemoryEstimate
+from medseg.planning.nnunet_plans import comparison_text, read_nnunet_plans
 from medseg.planning.plan import Plan, axes_in_use, bytes_text, total_stride
+from medseg.planning.plan_file import write_plan_file
 from medseg.tables import CellFormat, text_table
 
 AXIS_NAMES = ("R", "A", "S")
@@ -86,6 +88,8 @@ def _plan_lines(plan: Plan) -> list[str]:
               f"channels: {_num(plan.channels)} ({len(plan.channels)} levels)",
               f"patch voxels: {int(np.prod(plan.patch_size)):,}"
               + (f", fit to {plan.budget}" if plan.budget else " (data.patch_size)")]
+    if plan.target is not None:
+        lines.append(f"planned for: {plan.target.text()}")
     if plan.memory is not None:
         lines.append(f"training memory (estimate): {memory_text(plan.memory)}")
     lines.append(f"resampled dataset: {bytes_text(plan.dataset_bytes)} (float32 images and labels)")
@@ -100,14 +104,24 @@ def memory_text(estimate: MemoryEstimate) -> str:
             f"{bytes_text(estimate.states)}{shared}")
 
 
-def plan_report(data: DataConfig, model: ModelConfig, progress: bool = True, trainer: TrainerConfig | None = None,
-                planning: PlanningConfig | None = None) -> str:
-    """The fingerprint-and-plan report of ``data`` for ``model`` (``scripts/plan.py``), for the training ``trainer``
-    describes, sized by ``planning`` (:func:`plan_from_config`)."""
+def plan_report(settings: PlanConfig) -> str:
+    """The fingerprint-and-plan report of ``scripts/plan.py``: ``settings.data`` planned for ``settings.model``, the
+    training ``settings.trainer`` describes and the machine of ``settings.plan`` (:func:`plan_from_config`, as
+    training plans), compared with ``settings.nnunet_plans`` when given; the plan is written to ``plan.file`` when
+    that is set."""
+    data, model = settings.data, settings.model
     info = dataset_from_config(data)
-    fingerprint = compute_fingerprint(info, dataset_cache_dir(info.root, data.cache_dir) / FINGERPRINT_FILE,
-                                      progress)
-    text = format_plan(plan_from_config(fingerprint, data, model, trainer, planning), fingerprint)
+    fingerprint = dataset_fingerprint(info, data, settings.progress)
+    plan = plan_from_config(fingerprint, data, model, settings.trainer, settings.plan)
+    text = format_plan(plan, fingerprint)
+    if settings.nnunet_plans:
+        nnunet = read_nnunet_plans(settings.nnunet_plans, model.spatial_dims)
+        text += "\n" + comparison_text(plan, nnunet, settings.nnunet_plans)
     kept = [f"{key}={value}" for key, value in plannable_values(data, model).items() if value is not None]
-    note = f"\nkept from the config (set them to null to plan them): {'; '.join(kept)}" if kept else ""
-    return text + note
+    if kept:
+        text += f"\nkept from the config (set them to null to plan them): {'; '.join(kept)}"
+    if settings.plan.file:
+        resolved = plannable_values(*apply_plan(data, model, plan))
+        path = write_plan_file(settings.plan.file, plan, resolved, fingerprint)
+        text += f"\nplan written to {path}: train from it with plan.file={settings.plan.file}"
+    return text

@@ -22,7 +22,7 @@ from typing import Any
 import torch
 from torch import nn
 
-from medseg.errors import CheckpointError
+from medseg.errors import CheckpointError, one_line
 from medseg.io import atomic_write
 from medseg.models import unwrap_model
 from medseg.version import __version__
@@ -84,8 +84,7 @@ def load_checkpoint(path: str | Path, map_location: str | torch.device = "cpu",
             f"types, and medseg never runs them (weights_only=True). Details: {str(err).splitlines()[0]}"
         ) from None
     except (RuntimeError, EOFError, OSError, ValueError) as err:
-        raise CheckpointError(f"checkpoint {path} is not a medseg checkpoint: torch cannot read it "
-                              f"({str(err).strip().splitlines()[0] if str(err).strip() else type(err).__name__})"
+        raise CheckpointError(f"checkpoint {path} is not a medseg checkpoint: torch cannot read it ({one_line(err)})"
                               ) from None
     if not isinstance(state, dict) or state.get("format") != CHECKPOINT_FORMAT:
         raise CheckpointError(f"checkpoint {path} is not a medseg checkpoint: it was not written by medseg (no "

@@ -85,6 +85,8 @@ def train(cfg: TrainConfig | Mapping[str, Any] | DictConfig) -> dict[str, Any]:
         metrics["peak_ram_mb"] = round(ram.peak_bytes / 2**20, 1)  # this process and its loader workers, whole run
         if plan.memory is not None:  # the planner's estimate of one training step, beside peak_memory_mb on CUDA
             metrics["estimated_memory_mb"] = round(plan.memory.total / 2**20, 1)
+        if plan.target is not None:
+            metrics["planned_for"] = plan.target.as_dict()  # device, precision and budget the plan was sized for
         trainer.finish(metrics, hparams_of(cfg))
         return metrics
 

@@ -535,5 +535,9 @@ class Trainer:
             rows.append(["peak RAM with workers (MB)", f"{metrics['peak_ram_mb']:.0f}"])
         if "estimated_memory_mb" in metrics:
             rows.append(["training step, planner's estimate (MB)", f"{metrics['estimated_memory_mb']:.0f}"])
+        if "planned_for" in metrics:
+            target = metrics["planned_for"]
+            budget = "voxel budget" if target["memory_gb"] is None else f"{target['memory_gb']:g} GB"
+            rows.append(["planned for", f"{target['device']}, {target['precision']}, {budget}"])
         rows.append(["checkpoints", str(self.ckpt_dir)])
         return text_table(["result", "value"], rows)

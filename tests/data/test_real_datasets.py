@@ -163,7 +163,9 @@ def test_dataset_presets_leave_the_plannable_keys_null(preset: str, config_name:
     cfg = compose_config([f"data={preset}", "data.root=/data/Task01"], config_name=config_name)
     assert cfg.data.spacing is None and cfg.data.patch_size is None and cfg.data.normalization is None
     assert cfg.model.strides is None, "the network's pooling is planned too"
-    assert cfg.model.channels and cfg.model.spatial_dims == 3, "the rest of the model config is kept"
+    demo = [16, 32, 64, 128] if preset == "demo3d_planned" else None
+    assert cfg.model.channels == demo, "real data plans the widths too; the planned demo keeps its small network"
+    assert cfg.model.spatial_dims == 3, "the rest of the model config is kept"
     kept = compose_config([f"data={preset}", "data.root=/x", "model.strides=[2,2,2]"], config_name=config_name)
     assert list(kept.model.strides) == [2, 2, 2], "a value typed on the command line wins"
 

@@ -11,7 +11,7 @@ import pytest
 import torch
 from monai.networks.blocks import UnetResBlock
 
-from medseg.config import DataConfig, ModelConfig, PlanningConfig, TrainConfig, TrainerConfig
+from medseg.config import DataConfig, ModelConfig, PlanConfig, PlanningConfig, TrainConfig, TrainerConfig
 from medseg.errors import ConfigError
 from medseg.models import build_model
 from medseg.planning.from_config import (
@@ -31,6 +31,8 @@ from tests.helpers.configs import compose_config
 from tests.helpers.realistic import write_ct_dataset
 
 CPU_TRAINER = TrainerConfig(device="cpu")
+DEMO_NET = ModelConfig(channels=[16, 32, 64, 128])
+"""A network of set widths (the demo's): planning keeps its depth."""
 NNUNET_TRAINING = TrainerConfig(device="cpu", batch_size=1, precision="bf16")
 """nnU-Net's 3D training step: 2 patches (1 volume x data.samples_per_volume 2) under bf16 autocast."""
 
@@ -141,7 +143,7 @@ def test_shrinking_steps_by_the_smaller_patch_s_stride_as_nnunet_does() -> None:
 
 def test_patch_follows_the_budget_and_the_batch() -> None:
     def plan(memory_gb: float, batch_size: int = 1) -> tuple[int, int]:
-        planned = plan_from_config(CT, DataConfig(root="x"), ModelConfig(), TrainerConfig(device="cpu",
+        planned = plan_from_config(CT, DataConfig(root="x"), DEMO_NET, TrainerConfig(device="cpu",
                                    batch_size=batch_size), PlanningConfig(memory_gb=memory_gb))
         assert planned.memory.total <= memory_gb * GB and planned.memory.batch == 2 * batch_size
         return int(np.prod(planned.patch_size)), len(planned.strides)
@@ -152,7 +154,7 @@ def test_patch_follows_the_budget_and_the_batch() -> None:
 
 
 def test_cpu_default_keeps_the_voxel_budget() -> None:
-    model = ModelConfig()  # channels [16, 32, 64, 128]
+    model = DEMO_NET
     plan = plan_from_config(CT, DataConfig(root="x"), model, CPU_TRAINER)
     assert plan.patch_size == [120, 128, 14] and plan.strides == [[2, 2, 1], [2, 2, 1], [2, 2, 2]]
     same = make_plan(CT, num_levels=3, voxel_budget=voxel_budget_for(model))
@@ -166,6 +168,7 @@ def test_cpu_default_keeps_the_voxel_budget() -> None:
 def test_memory_budget_defaults(monkeypatch: pytest.MonkeyPatch) -> None:
     assert memory_budget(PlanningConfig(), torch.device("cpu"))[0] is None
     assert memory_budget(PlanningConfig(memory_gb=2.5), torch.device("cpu"))[0] == int(2.5 * GB)
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
     for gpu_gb, budget_gb in ((80, 8), (6, 6)):
         monkeypatch.setattr(torch.cuda, "get_device_properties", lambda device, gb=gpu_gb: SimpleNamespace(
             total_memory=gb * GB))
@@ -182,7 +185,7 @@ def test_a_budget_that_is_not_positive_is_one_line(value: float) -> None:
         check_config({"data": {"root": "x"}, "plan": {"memory_gb": value}})  # the key's range
     assert "\n" not in str(error.value)
     with pytest.raises(ConfigError, match=r"^plan\.memory_gb="):
-        plan_from_config(CT, DataConfig(root="x"), ModelConfig(), CPU_TRAINER, PlanningConfig(memory_gb=value))
+        plan_from_config(CT, DataConfig(root="x"), DEMO_NET, CPU_TRAINER, PlanningConfig(memory_gb=value))
 
 
 def test_null_channels_are_planned_filled_and_stored(tmp_path: Path) -> None:
@@ -202,8 +205,9 @@ def test_null_channels_are_planned_filled_and_stored(tmp_path: Path) -> None:
 
 def test_report_prints_the_estimate_and_the_channels(tmp_path: Path) -> None:
     root = write_ct_dataset(tmp_path / "ct", num_cases=3, shape=(64, 64, 20))
-    text = plan_report(DataConfig(root=str(root)), ModelConfig(channels=None), progress=False, trainer=CPU_TRAINER,
-                       planning=PlanningConfig(memory_gb=1))
-    assert "channels: [32, 64" in text and "training memory (estimate): " in text and "4 patches x" in text
+    text = plan_report(PlanConfig(data=DataConfig(root=str(root)), model=ModelConfig(channels=None), progress=False,
+                                  trainer=CPU_TRAINER, plan=PlanningConfig(memory_gb=1)))
+    assert "channels: [32, 64" in text and "training memory (estimate): " in text and "2 patches x" in text
+    assert "planned for: cpu, fp32, 1.0 GiB of training memory (plan.memory_gb=1)" in text
     assert "fit to 1.0 GiB of training memory" in text and "plan.memory_gb=1" in text
     assert "model.channels" not in text.split("kept from the config")[-1], "planned, not kept"

@@ -13,13 +13,13 @@ import numpy as np
 import pytest
 import torch
 
-from medseg.config import DataConfig, ModelConfig
+from medseg.config import DataConfig, ModelConfig, PlanConfig, TrainerConfig
 from medseg.data.datalist import load_dataset
 from medseg.data.transforms import normalization_transform, thick_axis, window
 from medseg.errors import DatasetError
 from medseg.planning import fingerprint as fingerprint_module
 from medseg.planning.fingerprint import SAMPLES_PER_CASE, compute_fingerprint
-from medseg.planning.from_config import apply_plan, plan_for, voxel_budget_for
+from medseg.planning.from_config import apply_plan, dataset_fingerprint, plan_from_config, voxel_budget_for
 from medseg.planning.plan import BASE_VOXEL_BUDGET, MAX_PATCH_COVERAGE, Plan, make_plan
 from medseg.planning.report import format_plan, plan_report
 from tests.helpers.realistic import (
@@ -40,6 +40,9 @@ CT_SPACINGS = [(0.7, 0.7, 5.0), (0.7, 0.7, 5.0), (0.8, 0.8, 5.0), (0.6, 0.6, 4.0
                (0.75, 0.75, 5.0)]
 """Per-case CT spacings (RAS, mm): thick, varying slices, so nnU-Net's anisotropy rule applies."""
 MRI_SHAPE = (48, 48, 40)
+
+CPU_TRAINER = TrainerConfig(device="cpu")
+"""Planning for a CPU: the voxel budget, on any machine."""
 
 
 def fingerprint_of(root: Path, fmt: str = "msd", **kwargs) -> dict:
@@ -309,16 +312,17 @@ def test_apply_plan_fills_only_null_keys(ct_fingerprint: dict) -> None:
     assert apply_plan(user, user_model, plan) == (user, user_model)
 
 
-def test_plan_for_plans_around_user_values(tmp_path: Path, datasets: dict[str, Path]) -> None:
+def test_a_dataset_plans_around_user_values(tmp_path: Path, datasets: dict[str, Path]) -> None:
     info = load_dataset(datasets["ct"])
     model_cfg = ModelConfig(channels=[16, 32, 64, 128], strides=[2, 2, 2])
-    data_cfg = DataConfig(root=str(datasets["ct"]))
-    plan = plan_for(info, data_cfg, model_cfg, cache_dir=tmp_path, progress=False)
+    data_cfg = DataConfig(root=str(datasets["ct"]), cache_dir=str(tmp_path))
+    fingerprint = dataset_fingerprint(info, data_cfg, progress=False)
     assert (tmp_path / "fingerprint.json").is_file()
+    plan = plan_from_config(fingerprint, data_cfg, model_cfg, CPU_TRAINER)
     assert plan.strides == [[2, 2, 2]] * 3, "user-set strides are kept"
     check_geometry(plan, voxel_budget_for(model_cfg), planned_strides=False)
-    fixed = plan_for(info, replace(data_cfg, spacing=[1.0, 1.0, 2.0], patch_size=[40, 40, 16]),
-                     replace(model_cfg, strides=None), cache_dir=tmp_path, progress=False)
+    fixed = plan_from_config(fingerprint, replace(data_cfg, spacing=[1.0, 1.0, 2.0], patch_size=[40, 40, 16]),
+                             replace(model_cfg, strides=None), CPU_TRAINER)
     assert fixed.target_spacing == [1.0, 1.0, 2.0] and fixed.patch_size == [40, 40, 16]
     check_geometry(fixed, voxel_budget_for(model_cfg))
 
@@ -337,7 +341,7 @@ def test_format_plan_reports_plan_and_fingerprint(ct_fingerprint: dict) -> None:
 
 def test_report_of_the_demo_format_generates_the_dataset(tmp_path: Path) -> None:
     data_cfg = DataConfig(root=str(tmp_path / "demo"), format="demo", num_cases=2)
-    text = plan_report(data_cfg, ModelConfig(channels=[8, 16, 32]), progress=False)
+    text = plan_report(PlanConfig(data=data_cfg, model=ModelConfig(channels=[8, 16, 32]), progress=False))
     assert (tmp_path / "demo" / "dataset.json").is_file() and "2 cases" in text and "patch size" in text
     assert (tmp_path / "demo" / ".medseg_cache" / "fingerprint.json").is_file()
 
