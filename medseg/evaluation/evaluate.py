@@ -74,7 +74,7 @@ from medseg.inference.output import check_output, write_label_map, write_masks, 
 from medseg.inference.settings import check_config
 from medseg.io import atomic_write_json, check_writable, json_safe, remove_temporaries
 from medseg.postprocessing.components import Postprocessing, from_setting
-from medseg.runtime.host_memory import return_large_blocks_to_the_system
+from medseg.runtime.host_memory import release_freed_memory
 from medseg.scoring.per_case import (
     read_reference,
     score_masks,
@@ -155,7 +155,6 @@ def evaluate(cfg: EvaluateConfig | Mapping[str, Any] | DictConfig) -> Evaluation
     """
     settings = check_config(cfg)
     started = time.perf_counter()
-    return_large_blocks_to_the_system()  # one volume's arrays after another
     output = Path(settings.output).expanduser()
     check_writable(output, "output")
     ensemble = Ensemble.load(settings.ckpt, settings)
@@ -190,6 +189,7 @@ def evaluate(cfg: EvaluateConfig | Mapping[str, Any] | DictConfig) -> Evaluation
                 continue
             finally:
                 bar.update(done - bar.n)  # a failed case counts its models as done
+                release_freed_memory()  # this case's volumes, before the next one's
             result.rows.extend(rows)
             if case.label is not None:
                 scored.append(case.case)

@@ -31,6 +31,7 @@ from medseg.planning.plan_file import apply_plan_file, read_plan_file
 from medseg.planning.report import memory_text
 from medseg.runs.checkpoint import load_checkpoint
 from medseg.runtime.device import resolve_device
+from medseg.runtime.host_memory import release_freed_memory
 from medseg.runtime.launch import DistInfo
 from medseg.training.ram import GIB, RamEstimate, available_ram_bytes, estimate_training_ram
 
@@ -216,6 +217,7 @@ def prepare_data(cfg: TrainConfig, info: DatasetInfo, plan: Plan, output_dir: Pa
     else:
         train_ds = make(train_cases, train_transforms(data, spatial_dims, info.label_spec), train_dir,
                         data.num_workers)
+    release_freed_memory()  # what caching freed, before the loader workers fork
     batch = cfg.trainer.batch_size
     loader = DataLoader(train_ds, batch_size=batch, shuffle=True, num_workers=data.num_workers,
                         drop_last=len(train_ds) > batch)

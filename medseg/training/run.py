@@ -36,7 +36,6 @@ from medseg.models.compute import patch_forward_flops
 from medseg.runs.lock import acquire
 from medseg.runtime.device import resolve_device
 from medseg.runtime.distributed import broadcast_object, on_main_rank, process_group
-from medseg.runtime.host_memory import return_large_blocks_to_the_system
 from medseg.runtime.launch import DistInfo, env_rank
 from medseg.training.losses import resolve_class_weights
 from medseg.training.prepare import plan_config, prepare_data
@@ -54,7 +53,6 @@ def train(cfg: TrainConfig | Mapping[str, Any] | DictConfig) -> dict[str, Any]:
     """Check ``cfg``, read, check and plan the data, build the model, train; returns the metrics."""
     started = time.perf_counter()
     cfg = check_config(cfg)
-    return_large_blocks_to_the_system()  # before the workers fork: freed volumes leave the resident set
     progress = cfg.trainer.progress
     with (process_group(resolve_device(cfg.trainer.device)) as (dist, device), deterministic(cfg.trainer.deterministic),
           PeakRam() as ram, ExitStack() as stack):

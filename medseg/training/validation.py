@@ -16,6 +16,7 @@ from medseg.data.transforms import Window
 from medseg.inference.sliding_window import infer_volume
 from medseg.runtime.device import amp_dtype
 from medseg.runtime.distributed import gather_objects
+from medseg.runtime.host_memory import release_freed_memory
 from medseg.runtime.launch import DistInfo
 from medseg.scoring.metrics import dice
 
@@ -56,6 +57,7 @@ def validate(model: nn.Module, dataset: Dataset, window: Window, cfg: TrainConfi
         rows.append([dice(mask & valid, ref) for mask, ref in zip(pred, reference)])
         if overlay is None:
             overlay = (image[0, 0].cpu(), *(torch.from_numpy(labels.label_map(m)) for m in (reference, pred)))
+    release_freed_memory()  # the volumes' maps, before training allocates again
     all_rows = [row for part in gather_objects(rows, dist) for row in part]
     per_class = np.mean(np.asarray(all_rows, dtype=float), axis=0) if all_rows else [np.nan] * len(names)
     named = {name: float(value) for name, value in zip(names, per_class)}
