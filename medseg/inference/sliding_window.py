@@ -2,6 +2,11 @@
 
 A 2D model runs on 3D volumes through windows one voxel thick along the slice axis, so validation and
 prediction share MONAI's ``sliding_window_inference`` (gaussian blending, overlap) in both modes.
+
+Windows that hold one value per channel (air outside the body, which CT normalisation clips to one value; the zero
+background of MRI) all give the network the same input, and so the same output: :class:`ConstantWindows` runs the
+network once for each such value and answers every other such window from that run. The result is the dense one; on
+a CT whose body leaves the corners of the field of view in air it skips a share of the windows.
 """
 
 from __future__ import annotations
@@ -30,6 +35,54 @@ def slice_network(model: nn.Module, axis: int) -> Callable[[torch.Tensor], torch
     return infer
 
 
+CONSTANT_CACHE_SIZE = 8
+"""Distinct constant windows whose output :class:`ConstantWindows` keeps (a volume has one or two: air, padding)."""
+
+
+class ConstantWindows:
+    """A sliding-window predictor that runs ``network`` on the windows that vary, and answers those holding one value
+    per channel from one run of ``network`` on such a window, kept per value (:data:`CONSTANT_CACHE_SIZE`).
+
+    ``windows`` ``(B, C, *roi)`` -> ``(B, K, *roi)``, as ``network``. ``answered`` counts the windows answered from
+    a kept run, ``run`` those the network saw."""
+
+    def __init__(self, network: Callable[[torch.Tensor], torch.Tensor]) -> None:
+        self.network = network
+        self.outputs: dict[tuple[float, ...], torch.Tensor] = {}
+        self.answered = 0
+        self.run = 0
+
+    def __call__(self, windows: torch.Tensor) -> torch.Tensor:
+        flat = windows.flatten(2)
+        low = flat.amin(dim=2)
+        constant = (low == flat.amax(dim=2)).all(dim=1)  # (B,)
+        if not bool(constant.any()):
+            self.run += len(windows)
+            return self.network(windows)
+        varying = (~constant).nonzero().squeeze(1)
+        outputs: list[torch.Tensor | None] = [None] * len(windows)
+        if len(varying):
+            for index, output in zip(varying.tolist(), self.network(windows[varying])):
+                outputs[index] = output
+        for index in constant.nonzero().squeeze(1).tolist():
+            outputs[index] = self._constant_output(windows[index:index + 1], tuple(low[index].tolist()))
+        self.run += len(varying)
+        return torch.stack(outputs)
+
+    def _constant_output(self, window: torch.Tensor, values: tuple[float, ...]) -> torch.Tensor:
+        """``network``'s output ``(K, *roi)`` for the constant ``window`` ``(1, C, *roi)``, from the kept run when there
+        is one."""
+        key = (*values, *window.shape, str(window.dtype))
+        if key in self.outputs:
+            self.answered += 1
+            return self.outputs[key]
+        self.run += 1
+        output = self.network(window)[0]
+        if len(self.outputs) < CONSTANT_CACHE_SIZE:
+            self.outputs[key] = output
+        return output
+
+
 def infer_volume(
     model: nn.Module,
     image: torch.Tensor,
@@ -44,6 +97,7 @@ def infer_volume(
     mirror_axes: Sequence[int] = (),
     progress: bool = False,
     activation: str = "softmax",
+    skip_constant: bool = True,
 ) -> torch.Tensor:
     """Probabilities for whole volumes: softmax over the classes, or sigmoid per region.
 
@@ -57,6 +111,8 @@ def infer_volume(
         amp_dtype: autocast dtype (bf16 on CUDA) or None for fp32.
         mirror_axes: spatial axes for mirroring test-time augmentation (nnU-Net style); empty = off.
         activation: a key of :data:`ACTIVATIONS` (``softmax``, or ``sigmoid`` for region outputs).
+        skip_constant: answer the windows that hold one value per channel from one run of the network on such a
+            window (:class:`ConstantWindows`); False runs the network on every window (the dense reference).
 
     Returns:
         ``(B, num_outputs, X, Y, Z)`` float32 probabilities on ``sw_device`` (or ``image``'s device), averaged over
@@ -65,11 +121,12 @@ def infer_volume(
     device = device or image.device
     sw_device = sw_device or image.device
     network = model if spatial_dims == 3 else slice_network(model, slice_axis)
+    predictor = ConstantWindows(network) if skip_constant else network  # one per volume: the flips share it
 
     def run(volume: torch.Tensor) -> torch.Tensor:
         with torch.no_grad(), autocast(device, amp_dtype):
             logits = sliding_window_inference(
-                volume, roi_size=list(roi_size), sw_batch_size=sw_batch_size, predictor=network,
+                volume, roi_size=list(roi_size), sw_batch_size=sw_batch_size, predictor=predictor,
                 overlap=overlap, mode="gaussian", sw_device=device, device=sw_device, progress=progress,
             )
         return ACTIVATIONS[activation](logits.float())

@@ -1,0 +1,62 @@
+"""Windows that hold one value per channel are answered from one run of the network on such a window
+(:class:`medseg.inference.sliding_window.ConstantWindows`): the result is the dense one, with fewer windows run."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from medseg.benchmark.prediction import CountingNetwork
+from medseg.inference.sliding_window import ConstantWindows, infer_volume
+from medseg.models import SlottedUNet
+
+ROI = {3: [16, 16, 8], 2: [16, 16, 1]}
+SLICE_AXIS = 2
+
+
+def body_in_air(channels: int = 1) -> torch.Tensor:
+    """A ``(1, C, 48, 40, 17)`` volume: a noisy body in the middle, each channel's air one value around it (CT air
+    after clipping), so the windows in the corners are constant."""
+    torch.manual_seed(1)
+    image = torch.full((1, channels, 48, 40, 17), -1.7) + torch.arange(channels).view(1, -1, 1, 1, 1)
+    image[:, :, 18:30, 16:24] = torch.randn(1, channels, 12, 8, 17)
+    return image
+
+
+def test_constant_windows_are_answered_from_one_run_and_match_the_network() -> None:
+    torch.manual_seed(0)
+    network = CountingNetwork(SlottedUNet(3, 2, 3, channels=(4, 8), strides=(2,)).eval())
+    windows = torch.randn(5, 2, 16, 16, 8)
+    windows[1] = windows[3] = torch.tensor([-1.7, 0.3]).view(2, 1, 1, 1)  # one constant per channel, twice
+    windows[4] = torch.tensor([-1.7, 0.4]).view(2, 1, 1, 1)  # another constant
+    predictor = ConstantWindows(network)
+    with torch.no_grad():
+        answered, dense = predictor(windows), network.network(windows)
+        again = predictor(windows[1:2])
+    # instance norm divides a constant map's float rounding by sqrt(eps): a window run alone and the same window run
+    # in a batch differ by that noise, up to 1e-2 in these logits of an untrained network
+    torch.testing.assert_close(answered, dense, atol=2e-2, rtol=0)
+    torch.testing.assert_close(answered[[0, 2]], dense[[0, 2]], atol=1e-5, rtol=1e-4)  # the varying ones, as run
+    assert network.windows == 2 + 2 and (predictor.run, predictor.answered) == (4, 2), "2 varying, 2 distinct constants"
+    torch.testing.assert_close(again, answered[1:2], atol=0, rtol=0)  # kept: not run again
+    assert network.windows == 4
+
+
+@pytest.mark.parametrize(("spatial_dims", "channels", "mirror_axes"), [(3, 1, ()), (3, 2, (0, 2)), (2, 1, (1,))])
+def test_a_volume_with_air_gives_the_dense_probabilities_with_fewer_windows_run(
+        spatial_dims: int, channels: int, mirror_axes: tuple[int, ...]) -> None:
+    torch.manual_seed(0)
+    network = CountingNetwork(SlottedUNet(spatial_dims, channels, 3, channels=(4, 8), strides=(2,)).eval())
+    image = body_in_air(channels)
+
+    def probabilities(skip_constant: bool) -> tuple[torch.Tensor, int]:
+        network.windows = 0
+        probs = infer_volume(network, image, ROI[spatial_dims], spatial_dims, SLICE_AXIS, overlap=0.5,
+                             mirror_axes=mirror_axes, skip_constant=skip_constant)
+        return probs, network.windows
+
+    fast, run = probabilities(True)
+    dense, every = probabilities(False)
+    torch.testing.assert_close(fast, dense, atol=1e-3, rtol=0)  # the rounding noise of constant windows (above)
+    assert run < 0.8 * every, f"{run} of {every} windows run"
+    assert torch.equal(fast.argmax(1), dense.argmax(1)), "the same segmentation"
