@@ -209,7 +209,7 @@ def score_folder(info: Any, cases: Sequence[Mapping[str, Any]], predictions: Pat
     from medseg.data.reading import drop_trailing_singletons, read_file
     from medseg.scoring.detection import detect_lesions, detection_summary
     from medseg.scoring.metrics import BOTH_EMPTY
-    from medseg.scoring.per_case import read_reference, score_case, summarize
+    from medseg.scoring.per_case import read_reference, score_case, scored_masks, summarize
 
     spec = info.label_spec
     rows, found = [], {name: [] for name in spec.outputs.values()}
@@ -218,10 +218,9 @@ def score_folder(info: Any, cases: Sequence[Mapping[str, Any]], predictions: Pat
         prediction = np.rint(drop_trailing_singletons(prediction)).astype(np.int64)
         reference, spacing = read_reference(str(entry["label"]), prediction.shape, affine, str(entry["image"]), spec)
         rows.extend(score_case(entry["case"], prediction, reference, spacing, spec, tolerance_mm=1.0))
-        valid = True if spec.ignore_value is None else reference != spec.ignore_value
-        for name, mask, ref in zip(spec.outputs.values(), member_masks(prediction, spec.output_values),
-                                   member_masks(reference, spec.output_values)):
-            found[name].append(detect_lesions(mask & valid, ref))
+        masks = member_masks(prediction, spec.output_values)
+        for name, mask, ref in zip(spec.outputs.values(), *scored_masks(masks, reference, spec)):
+            found[name].append(detect_lesions(mask, ref))
     left_out = {name: [row["dice"] for row in rows if row["class_name"] == name and row["flags"] != BOTH_EMPTY]
                 for name in found}
     return {"summary": summarize(rows, spec.outputs),

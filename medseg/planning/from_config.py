@@ -68,12 +68,8 @@ def memory_budget(planning: PlanningConfig, device: torch.device) -> tuple[int |
 
     ``plan.memory_gb`` when set; else for CUDA the GPU's memory, at most ``plan.reference_gb``, or
     ``plan.reference_gb`` itself where this machine has no GPU (planning for another machine); else None: on a CPU
-    time, not memory, limits training, and the patch keeps the voxel budget (:func:`voxel_budget_for`).
-
-    Raises:
-        ConfigError: the ``plan`` node is not valid (:func:`check_planning`).
-    """
-    check_planning(planning)
+    time, not memory, limits training, and the patch keeps the voxel budget (:func:`voxel_budget_for`). The ``plan``
+    node is checked by the caller (:func:`plan_target`)."""
     if planning.memory_gb is not None:
         return int(planning.memory_gb * GB), f"plan.memory_gb={planning.memory_gb:g}"
     if device.type == "cuda" and not torch.cuda.is_available():
@@ -161,16 +157,29 @@ def unset_keys(data: DataConfig, model: ModelConfig) -> list[str]:
     return [key for key, value in plannable_values(data, model).items() if value is None]
 
 
+def with_plannable(data: DataConfig, model: ModelConfig, values: Mapping[str, Any]) -> tuple[DataConfig, ModelConfig]:
+    """Copies of the configs with every plannable key set to its entry in ``values`` (keyed as
+    :func:`plannable_values` names them)."""
+    return (replace(data, spacing=values["data.spacing"], patch_size=values["data.patch_size"],
+                    normalization=values["data.normalization"]),
+            replace(model, strides=values["model.strides"], channels=values["model.channels"]))
+
+
+def fill_unset(data: DataConfig, model: ModelConfig, values: Mapping[str, Any]) -> tuple[DataConfig, ModelConfig]:
+    """Copies of the configs with each null plannable key set to a copy of its entry in ``values``; keys set in the
+    configs are kept."""
+    return with_plannable(data, model, {key: copy.deepcopy(values[key]) if value is None else value
+                                        for key, value in plannable_values(data, model).items()})
+
+
 def apply_plan(data: DataConfig, model: ModelConfig, plan: Plan) -> tuple[DataConfig, ModelConfig]:
     """Copies of the configs with their null plannable keys (:func:`plannable_values`) taken from ``plan``.
 
     User-set (non-null) values are kept; ``normalization`` becomes the plan's dict. A 2D model's two
     in-plane spacings become the plan's 3 RAS entries (which hold them), since volumes are resampled in 3D.
     """
-    spacing = data.spacing if data.spacing is not None and len(data.spacing) == 3 else plan.target_spacing
-    data = replace(
-        data, spacing=list(spacing), patch_size=list(data.patch_size or plan.patch_size),
-        normalization=copy.deepcopy(plan.normalization if data.normalization is None else data.normalization))
-    model = replace(model, strides=copy.deepcopy(plan.strides if model.strides is None else model.strides),
-                    channels=list(plan.channels if model.channels is None else model.channels))
-    return data, model
+    if data.spacing is not None and len(data.spacing) != 3:
+        data = replace(data, spacing=None)
+    return fill_unset(data, model, {"data.spacing": plan.target_spacing, "data.patch_size": plan.patch_size,
+                                    "data.normalization": plan.normalization, "model.strides": plan.strides,
+                                    "model.channels": plan.channels})

@@ -20,6 +20,7 @@ from typing import Any
 from medseg.config import DataConfig, ModelConfig, PlanningConfig
 from medseg.errors import ConfigError
 from medseg.io import atomic_write_json
+from medseg.planning.from_config import fill_unset
 from medseg.planning.plan import Plan, PlanTarget
 from medseg.version import __version__
 
@@ -109,12 +110,7 @@ def apply_plan_file(data: DataConfig, model: ModelConfig, planning: PlanningConf
     """Copies of the configs with their null plannable keys taken from ``plan_file`` (keys set in the config win), and
     the ``plan`` node set to the file's device, precision and budget, so that the training memory is estimated for
     the machine the file was planned for."""
-    values = plan_file.values
-    data = replace(data, spacing=data.spacing or values["data.spacing"],
-                   patch_size=data.patch_size or values["data.patch_size"],
-                   normalization=data.normalization if data.normalization is not None else values["data.normalization"])
-    model = replace(model, strides=model.strides or values["model.strides"],
-                    channels=model.channels or values["model.channels"])
+    data, model = fill_unset(data, model, plan_file.values)
     target = plan_file.target
     memory_gb = None if target.memory_bytes is None else target.memory_bytes / 2**30
     return data, model, replace(planning, device=target.device, precision=target.precision, memory_gb=memory_gb)

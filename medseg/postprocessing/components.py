@@ -33,10 +33,10 @@ from typing import Any
 
 import numpy as np
 from monai.transforms import KeepLargestConnectedComponent, RemoveSmallObjects
-from scipy import ndimage
 
 from medseg.errors import ConfigError
 from medseg.runs.folders import crossval_dir
+from medseg.scoring.detection import components
 from medseg.scoring.metrics import dice, hd95
 
 POSTPROCESSING_FILE = "postprocessing.json"
@@ -100,8 +100,8 @@ def apply_step(mask: np.ndarray, step: ClassStep, spacing: Sequence[float]) -> n
 
 def component_volumes(mask: np.ndarray, spacing: Sequence[float]) -> np.ndarray:
     """The volume (mm³) of each connected component of a binary mask (full connectivity), in no order."""
-    components, count = ndimage.label(mask, structure=np.ones((3,) * mask.ndim, dtype=bool))
-    return np.bincount(components.ravel(), minlength=count + 1)[1:] * float(np.prod(spacing))
+    labelled, count = components(mask)
+    return np.bincount(labelled.ravel(), minlength=count + 1)[1:] * float(np.prod(spacing))
 
 
 @dataclass

@@ -55,15 +55,20 @@ def score_case(case: str, prediction: np.ndarray, reference: np.ndarray, spacing
     return score_masks(case, member_masks(prediction, spec.output_values), reference, spacing, spec, tolerance_mm)
 
 
+def scored_masks(masks: np.ndarray, reference: np.ndarray, labels: LabelSpec) -> tuple[np.ndarray, np.ndarray]:
+    """What is scored of the predicted ``masks`` (R, X, Y, Z) against ``reference`` (X, Y, Z, the dataset's label
+    values): the masks without the reference's ignore voxels, and the reference's mask of each output (R, X, Y, Z)."""
+    references = member_masks(reference, labels.output_values)
+    return (masks if labels.ignore_value is None else masks & (reference != labels.ignore_value)), references
+
+
 def score_masks(case: str, masks: np.ndarray, reference: np.ndarray, spacing: Sequence[float],
                 labels: LabelSpec, tolerance_mm: float) -> list[dict[str, Any]]:
     """One metric row per output of ``labels`` for the predicted ``masks`` (R, X, Y, Z) against ``reference`` (X, Y, Z)
     in the dataset's label values; ``class_index`` is the output number (from 1)."""
-    references = member_masks(reference, labels.output_values)
-    valid = None if labels.ignore_value is None else reference != labels.ignore_value
     rows = []
-    for (index, name), mask, ref in zip(labels.outputs.items(), masks, references):
-        values = class_metrics(mask if valid is None else mask & valid, ref, spacing, tolerance_mm).as_dict()
+    for (index, name), mask, ref in zip(labels.outputs.items(), *scored_masks(masks, reference, labels)):
+        values = class_metrics(mask, ref, spacing, tolerance_mm).as_dict()
         flags = values.pop("flag")
         rows.append({"case": case, "class_index": index, "class_name": name, **values, "flags": flags})
     return rows

@@ -25,6 +25,7 @@ from medseg.planning.from_config import (
     plan_from_config,
     plannable_values,
     unset_keys,
+    with_plannable,
 )
 from medseg.planning.plan import Plan
 from medseg.planning.plan_file import apply_plan_file, read_plan_file
@@ -141,9 +142,7 @@ def plan_of_checkpoint(cfg: TrainConfig, path: Path | None) -> TrainConfig:
     if unset:
         raise CheckpointError(f"checkpoint {path} holds no resolved {', '.join(unset)} for data.plan_from=init; "
                               f"use data.plan_from=data")
-    data = replace(cfg.data, spacing=values["data.spacing"], patch_size=values["data.patch_size"],
-                   normalization=values["data.normalization"])
-    model = replace(cfg.model, strides=values["model.strides"], channels=values["model.channels"])
+    data, model = with_plannable(cfg.data, cfg.model, values)
     return replace(cfg, data=data, model=model)
 
 
