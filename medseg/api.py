@@ -60,7 +60,8 @@ def predict(image: str | Path | SpatialImage | np.ndarray, ckpt: Checkpoints, af
             device: str = EvaluateConfig.device, *, return_probabilities: bool = False,
             tta: bool = EvaluateConfig.tta, postprocessing: str = EvaluateConfig.postprocessing,
             overlap: float = EvaluateConfig.overlap,
-            sw_batch_size: int = EvaluateConfig.sw_batch_size) -> np.ndarray | tuple[np.ndarray, np.ndarray]:
+            sw_batch_size: int = EvaluateConfig.sw_batch_size, precision: str = EvaluateConfig.precision,
+            runtime: str = EvaluateConfig.runtime) -> np.ndarray | tuple[np.ndarray, np.ndarray]:
     """The label map of one volume, in the input's geometry.
 
     Args:
@@ -74,6 +75,8 @@ def predict(image: str | Path | SpatialImage | np.ndarray, ckpt: Checkpoints, af
         tta: mirroring test-time augmentation.
         postprocessing: ``auto``, ``none`` or a ``postprocessing.json``, as ``scripts/evaluate.py``'s.
         overlap, sw_batch_size: the sliding window's, as ``scripts/evaluate.py``'s.
+        precision, runtime: the network's arithmetic (``auto``, ``fp32``, ``bf16``) and runtime (``torch``, or
+            ``openvino`` on the CPU, compiled anew on each call), as ``scripts/evaluate.py``'s.
 
     Every default is :class:`~medseg.config.EvaluateConfig`'s, the one of ``scripts/evaluate.py``.
 
@@ -92,7 +95,8 @@ def predict(image: str | Path | SpatialImage | np.ndarray, ckpt: Checkpoints, af
     loaded = [item for item in items if isinstance(item, EvalModel)]
     names = [str(item.checkpoint if isinstance(item, EvalModel) else item) for item in items]
     settings = check_config(EvaluateConfig(ckpt=names, input="(in memory)", device=device, tta=tta, overlap=overlap,
-                                           sw_batch_size=sw_batch_size, postprocessing=postprocessing, progress=False))
+                                           sw_batch_size=sw_batch_size, postprocessing=postprocessing, progress=False,
+                                           precision=precision, runtime=runtime))
     source = _source(image, affine)
     if loaded and len(loaded) != len(items):
         raise ConfigError("predict(): ckpt= mixes loaded models and paths; give one kind")

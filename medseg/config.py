@@ -400,6 +400,12 @@ class EvaluateConfig:
     """auto, cpu, cuda or cuda:N."""
     sw_device: str | None = None
     """Where windows are stitched (cpu saves GPU memory); null = device."""
+    precision: str = "auto"
+    """auto (bf16 on CUDA, fp32 on the CPU), fp32 or bf16: the network's arithmetic. bf16 on the CPU is about 3x
+    faster than fp32 where the CPU has native bf16 (AMX or AVX512-BF16), slower where it has not."""
+    runtime: str = "torch"
+    """torch, or openvino (the CPU only; pip install "medseg[openvino]"): the network exported and compiled by
+    OpenVINO for this CPU, in the arithmetic of precision; windows, mirroring and blending stay medseg's."""
     save_probabilities: bool = False
     """Also write <case>.npz with float16 probabilities (C, X, Y, Z): softmax per class, or sigmoid per region."""
     postprocessing: str = "auto"

@@ -16,7 +16,7 @@ from typing import Any
 from medseg.io import atomic_write_json, atomic_write_text
 from medseg.tables import markdown_table
 
-SUBCOMMANDS: tuple[str, ...] = ("attention", "models", "quality", "peers", "gpu", "prediction")
+SUBCOMMANDS: tuple[str, ...] = ("attention", "models", "quality", "peers", "gpu", "prediction", "scan_prediction")
 
 
 def targets_markdown(targets: Sequence[Mapping[str, Any]], value_format: str = ".3g") -> str:

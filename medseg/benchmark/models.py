@@ -27,6 +27,7 @@ from __future__ import annotations
 
 import argparse
 import gc
+import re
 import statistics
 import sys
 import time
@@ -297,10 +298,22 @@ def table(rows: Sequence[Row]) -> tuple[list[str], list[list[Any]]]:
 
 
 def machine(device: torch.device) -> str:
-    """The device in words: GPU name, or CPU threads."""
+    """The device in words: GPU name, or the CPU's model (Linux) and threads."""
     if device.type == "cuda":
         return torch.cuda.get_device_name(device)
-    return f"CPU, {torch.get_num_threads()} threads"
+    return f"CPU{cpu_model()}, {torch.get_num_threads()} threads"
+
+
+def cpu_model() -> str:
+    """`` (<model name>)`` of the CPU as ``/proc/cpuinfo`` gives it, with ``bf16`` where it computes bf16 natively
+    (AMX or AVX512-BF16); empty where there is no such file."""
+    try:
+        info = Path("/proc/cpuinfo").read_text()
+    except OSError:
+        return ""
+    name = next((line.split(":", 1)[1].strip() for line in info.splitlines() if line.startswith("model name")), "")
+    bf16 = ", native bf16" if re.search(r"\b(amx_bf16|avx512_bf16)\b", info) else ""
+    return f" ({name}{bf16})" if name else ""
 
 
 def to_markdown(report: dict[str, Any], rows: Sequence[Row]) -> str:

@@ -444,7 +444,9 @@ def to_markdown(meta: Mapping[str, Any], results: Sequence[SystemResult]) -> str
 
 
 def parse_overrides(items: Sequence[str]) -> tuple[dict[str, str], list[str]]:
-    """``key=value`` arguments: the benchmark's own (``budget_minutes``, ``systems``) and medseg's ``data.*``."""
+    """``key=value`` arguments: the benchmark's own (``budget_minutes``, ``systems``) and medseg's ``data.*`` and
+    ``model.*`` (``model.channels=[...]`` trains medseg's systems on the network of nnU-Net's plan; nnU-Net plans its
+    own)."""
     own, data = {}, []
     for item in items:
         key, sep, value = item.partition("=")
@@ -452,10 +454,11 @@ def parse_overrides(items: Sequence[str]) -> tuple[dict[str, str], list[str]]:
             raise SystemExit(f"error: expected key=value, got {item!r}")
         if key in ("budget_minutes", "systems"):
             own[key] = value
-        elif key.startswith("data."):
+        elif key.startswith(("data.", "model.")):
             data.append(item)
         else:
-            raise SystemExit(f"error: unknown argument {key!r}; expected budget_minutes=, systems= or data.*=")
+            raise SystemExit(f"error: unknown argument {key!r}; expected budget_minutes=, systems=, data.*= or "
+                             "model.*=")
     return own, data
 
 

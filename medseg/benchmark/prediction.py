@@ -5,8 +5,9 @@
 A CT-like volume as the network sees it after preprocessing: an elliptic body of 0.84 x 0.64 of the field of view,
 tissue-like noise inside, air outside at the one value CT normalisation clips it to. A U-Net of the given widths and
 strides (untrained: the time does not depend on the weights) predicts it twice with gaussian sliding windows,
-densely (every window run) and with the windows that hold one value answered from one run
-(:class:`medseg.inference.sliding_window.ConstantWindows`), in alternating order over ``--reps`` rounds. The report
+densely (every window run, torch, fp32) and with the windows that hold one value answered from one run
+(:class:`medseg.inference.sliding_window.ConstantWindows`) on ``--runtime`` in ``--precision`` (torch or openvino,
+fp32 or bf16: :mod:`medseg.inference.runtimes`), in alternating order over ``--reps`` rounds. The report
 gives the median seconds of each, the windows run, the peak RSS of the process, the Dice per class of the fast
 segmentation against the dense one (target >= 0.999) and the speed-up. ``--out`` writes ``prediction.md`` and
 ``prediction.json``.
@@ -26,8 +27,10 @@ import torch
 from medseg.benchmark import targets_markdown, write_report
 from medseg.benchmark.models import machine
 from medseg.config import ModelConfig
+from medseg.inference.runtimes import RUNTIMES, window_network
 from medseg.inference.sliding_window import infer_volume
 from medseg.models import build_model
+from medseg.runtime.device import amp_dtype
 from medseg.scoring.metrics import dice
 from medseg.tables import markdown_table
 from medseg.training.ram import PeakRam
@@ -50,16 +53,19 @@ def body_in_air(shape: tuple[int, int, int], seed: int = 0) -> torch.Tensor:
     return torch.from_numpy(volume)[None, None]
 
 
-class CountingNetwork(torch.nn.Module):
-    """A network that counts the windows it is given (``windows``)."""
+class TimedNetwork(torch.nn.Module):
+    """``network`` with the seconds it runs (``seconds``) and the windows it is given (``windows``) counted."""
 
     def __init__(self, network: torch.nn.Module) -> None:
         super().__init__()
-        self.network, self.windows = network, 0
+        self.network, self.seconds, self.windows = network, 0.0, 0
 
     def forward(self, batch: torch.Tensor) -> torch.Tensor:
+        started = time.perf_counter()
+        output = self.network(batch)
+        self.seconds += time.perf_counter() - started
         self.windows += len(batch)
-        return self.network(batch)
+        return output
 
 
 def run(args: argparse.Namespace) -> int:
@@ -68,7 +74,10 @@ def run(args: argparse.Namespace) -> int:
     patch = tuple(args.patch)
     model_cfg = ModelConfig(channels=list(args.channels), strides=[[int(s) for s in level.split(",")]
                                                                    for level in args.strides])
-    network = CountingNetwork(build_model(model_cfg, 1, args.classes, patch).eval())
+    model = build_model(model_cfg, 1, args.classes, patch).eval()
+    networks = {"dense": TimedNetwork(model),
+                "fast": TimedNetwork(window_network(model, args.runtime, (1, *patch), args.precision))}
+    fast_dtype = amp_dtype(args.precision, torch.device("cpu")) if args.runtime == "torch" else None
     image = body_in_air(tuple(args.shape))
     mirror_axes = (0, 1, 2) if args.mirror else ()
     seconds: dict[str, list[float]] = {"dense": [], "fast": []}
@@ -77,10 +86,11 @@ def run(args: argparse.Namespace) -> int:
     with PeakRam() as ram:
         for rep in range(args.reps):
             for mode in ("dense", "fast") if rep % 2 == 0 else ("fast", "dense"):
+                network = networks[mode]
                 network.windows, started = 0, time.perf_counter()
                 probs = infer_volume(network, image, patch, 3, 2, sw_batch_size=args.sw_batch_size,
                                      overlap=args.overlap, mirror_axes=mirror_axes, progress=args.progress,
-                                     skip_constant=mode == "fast")
+                                     skip_constant=mode == "fast", amp_dtype=fast_dtype if mode == "fast" else None)
                 seconds[mode].append(time.perf_counter() - started)
                 windows[mode], segmentations[mode] = network.windows, probs.argmax(1)[0]
                 del probs
@@ -88,6 +98,7 @@ def run(args: argparse.Namespace) -> int:
     dense_s, fast_s = (statistics.median(seconds[mode]) for mode in ("dense", "fast"))
     report: dict[str, Any] = {
         "meta": {"machine": machine(torch.device("cpu")), "torch": torch.__version__, "shape": list(args.shape),
+                 "runtime": args.runtime, "precision": args.precision,
                  "patch": list(patch), "channels": list(args.channels), "strides": list(args.strides),
                  "overlap": args.overlap, "mirroring": bool(args.mirror), "reps": args.reps},
         "seconds": seconds, "dense_s": dense_s, "fast_s": fast_s, "speedup": dense_s / fast_s,
@@ -106,7 +117,8 @@ def run(args: argparse.Namespace) -> int:
 def to_markdown(report: dict[str, Any]) -> str:
     meta = report["meta"]
     rows = [["dense", report["dense_s"], report["windows"], ""],
-            ["fast (constant windows answered)", report["fast_s"], report["windows_run"], report["speedup"]]]
+            [f"fast (constant windows answered; {meta['runtime']}, {meta['precision']})", report["fast_s"],
+             report["windows_run"], report["speedup"]]]
     return "\n".join([
         "# Prediction of a large CT on the CPU: dense vs fast", "",
         f"{meta['machine']}, torch {meta['torch']}; volume {' x '.join(map(str, meta['shape']))}, patch "
@@ -131,6 +143,8 @@ def add_subcommand(subparsers: argparse._SubParsersAction) -> None:
     parser.add_argument("--overlap", type=float, default=0.5, help="sliding-window overlap (nnU-Net's 0.5)")
     parser.add_argument("--sw-batch-size", type=int, default=1, help="windows per forward pass")
     parser.add_argument("--mirror", action="store_true", help="mirroring over the 3 axes (8 passes)")
+    parser.add_argument("--runtime", choices=RUNTIMES, default="torch", help="the fast path's runtime")
+    parser.add_argument("--precision", choices=("fp32", "bf16"), default="fp32", help="the fast path's arithmetic")
     parser.add_argument("--reps", type=int, default=1, help="rounds of both paths, alternating their order")
     parser.add_argument("--progress", action="store_true", help="a progress bar over the windows")
     parser.add_argument("--out", type=Path, default=None, help="write prediction.md and prediction.json here")

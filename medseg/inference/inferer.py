@@ -23,6 +23,7 @@ from medseg.data.transforms import IMAGE
 from medseg.errors import DatasetError
 from medseg.inference.cases import Case
 from medseg.inference.model import EvalModel
+from medseg.inference.runtimes import check_runtime, window_network
 from medseg.inference.sliding_window import infer_volume
 from medseg.postprocessing.components import Postprocessing
 from medseg.runtime.device import amp_dtype, resolve_device
@@ -69,10 +70,17 @@ class Inferer:
         self.device = resolve_device(settings.device, "device")
         net.model.to(self.device)
         self.sw_device = resolve_device(settings.sw_device, "sw_device") if settings.sw_device else self.device
-        self.amp_dtype = amp_dtype("auto", self.device)
+        check_runtime(settings.runtime, self.device)
+        roi = net.window.roi_size
+        window = [n for axis, n in enumerate(roi) if net.spatial_dims == 3 or axis != net.window.slice_axis]
+        self.network = window_network(net.model, settings.runtime, [net.in_channels, *window], settings.precision)
+        self.amp_dtype = amp_dtype(settings.precision, self.device) if settings.runtime == "torch" else None
         self.transform: Compose = transform or net.preprocessing
         self.inverter = Invertd(keys=PRED, transform=self.transform, orig_keys=IMAGE, nearest_interp=False)
         self.mirror_axes = mirror_axes(net.spatial_dims, net.window.slice_axis) if settings.tta else ()
+        self.skip_constant = True
+        """Answer the windows that hold one value per channel from one run (False: every window run, the dense
+        reference of ``benchmark.py scan_prediction``)."""
 
     def preprocess(self, case: Case) -> dict[str, Any]:
         """The case through the eval chain: ``image`` is a ``(C, X', Y', Z')`` MetaTensor on the target grid.
@@ -99,14 +107,20 @@ class Inferer:
 
     def infer_preprocessed(self, data: dict[str, Any], progress: bool = False) -> Prediction:
         """:meth:`infer` for a case :meth:`preprocess` has read (``data`` is not changed)."""
+        probs = self.window_probabilities(data, progress)
+        return Prediction(self.to_original(data, probs), original_affine(data), self.net.label_spec)
+
+    def window_probabilities(self, data: dict[str, Any], progress: bool = False) -> torch.Tensor:
+        """``(K, X', Y', Z')`` the probabilities of a preprocessed case (:meth:`preprocess`) on its preprocessed grid,
+        from the sliding windows (and their mirrorings); windows holding one value per channel are answered from
+        one run unless :attr:`skip_constant` is False."""
         image = data[IMAGE].unsqueeze(0).to(self.device)
-        probs = infer_volume(
-            self.net.model, image, self.net.window.roi_size, self.net.spatial_dims, self.net.window.slice_axis,
+        return infer_volume(
+            self.network, image, self.net.window.roi_size, self.net.spatial_dims, self.net.window.slice_axis,
             sw_batch_size=self.settings.sw_batch_size, overlap=self.settings.overlap, device=self.device,
             sw_device=self.sw_device, amp_dtype=self.amp_dtype, mirror_axes=self.mirror_axes, progress=progress,
-            activation=self.net.label_spec.activation,
-        )
-        return Prediction(self.to_original(data, probs[0]), original_affine(data), self.net.label_spec)
+            activation=self.net.label_spec.activation, skip_constant=self.skip_constant,
+        )[0]
 
     def to_original(self, data: dict[str, Any], maps: torch.Tensor) -> np.ndarray:
         """``(K, X', Y', Z')`` maps on the preprocessed grid of ``data`` (:meth:`preprocess`) -> float32

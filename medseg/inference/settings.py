@@ -10,10 +10,13 @@ from omegaconf import DictConfig
 from medseg.config import EvaluateConfig
 from medseg.data.dicom import missing_packages
 from medseg.errors import ConfigError
+from medseg.inference.runtimes import RUNTIMES
 from medseg.typed_config import check_choices, to_typed
 
 SPLITS = ("test", "training", "validation")
 """The values of ``split``."""
+PRECISIONS = ("auto", "fp32", "bf16")
+"""The values of ``precision``."""
 OUTPUT_FORMATS = ("nifti", "dicom_seg")
 """The values of ``output_format``: NIfTI label maps, or DICOM-SEG objects (:mod:`medseg.inference.dicom_seg`)."""
 
@@ -26,7 +29,8 @@ def check_config(cfg: EvaluateConfig | Mapping[str, Any] | DictConfig) -> Evalua
     """Check ``cfg`` against :class:`EvaluateConfig` (its types and ranges, the split, the checkpoints); raises
     :class:`~medseg.errors.ConfigError` naming the key."""
     settings = to_typed(EvaluateConfig, cfg)
-    check_choices(settings, {"split": SPLITS, "output_format": OUTPUT_FORMATS})
+    check_choices(settings, {"split": SPLITS, "output_format": OUTPUT_FORMATS, "precision": PRECISIONS,
+                             "runtime": RUNTIMES})
     missing = missing_packages("pydicom", "highdicom") if settings.output_format == "dicom_seg" else None
     if missing:
         raise EvaluationError(f"output_format=dicom_seg {missing}")

@@ -11,11 +11,13 @@ a CT whose body leaves the corners of the field of view in air it skips a share 
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable, Sequence
 
 import torch
 from monai.inferers import sliding_window_inference
 from torch import nn
+from tqdm.auto import tqdm
 
 from medseg.runtime.device import autocast
 
@@ -83,6 +85,16 @@ class ConstantWindows:
         return output
 
 
+def window_count(shape: Sequence[int], roi_size: Sequence[int], overlap: float) -> int:
+    """The windows MONAI's ``sliding_window_inference`` cuts from one volume of spatial ``shape`` (a volume smaller
+    than ``roi_size`` along an axis is padded to it: one window there)."""
+    count = 1
+    for size, roi in zip(shape, roi_size):
+        if size > roi:
+            count *= math.ceil((size - roi) / max(int(roi * (1 - overlap)), 1)) + 1
+    return count
+
+
 def infer_volume(
     model: nn.Module,
     image: torch.Tensor,
@@ -110,6 +122,7 @@ def infer_volume(
         device: where the model runs; ``sw_device``: where windows are stitched (CPU saves GPU memory).
         amp_dtype: autocast dtype (bf16 on CUDA) or None for fp32.
         mirror_axes: spatial axes for mirroring test-time augmentation (nnU-Net style); empty = off.
+        progress: one progress bar over the windows of every pass (mirrorings included), with its ETA.
         activation: a key of :data:`ACTIVATIONS` (``softmax``, or ``sigmoid`` for region outputs).
         skip_constant: answer the windows that hold one value per channel from one run of the network on such a
             window (:class:`ConstantWindows`); False runs the network on every window (the dense reference).
@@ -122,19 +135,26 @@ def infer_volume(
     sw_device = sw_device or image.device
     network = model if spatial_dims == 3 else slice_network(model, slice_axis)
     predictor = ConstantWindows(network) if skip_constant else network  # one per volume: the flips share it
-
-    def run(volume: torch.Tensor) -> torch.Tensor:
-        with torch.no_grad(), autocast(device, amp_dtype):
-            logits = sliding_window_inference(
-                volume, roi_size=list(roi_size), sw_batch_size=sw_batch_size, predictor=predictor,
-                overlap=overlap, mode="gaussian", sw_device=device, device=sw_device, progress=progress,
-            )
-        return ACTIVATIONS[activation](logits.float())
-
     flips = [()] + [(axis + 2,) for axis in mirror_axes]
-    total = None
-    for dims in flips:
-        probs = run(image.flip(dims) if dims else image)
-        probs = probs.flip(dims) if dims else probs
-        total = probs if total is None else total.add_(probs)  # in place: no second whole-volume copy
+    windows = len(image) * len(flips) * window_count(image.shape[2:], roi_size, overlap)
+    with tqdm(total=windows, desc="windows", unit="window", disable=not progress, leave=False) as bar:
+
+        def counted(batch: torch.Tensor) -> torch.Tensor:
+            output = predictor(batch)
+            bar.update(len(batch))
+            return output
+
+        def run(volume: torch.Tensor) -> torch.Tensor:
+            with torch.no_grad(), autocast(device, amp_dtype):
+                logits = sliding_window_inference(
+                    volume, roi_size=list(roi_size), sw_batch_size=sw_batch_size, predictor=counted,
+                    overlap=overlap, mode="gaussian", sw_device=device, device=sw_device,
+                )
+            return ACTIVATIONS[activation](logits.float())
+
+        total = None
+        for dims in flips:
+            probs = run(image.flip(dims) if dims else image)
+            probs = probs.flip(dims) if dims else probs
+            total = probs if total is None else total.add_(probs)  # in place: no second whole-volume copy
     return total.div_(len(flips))

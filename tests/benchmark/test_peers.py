@@ -116,8 +116,8 @@ def test_nnunet_plan_in_medseg_terms() -> None:
 
 
 def test_bad_arguments_stop_with_one_line(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    with pytest.raises(SystemExit, match="unknown argument 'model.bottleneck'"):
-        main(["peers", "model.bottleneck=masa", "--out", str(tmp_path)])
+    with pytest.raises(SystemExit, match="unknown argument 'trainer.lr'"):
+        main(["peers", "trainer.lr=1", "--out", str(tmp_path)])
     with pytest.raises(SystemExit, match="systems=foo"):
         main(["peers", "data.root=x", "systems=foo", "--out", str(tmp_path)])
     monkeypatch.setattr(importlib.util, "find_spec", lambda name, *a: None)

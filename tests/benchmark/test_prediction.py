@@ -16,4 +16,4 @@ def test_the_prediction_benchmark_reports_both_paths_and_the_dice_between_them(t
     assert len(report["seconds"]["dense"]) == len(report["seconds"]["fast"]) == 2
     assert 0 < report["windows_run"] < report["windows"], "the windows in the air are answered, not run"
     assert all(value >= 0.999 for value in report["dice_fast_vs_dense"].values())
-    assert "| fast (constant windows answered) |" in (tmp_path / "prediction.md").read_text()
+    assert "| fast (constant windows answered; torch, fp32) |" in (tmp_path / "prediction.md").read_text()

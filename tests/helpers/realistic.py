@@ -228,6 +228,27 @@ def write_ct_dataset(root: str | Path, fmt: str = "msd", num_cases: int = 10,
                   ["CT"], ["background", "organ", "lesion"], file_ending)
 
 
+def write_ct_mosaic(image: str | Path, label: str | Path, tiles: Sequence[int] = (8, 8, 3),
+                    tile: Shape = (64, 64, 20), spacing: Spacing = (0.7, 0.7, 5.0), orientation: str = "LPS",
+                    seed: int = 7) -> tuple[Path, Path]:
+    """A large CT scan (and its label) of cases of :func:`write_ct_dataset`'s kind side by side, each of ``tile``
+    voxels, on the ``tiles`` grid cells that an elliptic body (radii 0.42 x 0.32 of the field of view, as a CT's)
+    covers, air in the others: a scan of ``tiles * tile`` voxels (8 x 8 x 3 tiles: 512 x 512 x 60) whose every part
+    looks like the cases a network trained on :func:`write_ct_dataset` saw, with air in the corners as a CT's."""
+    rng = np.random.default_rng(seed)
+    shape = tuple(n * t for n, t in zip(tiles, tile))
+    hu = np.clip(np.rint(rng.normal(-1000, 5, shape)), -1024, 3071).astype(np.int16)
+    labels = np.zeros(shape, np.uint8)
+    for index in np.ndindex(*tiles):
+        x, y = ((index[axis] + 0.5) / tiles[axis] - 0.5 for axis in (0, 1))
+        if (x / 0.42) ** 2 + (y / 0.32) ** 2 <= 1:
+            case = ct_case("tile", rng, tile, spacing)
+            where = tuple(slice(i * t, (i + 1) * t) for i, t in zip(index, tile))
+            hu[where], labels[where] = case.image[0], case.label
+    origin = tuple(-0.5 * n * s for n, s in zip(shape, spacing))
+    return save_image(image, hu, spacing, orientation, origin), save_image(label, labels, spacing, orientation, origin)
+
+
 def write_mri_dataset(root: str | Path, fmt: str = "msd", num_cases: int = 6,
                       shape: Shape | Sequence[Shape] = (48, 48, 40),
                       spacing: Spacing | Sequence[Spacing] = (1.0, 1.0, 1.0),

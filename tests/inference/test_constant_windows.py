@@ -6,8 +6,8 @@ from __future__ import annotations
 import pytest
 import torch
 
-from medseg.benchmark.prediction import CountingNetwork
-from medseg.inference.sliding_window import ConstantWindows, infer_volume
+from medseg.benchmark.prediction import TimedNetwork
+from medseg.inference.sliding_window import ConstantWindows, infer_volume, window_count
 from medseg.models import SlottedUNet
 
 ROI = {3: [16, 16, 8], 2: [16, 16, 1]}
@@ -25,7 +25,7 @@ def body_in_air(channels: int = 1) -> torch.Tensor:
 
 def test_constant_windows_are_answered_from_one_run_and_match_the_network() -> None:
     torch.manual_seed(0)
-    network = CountingNetwork(SlottedUNet(3, 2, 3, channels=(4, 8), strides=(2,)).eval())
+    network = TimedNetwork(SlottedUNet(3, 2, 3, channels=(4, 8), strides=(2,)).eval())
     windows = torch.randn(5, 2, 16, 16, 8)
     windows[1] = windows[3] = torch.tensor([-1.7, 0.3]).view(2, 1, 1, 1)  # one constant per channel, twice
     windows[4] = torch.tensor([-1.7, 0.4]).view(2, 1, 1, 1)  # another constant
@@ -46,7 +46,7 @@ def test_constant_windows_are_answered_from_one_run_and_match_the_network() -> N
 def test_a_volume_with_air_gives_the_dense_probabilities_with_fewer_windows_run(
         spatial_dims: int, channels: int, mirror_axes: tuple[int, ...]) -> None:
     torch.manual_seed(0)
-    network = CountingNetwork(SlottedUNet(spatial_dims, channels, 3, channels=(4, 8), strides=(2,)).eval())
+    network = TimedNetwork(SlottedUNet(spatial_dims, channels, 3, channels=(4, 8), strides=(2,)).eval())
     image = body_in_air(channels)
 
     def probabilities(skip_constant: bool) -> tuple[torch.Tensor, int]:
@@ -60,3 +60,15 @@ def test_a_volume_with_air_gives_the_dense_probabilities_with_fewer_windows_run(
     torch.testing.assert_close(fast, dense, atol=1e-3, rtol=0)  # the rounding noise of constant windows (above)
     assert run < 0.8 * every, f"{run} of {every} windows run"
     assert torch.equal(fast.argmax(1), dense.argmax(1)), "the same segmentation"
+
+
+@pytest.mark.parametrize(("shape", "overlap"), [((48, 40, 17), 0.5), ((13, 40, 5), 0.25), ((16, 16, 8), 0.5)])
+def test_the_progress_bar_counts_every_window_of_every_mirroring(shape: tuple[int, int, int], overlap: float,
+                                                                 capsys: pytest.CaptureFixture) -> None:
+    network = TimedNetwork(SlottedUNet(3, 1, 2, channels=(4, 8), strides=(2,)).eval())
+    image = torch.randn(1, 1, *shape)
+    infer_volume(network, image, ROI[3], 3, SLICE_AXIS, overlap=overlap, mirror_axes=(0, 2), progress=True,
+                 skip_constant=False)
+    expected = 3 * window_count(shape, ROI[3], overlap)
+    assert network.windows == expected, "window_count is the windows MONAI cuts, for each of the 3 passes"
+    assert f"0/{expected} [" in capsys.readouterr().err, "one bar over the windows of all passes"

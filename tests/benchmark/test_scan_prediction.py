@@ -1,0 +1,42 @@
+"""``benchmark.py scan_prediction`` on a small scan with a test checkpoint: every medseg setting runs in its own
+process, each stage is timed, the fast settings equal the dense result, and the report says so; nnU-Net's side
+runs where nnU-Net is installed (the ``peers`` extra), not here."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from medseg.benchmark import main
+from tests.helpers.checkpoints import save_test_checkpoint
+from tests.helpers.realistic import write_ct_mosaic
+
+
+def test_the_scan_benchmark_times_each_stage_and_compares_every_setting_with_the_dense_one(tmp_path: Path) -> None:
+    ckpt = save_test_checkpoint(tmp_path / "best.pt")
+    image, label = write_ct_mosaic(tmp_path / "scan.nii.gz", tmp_path / "label.nii.gz", tiles=(3, 3, 1),
+                                   tile=(24, 24, 10), spacing=(1.0, 1.0, 1.5))
+    settings = ["dense", "fast", "fast_bf16"]
+    code = main(["scan_prediction", "--image", str(image), "--ckpt", str(ckpt), "--label", str(label),
+                 "--settings", *settings, "--out", str(tmp_path / "out")])
+    assert code == 0
+    report = json.loads((tmp_path / "out" / "scan_prediction.json").read_text())
+    runs = {r["run"]: r for r in report["runs"]}
+    assert list(runs) == settings
+    for run in runs.values():
+        assert run["seconds"] > 0 and run["peak_rss_mb"] > 0 and set(run["dice_vs_label"]) == {"1", "2"}
+        assert all(seconds >= 0 for seconds in run["stages"].values()) and run["stages"]["network"] > 0
+    assert runs["fast"]["windows_run"] <= runs["dense"]["windows_run"]
+    assert all(value >= 0.999 for value in runs["fast"]["dice_vs_dense"].values())
+    targets = {t["label"]: t for t in report["targets"]}
+    assert targets["fast: Dice vs medseg's dense result, class 1"]["met"]
+    assert "medseg's largest peak RSS (GB)" in targets
+    markdown = (tmp_path / "out" / "scan_prediction.md").read_text()
+    assert "## medseg's stages (seconds)" in markdown and "| fast_bf16 |" in markdown
+
+
+def test_the_scan_benchmark_refuses_unknown_settings() -> None:
+    with pytest.raises(SystemExit, match="turbo"):
+        main(["scan_prediction", "--image", "x.nii.gz", "--ckpt", "x.pt", "--settings", "dense", "turbo"])
