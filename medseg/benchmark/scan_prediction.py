@@ -37,12 +37,15 @@ from typing import Any
 
 import numpy as np
 import torch
+from monai.transforms import Spacingd
 from numpy._core.multiarray import scalar
 
 from medseg.benchmark import targets_markdown, write_report
 from medseg.benchmark.models import machine
 from medseg.benchmark.prediction import TimedNetwork
+from medseg.data.datalist import case_id
 from medseg.io import atomic_write_json
+from medseg.scoring.metrics import dice
 from medseg.tables import markdown_table
 
 SETTINGS: dict[str, dict[str, Any]] = {
@@ -67,14 +70,14 @@ to ``torch.load(weights_only=True)``."""
 
 def _transform_stage(index: int, transform: object) -> str:
     """The stage of the ``index``-th transform of the eval chain: reading, resampling or normalisation."""
-    return "reading" if index == 0 else "resampling" if type(transform).__name__ == "Spacingd" else "normalisation"
+    return "reading" if index == 0 else "resampling" if isinstance(transform, Spacingd) else "normalisation"
 
 
 def predict_medseg(spec: Mapping[str, Any]) -> dict[str, Any]:
     """Predict ``spec["image"]`` with ``spec["ckpt"]`` as ``evaluate.py`` does, each stage timed; writes
     ``<output>/<case>.nii.gz``."""
     from medseg.inference.cases import Case
-    from medseg.inference.inferer import Inferer, original_affine
+    from medseg.inference.inferer import Inferer, Prediction, original_affine
     from medseg.inference.model import load_model
     from medseg.inference.output import write_label_map
     from medseg.inference.settings import check_config
@@ -89,7 +92,7 @@ def predict_medseg(spec: Mapping[str, Any]) -> dict[str, Any]:
     inferer.skip_constant = spec["setting"].get("skip_constant", True)
     inferer.network = timed = TimedNetwork(inferer.network)
     setup = time.perf_counter() - started
-    case = Case(Path(spec["image"]).name.split(".")[0], spec["image"])
+    case = Case(spec["case"], spec["image"])
     data: dict[str, Any] = {"case": case.case, "image": case.image}
     for index, transform in enumerate(inferer.transform.transforms):
         started = time.perf_counter()
@@ -100,12 +103,11 @@ def predict_medseg(spec: Mapping[str, Any]) -> dict[str, Any]:
     stages["network"] = timed.seconds
     stages["blending"] = time.perf_counter() - started - timed.seconds
     started = time.perf_counter()
-    original = inferer.to_original(data, probs)
+    prediction = Prediction(inferer.to_original(data, probs), original_affine(data), net.label_spec)
     stages["resampling back"] = time.perf_counter() - started
     del probs
     started = time.perf_counter()
-    labels = net.label_spec.label_map(net.label_spec.prediction_masks(original))
-    write_label_map(Path(spec["output"]), case, labels, original_affine(data))
+    write_label_map(Path(spec["output"]), case, prediction.label_map(), prediction.affine)
     stages["writing"] = time.perf_counter() - started
     return {"stages": stages, "setup_s": setup, "windows_run": timed.windows,
             "preprocessed_shape": list(data["image"].shape[1:])}
@@ -135,8 +137,7 @@ def predict_nnunet(spec: Mapping[str, Any]) -> dict[str, Any]:
     predictor.manual_initialization(network, plans, configuration, [checkpoint["network_weights"]], dataset_json,
                                     checkpoint["trainer_name"], checkpoint.get("inference_allowed_mirroring_axes"))
     setup = time.perf_counter() - started
-    case = Path(spec["image"]).name.split(".")[0]
-    predictor.predict_from_files_sequential([[spec["image"]]], [str(Path(spec["output"]) / case)])
+    predictor.predict_from_files_sequential([[spec["image"]]], [str(Path(spec["output"]) / spec["case"])])
     return {"setup_s": setup, "patch": list(configuration.patch_size)}
 
 
@@ -150,9 +151,8 @@ def child(spec_path: str, result_path: str) -> int:
         started = time.perf_counter()
         result = (predict_nnunet if spec["system"] == "nnunet" else predict_medseg)(spec)
         seconds = time.perf_counter() - started - result["setup_s"]
-    case = Path(spec["image"]).name.split(".")[0]
     atomic_write_json(Path(result_path), {**result, "seconds": seconds, "peak_rss_mb": ram.peak_bytes / 2**20,
-                                          "segmentation": str(Path(spec["output"]) / f"{case}.nii.gz")})
+                                          "segmentation": str(Path(spec["output"]) / f"{spec['case']}.nii.gz")})
     return 0
 
 
@@ -161,7 +161,7 @@ def _run(name: str, spec: dict[str, Any], out: Path) -> dict[str, Any]:
     folder = out / name
     folder.mkdir(parents=True, exist_ok=True)
     spec = {**spec, "output": str(folder / "prediction")}
-    (folder / "spec.json").write_text(json.dumps(spec, indent=2))
+    atomic_write_json(folder / "spec.json", spec)
     print(f"[scan_prediction] {name} ...", flush=True)
     with open(folder / "log.txt", "w") as log:
         code = subprocess.call([sys.executable, "-m", __name__, str(folder / "spec.json"), str(folder / "result.json")],
@@ -181,8 +181,6 @@ def _labels(path: str | Path) -> np.ndarray:
 
 def _dice(a: np.ndarray, b: np.ndarray, classes: Sequence[int]) -> dict[str, float]:
     """Dice per class of label maps ``a`` and ``b`` (1 where a class is in neither)."""
-    from medseg.scoring.metrics import dice
-
     return {str(k): float(dice(torch.from_numpy(a == k), torch.from_numpy(b == k))) for k in classes}
 
 
@@ -192,7 +190,8 @@ def run(args: argparse.Namespace) -> int:
     if unknown:
         raise SystemExit(f"error: --settings {' '.join(unknown)}: expected some of {', '.join(SETTINGS)}")
     out = args.out or Path("outputs/benchmark/scan_prediction")
-    base = {"image": str(args.image.resolve()), "overlap": args.overlap, "ckpt": str(args.ckpt.resolve()),
+    base = {"image": str(args.image.resolve()), "case": case_id(args.image), "overlap": args.overlap,
+            "ckpt": str(args.ckpt.resolve()),
             "nnunet_model": str(args.nnunet_model.resolve()) if args.nnunet_model else None, "fold": args.fold}
     suffix = "+mirror" if args.mirror else ""
     names = [*(["nnunet"] if args.nnunet_model else []), *args.settings]

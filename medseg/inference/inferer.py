@@ -71,9 +71,8 @@ class Inferer:
         net.model.to(self.device)
         self.sw_device = resolve_device(settings.sw_device, "sw_device") if settings.sw_device else self.device
         check_runtime(settings.runtime, self.device)
-        roi = net.window.roi_size
-        window = [n for axis, n in enumerate(roi) if net.spatial_dims == 3 or axis != net.window.slice_axis]
-        self.network = window_network(net.model, settings.runtime, [net.in_channels, *window], settings.precision)
+        self.network = window_network(net.model, settings.runtime, [net.in_channels, *net.window.net_patch],
+                                      settings.precision)
         self.amp_dtype = amp_dtype(settings.precision, self.device) if settings.runtime == "torch" else None
         self.transform: Compose = transform or net.preprocessing
         self.inverter = Invertd(keys=PRED, transform=self.transform, orig_keys=IMAGE, nearest_interp=False)
