@@ -1,6 +1,6 @@
 """The Python API: predict a volume with a medseg checkpoint (or an ensemble) from a script or a notebook.
 
-``from medseg import predict, load_model``. ``predict`` is ``scripts/evaluate.py`` for one volume in memory: the
+``from medseg import predict, load_model``. ``predict`` is ``scripts/predict.py`` for one volume in memory: the
 same preprocessing, sliding windows, inversion to the input's grid, ensemble averaging and postprocessing, so both
 give the same labels for the same file. ``image`` is a file path (``.nii.gz``, ``.nii``, ``.nrrd``, ``.mha``), a
 DICOM series folder (:mod:`medseg.data.dicom`: its voxels are columns, rows and slices in position order), a
@@ -19,16 +19,17 @@ import nibabel as nib
 import numpy as np
 from nibabel.spatialimages import SpatialImage
 
-from medseg.config import EvaluateConfig
+from medseg.config import InferenceConfig, PredictConfig
 from medseg.data.reading import ImageSource, check_voxels
 from medseg.errors import ConfigError
 from medseg.export import load_exported, read_description
 from medseg.inference.cases import Case
+from medseg.inference.checks import check_ckpt, check_inference, check_postprocessing
 from medseg.inference.ensemble import Ensemble
 from medseg.inference.inferer import segment
 from medseg.inference.model import EvalModel, load_model
-from medseg.inference.settings import check_config
 from medseg.postprocessing.components import from_setting
+from medseg.typed_config import to_typed
 
 __all__ = ["load_model", "predict", "predict_exported"]
 
@@ -57,11 +58,11 @@ def _source(image: str | Path | SpatialImage | np.ndarray, affine: np.ndarray | 
 
 
 def predict(image: str | Path | SpatialImage | np.ndarray, ckpt: Checkpoints, affine: np.ndarray | None = None,
-            device: str = EvaluateConfig.device, *, return_probabilities: bool = False,
-            tta: bool = EvaluateConfig.tta, postprocessing: str = EvaluateConfig.postprocessing,
-            overlap: float = EvaluateConfig.overlap,
-            sw_batch_size: int = EvaluateConfig.sw_batch_size, precision: str = EvaluateConfig.precision,
-            runtime: str = EvaluateConfig.runtime) -> np.ndarray | tuple[np.ndarray, np.ndarray]:
+            device: str = InferenceConfig.device, *, return_probabilities: bool = False,
+            tta: bool = InferenceConfig.tta, postprocessing: str = PredictConfig.postprocessing,
+            overlap: float = InferenceConfig.overlap, sw_batch_size: int = InferenceConfig.sw_batch_size,
+            precision: str = InferenceConfig.precision,
+            backend: str = InferenceConfig.backend) -> np.ndarray | tuple[np.ndarray, np.ndarray]:
     """The label map of one volume, in the input's geometry.
 
     Args:
@@ -73,12 +74,13 @@ def predict(image: str | Path | SpatialImage | np.ndarray, ckpt: Checkpoints, af
         device: ``auto`` (CUDA when present), ``cpu``, ``cuda`` or ``cuda:N``.
         return_probabilities: also return the class probabilities.
         tta: mirroring test-time augmentation.
-        postprocessing: ``auto``, ``none`` or a ``postprocessing.json``, as ``scripts/evaluate.py``'s.
-        overlap, sw_batch_size: the sliding window's, as ``scripts/evaluate.py``'s.
-        precision, runtime: the network's arithmetic (``auto``, ``fp32``, ``bf16``) and runtime (``torch``, or
-            ``openvino`` on the CPU, compiled anew on each call), as ``scripts/evaluate.py``'s.
+        postprocessing: ``auto``, ``none`` or a ``postprocessing.json``, as ``scripts/predict.py``'s.
+        overlap, sw_batch_size, precision, backend: the ``inference`` node's (``inference.overlap``, ...): the
+            sliding window, the network's arithmetic (``auto``, ``fp32``, ``bf16``) and backend (``torch``, or
+            ``openvino`` on the CPU, compiled anew on each call).
 
-    Every default is :class:`~medseg.config.EvaluateConfig`'s, the one of ``scripts/evaluate.py``.
+    Every default is :class:`~medseg.config.InferenceConfig`'s (and :class:`~medseg.config.PredictConfig`'s), the
+    one of ``scripts/predict.py``.
 
     Returns:
         ``(X, Y, Z)`` labels on the input's voxels in the dataset's label values (uint8; uint16 above 255): class
@@ -94,14 +96,17 @@ def predict(image: str | Path | SpatialImage | np.ndarray, ckpt: Checkpoints, af
     items = list(ckpt) if isinstance(ckpt, Sequence) and not isinstance(ckpt, str) else [ckpt]
     loaded = [item for item in items if isinstance(item, EvalModel)]
     names = [str(item.checkpoint if isinstance(item, EvalModel) else item) for item in items]
-    settings = check_config(EvaluateConfig(ckpt=names, input="(in memory)", device=device, tta=tta, overlap=overlap,
-                                           sw_batch_size=sw_batch_size, postprocessing=postprocessing, progress=False,
-                                           precision=precision, runtime=runtime))
+    inference = to_typed(InferenceConfig, InferenceConfig(device=device, tta=tta, overlap=overlap,
+                                                          sw_batch_size=sw_batch_size, precision=precision,
+                                                          backend=backend, progress=False))
+    check_inference(inference, prefix="")  # the arguments are named as the node's keys
+    check_ckpt(names)
+    check_postprocessing(postprocessing)
     source = _source(image, affine)
     if loaded and len(loaded) != len(items):
         raise ConfigError("predict(): ckpt= mixes loaded models and paths; give one kind")
-    ensemble = Ensemble(loaded, settings) if loaded else Ensemble.load(names, settings)
-    steps = from_setting(settings.postprocessing, ensemble.checkpoints, ensemble.label_spec.outputs)
+    ensemble = Ensemble(loaded, inference) if loaded else Ensemble.load(names, inference)
+    steps = from_setting(postprocessing, ensemble.checkpoints, ensemble.label_spec.outputs)
     prediction = ensemble.infer(Case("image", source))
     labels = ensemble.label_spec.label_map(segment(prediction, steps))
     return (labels, prediction.probabilities) if return_probabilities else labels
@@ -110,7 +115,7 @@ def predict(image: str | Path | SpatialImage | np.ndarray, ckpt: Checkpoints, af
 def predict_exported(image: str | Path | SpatialImage | np.ndarray, folder: str | Path,
                      affine: np.ndarray | None = None, device: str = "cpu") -> np.ndarray:
     """The label map ``(X, Y, Z)`` of one volume in its own geometry, predicted by the export in ``folder`` as
-    ``scripts/evaluate.py`` predicts (its preprocessing, sliding window and overlap, inversion, the export's
+    ``scripts/predict.py`` predicts (its preprocessing, sliding window and overlap, inversion, the export's
     postprocessing). ``image`` and ``affine`` as :func:`medseg.predict` takes them."""
     folder = Path(folder).expanduser()
     description = read_description(folder)

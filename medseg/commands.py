@@ -2,9 +2,9 @@
 
 Each command is one function that reads ``sys.argv`` as its script does and returns the exit code;
 ``scripts/<command>.py`` calls it, and so does ``medseg <command>`` (:func:`main`, the ``medseg`` entry point of
-``pyproject.toml``), so both take the same arguments. The Hydra commands (train, evaluate, crossval, export,
-visualize, plan, check-data) take ``key=value`` overrides, ``--help``, ``--cfg job`` and ``-m`` on the configs of
-:data:`medseg.cli.CONFIG_DIR`; compare, summarize and benchmark parse their arguments with argparse.
+``pyproject.toml``), so both take the same arguments. The Hydra commands (train, predict, evaluate, crossval,
+export, visualize, plan, check-data) take ``key=value`` overrides, ``--help``, ``--cfg job`` and ``-m`` on the configs
+of :data:`medseg.cli.CONFIG_DIR`; compare, summarize and benchmark parse their arguments with argparse.
 
 Nothing here loads torch or MONAI at import: each command imports its stage when it runs, so ``medseg --help``,
 ``medseg <command> --help`` and a mistyped key answer without loading them.
@@ -27,6 +27,7 @@ from medseg.config import (
     EvaluateConfig,
     ExportConfig,
     PlanConfig,
+    PredictConfig,
     TrainConfig,
     VisualizeConfig,
 )
@@ -60,6 +61,21 @@ def train() -> int:
     return run(_train, TrainConfig)
 
 
+@hydra_main("predict")
+@one_line_errors
+def _predict(cfg: DictConfig) -> None:
+    from medseg.inference.predict import predict_cli
+
+    code = predict_cli(cfg)
+    if code:
+        sys.exit(code)
+
+
+def predict() -> int:
+    """Segment a folder, a series or a dataset split with a checkpoint or an ensemble (no labels needed)."""
+    return run(_predict, PredictConfig)
+
+
 @hydra_main("evaluate")
 @one_line_errors
 def _evaluate(cfg: DictConfig) -> None:
@@ -71,7 +87,7 @@ def _evaluate(cfg: DictConfig) -> None:
 
 
 def evaluate() -> int:
-    """Predict (and score, where labels exist) a folder with a checkpoint or an ensemble."""
+    """Score segmentations against labels: a checkpoint's predictions, or a folder made by any tool (pred=DIR)."""
     return run(_evaluate, EvaluateConfig)
 
 
@@ -220,7 +236,8 @@ def benchmark(argv: Sequence[str] | None = None) -> int:
 # --------------------------------------------------------------------------------------------- medseg <command>
 
 COMMANDS: dict[str, Callable[[], int]] = {
-    "train": train, "evaluate": evaluate, "crossval": crossval, "compare": compare, "export": export,
+    "train": train, "predict": predict, "evaluate": evaluate, "crossval": crossval, "compare": compare,
+    "export": export,
     "visualize": visualize, "plan": plan, "check-data": check_data, "summarize": summarize, "benchmark": benchmark,
 }
 """``medseg <name>`` -> its command; ``scripts/<name with _ for ->.py`` runs the same one."""

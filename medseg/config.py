@@ -295,10 +295,6 @@ class TrainerConfig:
     """Epochs of linear warm-up before the schedule."""
     val_every: int = ranged(2, ge=1)
     """Validation interval in epochs (the last epoch always validates)."""
-    sw_batch_size: int = ranged(4, ge=1)
-    """Sliding windows per forward pass in validation."""
-    sw_overlap: float = ranged(0.25, ge=0, lt=1)
-    """Sliding-window overlap in validation."""
     device: str = "auto"
     """auto (CUDA when present), cpu, cuda or cuda:N."""
     precision: str = "auto"
@@ -355,6 +351,44 @@ class PlanningConfig:
 
 
 @dataclass
+class InferenceConfig:
+    """How a network predicts whole cases (the ``inference`` node): the device, the arithmetic, the backend and the
+    sliding window. predict, evaluate, crossval and visualize predict with it, and training's validation reads its
+    sliding window (overlap, sw_batch_size, sw_device, tta, skip_constant) on trainer.device in trainer.precision."""
+
+    device: str = "auto"
+    """auto (CUDA when present), cpu, cuda or cuda:N; training validates on trainer.device."""
+    sw_device: str | None = None
+    """Where windows are stitched (cpu saves GPU memory); null = the device that runs the network."""
+    precision: str = "auto"
+    """auto (bf16 on CUDA, fp32 on the CPU), fp32 or bf16: the network's arithmetic; training validates in
+    trainer.precision. bf16 on the CPU is about 3x faster than fp32 where the CPU has native bf16 (AMX or
+    AVX512-BF16), slower where it has not."""
+    backend: str = "torch"
+    """torch, or openvino (the CPU only; pip install "medseg[openvino]"): the network exported and compiled by
+    OpenVINO for this CPU, in the arithmetic of inference.precision; windows, mirroring and blending stay medseg's.
+    Training validates with torch."""
+    overlap: float = ranged(0.5, ge=0, lt=1)
+    """Sliding-window overlap (gaussian blending); training's validation: 0.25 unless set."""
+    sw_batch_size: int = ranged(4, ge=1)
+    """Windows per forward pass."""
+    tta: bool = False
+    """Mirroring test-time augmentation (3D: all axes; 2D: the in-plane axes)."""
+    skip_constant: bool = True
+    """Answer the windows that hold one value per channel (air, padding) from one run of the network on such a
+    window; false runs the network on every window (the dense result)."""
+    progress: bool = True
+    """Progress bars of prediction: over the cases (x models), and over the windows for a single model; training
+    shows its own (trainer.progress)."""
+
+
+def validation_inference() -> InferenceConfig:
+    """Training's :class:`InferenceConfig`: validation's sliding window overlaps by 0.25 (faster than predict's 0.5;
+    its Dice only chooses ``best.pt``)."""
+    return InferenceConfig(overlap=0.25)
+
+
+@dataclass
 class TrainConfig:
     """``scripts/train.py``: everything a training run reads."""
 
@@ -363,6 +397,8 @@ class TrainConfig:
     trainer: TrainerConfig = field(default_factory=TrainerConfig)
     plan: PlanningConfig = field(default_factory=PlanningConfig)
     """What the planned patch and network are sized for."""
+    inference: InferenceConfig = field(default_factory=validation_inference)
+    """Validation's sliding window."""
     task_name: str = "train"
     """Names the output folder outputs/<task_name>/<date>/<time>."""
     output_dir: str = "outputs/train"
@@ -372,8 +408,8 @@ class TrainConfig:
 
 
 @dataclass
-class EvaluateConfig:
-    """``scripts/evaluate.py``: predict (and score) every case of ``input`` with a checkpoint or an ensemble."""
+class PredictConfig:
+    """``scripts/predict.py``: segment every case of ``input`` with a checkpoint or an ensemble; no labels needed."""
 
     ckpt: Any = MISSING
     """A medseg checkpoint (outputs/train/<date>/<time>/checkpoints/best.pt); a list [a.pt,b.pt] (an ensemble: their
@@ -383,58 +419,55 @@ class EvaluateConfig:
     """A folder of images or DICOM series (one per sub-folder, or the folder itself), a folder with imagesTs/
     (+ labelsTs/), or a dataset.json (or its folder)."""
     output: str = "predictions"
-    """Folder for the predictions, metrics.csv and summary.json."""
+    """Folder for the predictions and summary.json."""
     output_format: str = "nifti"
     """nifti (<case>.nii.gz label maps on the input's grid) or dicom_seg (<case>.seg.dcm: a DICOM-SEG on the input
     series, one segment per class or region; DICOM series inputs of one-channel models; pip install
     "medseg[dicom]")."""
     split: str = "test"
     """dataset.json input only: test, training or validation (the checkpoint's fold without a validation list)."""
-    overlap: float = ranged(0.5, ge=0, lt=1)
-    """Sliding-window overlap (gaussian blending)."""
-    sw_batch_size: int = ranged(4, ge=1)
-    """Windows per forward pass."""
-    tta: bool = False
-    """Mirroring test-time augmentation (3D: all axes; 2D: the in-plane axes)."""
-    device: str = "auto"
-    """auto, cpu, cuda or cuda:N."""
-    sw_device: str | None = None
-    """Where windows are stitched (cpu saves GPU memory); null = device."""
-    precision: str = "auto"
-    """auto (bf16 on CUDA, fp32 on the CPU), fp32 or bf16: the network's arithmetic. bf16 on the CPU is about 3x
-    faster than fp32 where the CPU has native bf16 (AMX or AVX512-BF16), slower where it has not."""
-    runtime: str = "torch"
-    """torch, or openvino (the CPU only; pip install "medseg[openvino]"): the network exported and compiled by
-    OpenVINO for this CPU, in the arithmetic of precision; windows, mirroring and blending stay medseg's."""
     save_probabilities: bool = False
     """Also write <case>.npz with float16 probabilities (C, X, Y, Z): softmax per class, or sigmoid per region."""
     postprocessing: str = "auto"
     """auto (the postprocessing.json that scripts/crossval.py decided for exactly these checkpoints, found in their
     multirun's crossval/; none when there is none, e.g. for a single fold), none, or a postprocessing.json file."""
+    inference: InferenceConfig = field(default_factory=InferenceConfig)
+    """How the network predicts: device, precision, backend, sliding window, mirroring."""
+
+
+@dataclass
+class EvaluateConfig(PredictConfig):
+    """``scripts/evaluate.py``: score segmentations against their labels: the predictions of ``ckpt`` (a checkpoint or
+    an ensemble, predicted as ``scripts/predict.py`` does), or a folder of predictions made by any tool (``pred``)."""
+
+    ckpt: Any = None
+    """A medseg checkpoint, a list of them (an ensemble) or a multirun folder, as scripts/predict.py takes it; null
+    with pred (then only its classes are read, when given)."""
+    pred: str | None = None
+    """A folder of label maps (<case>.nii.gz, in the dataset's label values, on the references' grids) made by any
+    tool: scored against the labels of input, matched by case name, instead of predicting; null = predict with
+    ckpt."""
+    output: str | None = None
+    """Folder for metrics.csv and summary.json (and the predictions of ckpt); null = predictions, or with pred the
+    pred folder itself."""
     tolerance_mm: float = ranged(1.0, ge=0)
     """Normalised surface Dice tolerance in mm."""
-    progress: bool = True
-    """Progress bars (cases x models, and windows within a case for a single model)."""
 
 
 @dataclass
 class CrossvalConfig:
     """``scripts/crossval.py DIR``: score a multirun of folds on its out-of-fold predictions, decide the postprocessing.
 
-    Sliding-window overlap, windows per pass and the surface-Dice tolerance are evaluate's defaults.
+    The surface-Dice tolerance is evaluate's default.
     """
 
     dir: str = MISSING
     """The multirun folder of the folds (python scripts/train.py -m data.fold=0,1,2,3,4); also the first argument.
     The results go to DIR/crossval (DIR/crossval/<setting> for each setting of a wider sweep)."""
-    tta: bool = False
-    """Mirroring test-time augmentation for the out-of-fold predictions."""
-    device: str = "auto"
-    """auto, cpu, cuda or cuda:N."""
     postprocessing: bool = True
     """Decide the postprocessing on the out-of-fold predictions (postprocessing.json)."""
-    progress: bool = True
-    """Progress bar over the cases."""
+    inference: InferenceConfig = field(default_factory=InferenceConfig)
+    """How the folds predict their validation cases (inference.progress: the bar over the cases)."""
 
 
 @dataclass
@@ -473,8 +506,8 @@ class VisualizeConfig:
     """Only this attention slot (e.g. bottleneck); null = every slot."""
     block: int | None = ranged(None, ge=0)
     """Only this block of the slot(s), 0 the first; null = every block."""
-    device: str = "auto"
-    """auto, cpu, cuda or cuda:N."""
+    inference: InferenceConfig = field(default_factory=InferenceConfig)
+    """The device, and how the foreground that places the default query is predicted."""
 
 
 @dataclass
@@ -508,9 +541,9 @@ class CheckDataConfig:
     """Progress bar over the cases."""
 
 
-SCHEMAS: dict[str, type] = {"train": TrainConfig, "evaluate": EvaluateConfig, "crossval": CrossvalConfig,
-                            "export": ExportConfig, "visualize": VisualizeConfig, "plan": PlanConfig,
-                            "check_data": CheckDataConfig}
+SCHEMAS: dict[str, type] = {"train": TrainConfig, "predict": PredictConfig, "evaluate": EvaluateConfig,
+                            "crossval": CrossvalConfig, "export": ExportConfig, "visualize": VisualizeConfig,
+                            "plan": PlanConfig, "check_data": CheckDataConfig}
 """Each entry point's schema, registered in Hydra's ConfigStore as ``<name>_schema``."""
 
 
@@ -545,9 +578,9 @@ def _leaves(schema: type, prefix: str = "") -> Iterator[tuple[str, Field, type]]
     nodes walked)."""
     for item in fields(schema):
         key = f"{prefix}{item.name}"
-        nested = item.default_factory if is_dataclass(item.default_factory) else None  # type: ignore[misc]
-        if nested is not None:
-            yield from _leaves(nested, f"{key}.")
+        default = item.default_factory() if item.default_factory is not NO_DEFAULT else None  # type: ignore[misc]
+        if is_dataclass(default):  # a nested node (its factory: the class, or a function making a preset of it)
+            yield from _leaves(type(default), f"{key}.")
         else:
             yield key, item, schema
 
@@ -555,7 +588,8 @@ def _leaves(schema: type, prefix: str = "") -> Iterator[tuple[str, Field, type]]
 def _leaf_fields(schema: type, prefix: str = "") -> Iterator[tuple[str, Field, str]]:
     """``(key, field, meaning)`` for every leaf key of ``schema``, in declaration order (nested nodes walked)."""
     for key, item, owner in _leaves(schema, prefix):
-        yield key, item, _field_docs(owner).get(item.name, "")
+        declaring = next(cls for cls in owner.__mro__ if item.name in _field_docs(cls) or cls is object)
+        yield key, item, _field_docs(declaring).get(item.name, "") if declaring is not object else ""
 
 
 def key_docs(schema: type, prefix: str = "") -> Iterator[tuple[str, str, str, str]]:
@@ -648,7 +682,8 @@ trains 1000 epochs of 250 steps) or a wall-clock budget (`trainer.max_minutes`).
 """
 """The hand-written head of ``docs/configuration.md``; the tables of :func:`reference_markdown` follow it."""
 
-ENTRY_POINTS: dict[str, str] = {"train": "scripts/train.py", "evaluate": "scripts/evaluate.py",
+ENTRY_POINTS: dict[str, str] = {"train": "scripts/train.py", "predict": "scripts/predict.py",
+                                "evaluate": "scripts/evaluate.py",
                                 "crossval": "scripts/crossval.py DIR", "export": "scripts/export.py",
                                 "visualize": "scripts/visualize.py", "plan": "scripts/plan.py",
                                 "check_data": "scripts/check_data.py"}

@@ -37,6 +37,11 @@ class ImageReadError(DatasetError):
         return type(self), (self.path, self.reason)
 
 
+class PredictionError(ConfigError):
+    """Prediction or scoring cannot start (bad settings, no images, predictions missing or on another grid, an output
+    that would overwrite an input); the message says why in one line."""
+
+
 class CheckpointError(MedsegError, ValueError):
     """A checkpoint that is missing, unsafe, foreign or incompatible; the message names the file."""
 

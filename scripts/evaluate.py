@@ -1,8 +1,10 @@
-"""Evaluate a checkpoint: `python scripts/evaluate.py ckpt=RUN/checkpoints/best.pt input=PATH output=DIR`.
+"""Evaluate: `python scripts/evaluate.py ckpt=RUN/checkpoints/best.pt input=PATH output=DIR`, or
+`python scripts/evaluate.py pred=DIR input=<dataset.json or labels folder>`.
 
-Predicts every case of ``input`` into ``output`` in the input's own geometry and, where labels exist,
-writes per-case metrics (``metrics.csv``) and means (``summary.json``). Exit code 0 when every case
-was evaluated, 1 when any failed or the checkpoint/input is unusable.
+Scores segmentations against their labels: what the checkpoint predicts (written into ``output`` as
+``scripts/predict.py`` writes them), or a folder of predictions made by any tool (``pred``). Writes per-case metrics
+(``metrics.csv``) and means (``summary.json``). Exit code 0 when every case was evaluated, 1 when any failed or the
+checkpoint, input or predictions are unusable.
 """
 
 import sys

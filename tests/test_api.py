@@ -35,7 +35,7 @@ def evaluated(ckpt: Path, tiny_demo_root: Path, tmp_path_factory: pytest.TempPat
     images, out = tmp_path_factory.mktemp("images"), tmp_path_factory.mktemp("evaluated")
     for name in ("demo_000.nii.gz", "demo_001.nii.gz"):
         shutil.copy(tiny_demo_root / "imagesTr" / name, images / name)
-    evaluate({"ckpt": str(ckpt), "input": str(images), "output": str(out), "progress": False})
+    evaluate({"ckpt": str(ckpt), "input": str(images), "output": str(out), "inference": {"progress": False}})
     return out
 
 

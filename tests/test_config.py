@@ -18,6 +18,7 @@ from medseg.config import (
     SCHEMAS,
     DataConfig,
     EvaluateConfig,
+    InferenceConfig,
     ModelConfig,
     Range,
     TrainConfig,
@@ -227,8 +228,8 @@ def test_every_numeric_key_has_a_range_or_a_reason_for_none() -> None:
 
 
 def test_ranges_are_checked_on_typed_objects_too() -> None:
-    with pytest.raises(ConfigError, match=r"^overlap=1\.0: expected in \[0, 1\)$"):
-        to_typed(EvaluateConfig, EvaluateConfig(ckpt="a.pt", input="b", overlap=1.0))
+    with pytest.raises(ConfigError, match=r"^inference\.overlap=1\.0: expected in \[0, 1\)$"):
+        to_typed(EvaluateConfig, EvaluateConfig(ckpt="a.pt", input="b", inference=InferenceConfig(overlap=1.0)))
     with pytest.raises(ConfigError, match=r"^model\.strides=\[2, \[2, 0, 2\]\]: expected each entry >= 1$"):
         to_typed(TrainConfig, {"data": {"root": "x"}, "model": {"strides": [2, [2, 0, 2]]}})
     assert to_typed(TrainConfig, {"data": {"root": "x", "fold": "all"}}).data.fold == "all", "words pass"
@@ -246,8 +247,11 @@ def test_ranges_are_checked_on_typed_objects_too() -> None:
         ("model.dropout=1.5", r"model\.dropout=1\.5: expected in \[0, 1\)"),
         ("model.channels=[16,-32,64,128]", r"model\.channels=\[16, -32, 64, 128\]: expected each entry >= 1"),
         ("trainer.val_every=0", r"trainer\.val_every=0: expected >= 1"),
-        ("trainer.sw_overlap=1.0", r"trainer\.sw_overlap=1\.0: expected in \[0, 1\)"),
-        ("trainer.sw_batch_size=0", r"trainer\.sw_batch_size=0: expected >= 1"),
+        ("inference.overlap=1.0", r"inference\.overlap=1\.0: expected in \[0, 1\)"),
+        ("inference.sw_batch_size=0", r"inference\.sw_batch_size=0: expected >= 1"),
+        ("inference.device=cpu", r"inference\.device=cpu: training validates on trainer\.device in "
+                                 r"trainer\.precision with torch; inference\.device is for predict and evaluate; set "
+                                 r"trainer\.device"),
         ("trainer.max_epochs=0", r"trainer\.max_epochs=0: expected >= 1"),
         ("data.spacing=[0,1,1]", r"data\.spacing=\[0\.0, 1\.0, 1\.0\]: expected each entry > 0"),
         ("data.patch_size=[0,32,16]", r"data\.patch_size=\[0, 32, 16\]: expected each entry >= 1"),
@@ -275,7 +279,7 @@ def test_a_2d_patch_is_checked_against_the_strides_at_start_up_when_it_has_two_s
         "three sizes in 2D: the slice axis is known after planning, where build_model checks the patch")
 
 
-@pytest.mark.parametrize("override", ["trainer.val_every=0", "trainer.sw_overlap=1.0", "trainer.sw_batch_size=0"])
+@pytest.mark.parametrize("override", ["trainer.val_every=0", "inference.overlap=1.0", "inference.sw_batch_size=0"])
 def test_the_validation_keys_fail_before_any_work(override: str, tmp_path) -> None:
     """These used to crash at the first validation, after a whole epoch of training with nothing saved."""
     from medseg.training.run import train

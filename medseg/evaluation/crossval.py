@@ -5,7 +5,7 @@ of the sweep (the jobs that differ only in ``data.fold``; the whole sweep when i
 
 1. every finished fold (``metrics.json`` completed, ``checkpoints/best.pt`` there) predicts its own validation
    cases, the ids its ``splits.json`` lists, found in the dataset of its config (``data.root``, ``data.format``),
-   in their original geometry with evaluate's code (:func:`medseg.evaluation.evaluate.evaluate_case`), into
+   in their original geometry with the predict stage (:meth:`medseg.inference.predict.Predictor.predict_case`), into
    ``predictions/<case>.nii.gz`` (and the output masks, ``<case>.masks.npz``);
 2. all out-of-fold predictions are scored together with evaluate's scoring: ``metrics.csv`` (a row per case and
    output: class or region), ``summary.json`` and ``summary.md`` (per output, mean ± std over every case of Dice,
@@ -28,23 +28,24 @@ import math
 import sys
 import time
 from collections.abc import Iterator, Mapping, Sequence
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
 from omegaconf import DictConfig
 from tqdm import tqdm
 
-from medseg.config import CrossvalConfig, EvaluateConfig
+from medseg.config import CrossvalConfig, EvaluateConfig, PredictConfig
 from medseg.data.datalist import dataset_from_config
 from medseg.data.labels import LabelSpec, member_masks
 from medseg.data.reading import read_file
 from medseg.errors import ConfigError, DatasetError, MedsegError, NoSpaceError
-from medseg.evaluation.evaluate import evaluate_case
+from medseg.evaluation.evaluate import Scorer
 from medseg.inference.cases import Case
 from medseg.inference.ensemble import Ensemble, check_compatible
 from medseg.inference.model import EvalModel, load_model
 from medseg.inference.output import label_map_path, read_masks
+from medseg.inference.predict import Predictor
 from medseg.io import atomic_write_json, atomic_write_text, check_writable, json_safe, replaced_folder
 from medseg.postprocessing.components import POSTPROCESSING_FILE, STEPS, OutOfFoldCase, decide
 from medseg.runs.folders import Run, Sweep, cross_validations, crossval_dir
@@ -243,18 +244,20 @@ def run_folds(folds: Sequence[Fold], sweep: Path, label: str, settings: Crossval
     result = CrossvalResult(label, target)
     with replaced_folder(target) as folder:
         predictions = folder / PREDICTIONS
-        evaluation = EvaluateConfig(ckpt=str(sweep), input=str(sweep), output=str(predictions), tta=settings.tta,
-                                    device=settings.device, progress=False)
+        inference = replace(settings.inference, progress=False)  # the bar is over the cases
+        prediction = PredictConfig(ckpt=str(sweep), input=str(sweep), output=str(predictions), inference=inference)
+        scorer = Scorer(spec, EvaluateConfig.tolerance_mm)
         rows: list[dict[str, Any]] = []
         scored: list[Case] = []
         failed: list[dict[str, str]] = []
         total = sum(len(fold.cases) for fold in folds)
-        with tqdm(total=total, desc=f"crossval {label}".strip(), unit="case", disable=not settings.progress) as bar:
+        bar = tqdm(total=total, desc=f"crossval {label}".strip(), unit="case", disable=not settings.inference.progress)
+        with bar:
             for fold in folds:
-                ensemble = Ensemble([fold.net], evaluation)
+                predictor = Predictor(prediction, Ensemble([fold.net], inference), predictions)
                 for case in fold.cases:
                     try:
-                        rows += evaluate_case(ensemble, case, predictions, save_masks=True)
+                        rows += predictor.predict_case(case, on_case=scorer, save_masks=True)
                         scored.append(case)
                     except NoSpaceError:  # no case can be written: stop
                         raise
@@ -273,7 +276,7 @@ def run_folds(folds: Sequence[Fold], sweep: Path, label: str, settings: Crossval
             "num_scored": len(scored),
             **class_statistics(rows, labels),
             "failed": failed,
-            "settings": asdict(settings),
+            "config": asdict(settings),
         }
         if settings.postprocessing and scored:
             result.decision = decide(OutOfFold(scored, predictions, rows, spec), labels)

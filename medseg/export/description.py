@@ -9,7 +9,7 @@ from typing import Any
 
 from monai.inferers import sliding_window_inference
 
-from medseg.config import EvaluateConfig
+from medseg.config import InferenceConfig
 from medseg.errors import ConfigError
 from medseg.export.formats import EXPORT_FORMATS, INPUT, OUTPUT
 from medseg.inference.model import EvalModel
@@ -53,7 +53,7 @@ def export_description(net: EvalModel, name: str, checkpoint: str, postprocessin
         "patch_size": net.data.patch_size,
         "sliding_window": {"roi_size": net.window.roi_size,
                            "slice_axis": net.window.slice_axis if net.spatial_dims == 2 else None,
-                           "overlap": EvaluateConfig.overlap, "mode": "gaussian", "sigma_scale": sigma_scale},
+                           "overlap": InferenceConfig.overlap, "mode": "gaussian", "sigma_scale": sigma_scale},
         "classes": {str(index): label for index, label in net.labels.items()},
         "channel_names": net.channel_names,
         "postprocessing": postprocessing,

@@ -1,8 +1,5 @@
-"""The cases of an evaluation's ``input``: a folder of images or DICOM series, ``imagesTs/`` + ``labelsTs/``, or a
-``dataset.json``.
-
-See :mod:`medseg.evaluation.evaluate` for the accepted layouts.
-"""
+"""The cases of a prediction's ``input`` (a folder of images or DICOM series, ``imagesTs/`` + ``labelsTs/``, or a
+``dataset.json``: see :mod:`medseg.inference.predict`), and the reference labels of an evaluation's."""
 
 from __future__ import annotations
 
@@ -12,11 +9,18 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from medseg.config import DataConfig
-from medseg.data.datalist import case_id, channel_groups, dataset_cache_dir, load_dataset, split_cases, splits_path
+from medseg.data.datalist import (
+    DatasetInfo,
+    case_id,
+    channel_groups,
+    dataset_cache_dir,
+    load_dataset,
+    split_cases,
+    splits_path,
+)
 from medseg.data.dicom import is_series_folder, series_sources
 from medseg.data.reading import IMAGE_ENDINGS, ImageSource
-from medseg.errors import DatasetError
-from medseg.inference.settings import EvaluationError
+from medseg.errors import DatasetError, PredictionError
 
 
 @dataclass
@@ -33,7 +37,8 @@ class Case:
         return list(self.image) if isinstance(self.image, list) else [self.image]
 
 
-def _image_files(folder: Path) -> list[Path]:
+def image_files(folder: Path) -> list[Path]:
+    """The image files of ``folder`` (by ending; hidden files left out), sorted."""
     return sorted(p for p in folder.iterdir()
                   if p.is_file() and not p.name.startswith(".") and p.name.endswith(IMAGE_ENDINGS))
 
@@ -58,12 +63,12 @@ def check_channels(cases: Sequence[Case], num_channels: int, where: str) -> None
     (a single file may hold the channels on its last axis: its count is checked on reading).
 
     Raises:
-        EvaluationError: naming ``where`` (the input), the first such cases and their files.
+        PredictionError: naming ``where`` (the input), the first such cases and their files.
     """
     wrong = [case for case in cases if len(case.image_files) > 1 and len(case.image_files) != num_channels]
     if wrong:
         files = ", ".join(Path(str(f)).name for f in wrong[0].image_files)
-        raise EvaluationError(f"{where}: case {wrong[0].case} has {len(wrong[0].image_files)} channel files ({files})"
+        raise PredictionError(f"{where}: case {wrong[0].case} has {len(wrong[0].image_files)} channel files ({files})"
                               f"{f' and {len(wrong) - 1} more cases likewise' if len(wrong) > 1 else ''}, but the "
                               f"model takes {num_channels} channel(s); nnU-Net names CASE_XXXX are one file per "
                               f"channel (rename files that are cases of their own)")
@@ -73,7 +78,7 @@ def attach_labels(cases: list[Case], label_dir: Path) -> list[Case]:
     """Give each case without a label the file of ``label_dir`` with the same case id, if there is one."""
     if not label_dir.is_dir():
         return cases
-    labels = {case_id(p): str(p) for p in _image_files(label_dir)}
+    labels = {case_id(p): str(p) for p in image_files(label_dir)}
     for case in cases:
         if case.label is None:
             case.label = labels.get(case.case)
@@ -93,20 +98,35 @@ def _folder_cases(folder: Path) -> list[Case]:
     """The cases of a folder of images or DICOM series, or of its ``imagesTs/`` (else ``imagesTr/``) with the labels
     of ``labelsTs/`` (``labelsTr/``)."""
     image_dir = next((folder / d for d in ("imagesTs", "imagesTr") if (folder / d).is_dir()), folder)
-    cases = [*group_channels(_image_files(image_dir)), *series_cases(image_dir)]
+    cases = [*group_channels(image_files(image_dir)), *series_cases(image_dir)]
     if image_dir != folder:
         attach_labels(cases, folder / image_dir.name.replace("images", "labels"))
     return cases
 
 
-def _dataset_cases(json_path: Path, split: str, trained_on: DataConfig | None) -> list[Case]:
-    root = json_path.parent
+def read_dataset(json_path: Path) -> DatasetInfo:
+    """The dataset a ``dataset.json`` describes (nnU-Net's when it has ``channel_names``, else MSD's); its training
+    cases are not required.
+
+    Raises:
+        PredictionError: the file is no valid JSON or no dataset description.
+    """
     try:
         meta = json.loads(json_path.read_text())
-        info = load_dataset(root, "nnunet" if "channel_names" in meta else "msd", require_training=False)
+        return load_dataset(json_path.parent, "nnunet" if "channel_names" in meta else "msd", require_training=False)
+    except json.JSONDecodeError as err:
+        raise PredictionError(f"{json_path}: not valid JSON ({err})") from None
+    except DatasetError as err:
+        raise PredictionError(str(err)) from None
+
+
+def _dataset_cases(json_path: Path, split: str, trained_on: DataConfig | None) -> list[Case]:
+    root = json_path.parent
+    info = read_dataset(json_path)
+    try:
         if split == "validation" and not info.validation and trained_on is not None:
             if trained_on.fold == "all":
-                raise EvaluationError(f"split=validation: the checkpoint was trained with data.fold=all, on every "
+                raise PredictionError(f"split=validation: the checkpoint was trained with data.fold=all, on every "
                                       f"case of {json_path}, so it has no validation cases; choose split=test, or "
                                       f"score a fold's checkpoint")
             stored = splits_path(dataset_cache_dir(info.root, trained_on.cache_dir), trained_on)
@@ -114,56 +134,87 @@ def _dataset_cases(json_path: Path, split: str, trained_on: DataConfig | None) -
                                      splits_file=stored if stored.is_file() else None)
         else:
             entries = {"training": info.training, "test": info.test, "validation": info.validation or []}[split]
-    except json.JSONDecodeError as err:
-        raise EvaluationError(f"{json_path}: not valid JSON ({err})") from None
     except DatasetError as err:
-        raise EvaluationError(str(err)) from None
+        raise PredictionError(str(err)) from None
     if not entries and split == "validation" and trained_on is None:
-        raise EvaluationError(f"{json_path}: no validation list, and no single checkpoint whose fold to take (an "
+        raise PredictionError(f"{json_path}: no validation list, and no single checkpoint whose fold to take (an "
                               f"ensemble): score each fold on its own cases with scripts/crossval.py, or choose "
                               f"split=test|training")
     if not entries and split == "test" and (root / "imagesTs").is_dir():  # no test list: the folder's imagesTs/
         return _folder_cases(root)
     if not entries:
-        raise EvaluationError(f"{json_path}: the {split!r} list is empty (choose split=test|training|validation)")
+        raise PredictionError(f"{json_path}: the {split!r} list is empty (choose split=test|training|validation)")
     cases = [Case(e["case"], e["image"], e.get("label")) for e in entries]
     if split == "test":  # test labels are not in dataset.json; take them from labelsTs/ when present
         attach_labels(cases, root / "labelsTs")
     return cases
 
 
+def dataset_json(path: Path) -> Path | None:
+    """The ``dataset.json`` that ``input`` names (the file, or the folder holding it); None for another input.
+
+    Raises:
+        PredictionError: a ``.json`` file of another name.
+    """
+    if path.is_file() and path.suffix == ".json":
+        if path.name != "dataset.json":
+            raise PredictionError(f"input={path}: a dataset description must be named dataset.json")
+        return path
+    return path / "dataset.json" if (path / "dataset.json").is_file() else None
+
+
+def find_references(input_path: str | Path, split: str, trained_on: DataConfig | None = None) -> dict[str, str]:
+    """Case id -> reference label file of every case of ``input_path`` that has one: a ``dataset.json``'s ``split``
+    (as :func:`find_cases` reads it; test labels from ``labelsTs/``), a folder holding ``labelsTs/`` (else
+    ``labelsTr/``), or a folder of label files.
+
+    Raises:
+        PredictionError: the path does not exist or holds no label file.
+    """
+    path = Path(input_path).expanduser()
+    if not path.exists():
+        raise PredictionError(f"input={path}: not found")
+    description = dataset_json(path)
+    if description is not None:
+        labels = {case.case: case.label for case in _dataset_cases(description, split, trained_on) if case.label}
+    else:
+        folder = next((path / d for d in ("labelsTs", "labelsTr") if (path / d).is_dir()), path)
+        labels = {case_id(p): str(p) for p in image_files(folder)}
+    if not labels:
+        raise PredictionError(f"input={path}: no reference labels found (a folder of label files, one holding "
+                              f"labelsTs/ or labelsTr/, or a dataset.json whose {split!r} cases have labels)")
+    return labels
+
+
 def find_cases(input_path: str | Path, split: str, num_channels: int,
                trained_on: DataConfig | None = None) -> list[Case]:
-    """The cases of ``input_path`` (see :mod:`medseg.evaluation.evaluate` for the accepted layouts).
+    """The cases of ``input_path`` (see :mod:`medseg.inference.predict` for the accepted layouts).
 
     ``trained_on`` is the checkpoint's data config (:attr:`EvalModel.data`); with it, ``split=validation``
     on a dataset without a validation list means the validation fold of that training run (refused for
     ``data.fold=all``, which trained on every case).
 
     Raises:
-        EvaluationError: the path does not exist, holds no images, has duplicate case ids, or cases of one file
+        PredictionError: the path does not exist, holds no images, has duplicate case ids, or cases of one file
             per channel whose count is not ``num_channels`` (:func:`check_channels`).
         ImageReadError: a DICOM file of a series folder that pydicom cannot read, or no pydicom installed.
     """
     path = Path(input_path).expanduser()
     if not path.exists():
-        raise EvaluationError(f"input={path}: not found")
-    if path.is_file() and path.suffix == ".json":
-        if path.name != "dataset.json":
-            raise EvaluationError(f"input={path}: a dataset description must be named dataset.json")
-        cases = _dataset_cases(path, split, trained_on)
+        raise PredictionError(f"input={path}: not found")
+    description = dataset_json(path)
+    if description is not None:
+        cases = _dataset_cases(description, split, trained_on)
     elif path.is_file():
         cases = [Case(case_id(path), str(path))]
-    elif (path / "dataset.json").is_file():
-        cases = _dataset_cases(path / "dataset.json", split, trained_on)
     else:
         cases = _folder_cases(path)
     if not cases:
-        raise EvaluationError(f"input={path}: no images found ({', '.join(IMAGE_ENDINGS)} files, DICOM series "
+        raise PredictionError(f"input={path}: no images found ({', '.join(IMAGE_ENDINGS)} files, DICOM series "
                               f"folders, imagesTs/ + labelsTs/, or a dataset.json)")
     check_channels(cases, num_channels, f"input={path}")
     ids = [c.case for c in cases]
     duplicates = sorted({i for i in ids if ids.count(i) > 1})
     if duplicates:
-        raise EvaluationError(f"input={path}: duplicate case ids {duplicates}")
+        raise PredictionError(f"input={path}: duplicate case ids {duplicates}")
     return cases

@@ -18,9 +18,8 @@ import numpy as np
 from medseg.data.dicom import DicomSeries, is_series_folder, series_geometry
 from medseg.data.labels import LabelSpec
 from medseg.data.reading import source_name
-from medseg.errors import DatasetError
+from medseg.errors import DatasetError, PredictionError
 from medseg.inference.cases import Case
-from medseg.inference.settings import EvaluationError
 from medseg.io import atomic_save
 from medseg.version import __version__
 
@@ -39,17 +38,17 @@ def check_seg_inputs(cases: Sequence[Case], channel_names: Sequence[str]) -> Non
     references the one series it segments.
 
     Raises:
-        EvaluationError: naming the model's channels, or the first case that is no DICOM series.
+        PredictionError: naming the model's channels, or the first case that is no DICOM series.
     """
     if len(channel_names) != 1:
-        raise EvaluationError(f"output_format=dicom_seg: the model takes {len(channel_names)} input channels "
+        raise PredictionError(f"output_format=dicom_seg: the model takes {len(channel_names)} input channels "
                               f"({', '.join(channel_names)}); a DICOM-SEG is written onto one source series, for "
                               f"one-channel models only (choose output_format=nifti)")
     for case in cases:
         image = case.image_files[0]
         if len(case.image_files) != 1 or not (isinstance(image, DicomSeries) or (
                 isinstance(image, str | Path) and is_series_folder(image))):
-            raise EvaluationError(f"output_format=dicom_seg: case {case.case} ({source_name(image)}) is not a DICOM "
+            raise PredictionError(f"output_format=dicom_seg: case {case.case} ({source_name(image)}) is not a DICOM "
                                   f"series; a DICOM-SEG is written onto the series it segments (choose "
                                   f"output_format=nifti)")
 

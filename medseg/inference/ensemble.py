@@ -21,7 +21,7 @@ from pathlib import Path
 
 from monai.transforms import Compose
 
-from medseg.config import DataConfig, EvaluateConfig
+from medseg.config import DataConfig, InferenceConfig
 from medseg.data.labels import LabelSpec
 from medseg.errors import CheckpointError
 from medseg.inference.cases import Case
@@ -92,26 +92,26 @@ def check_compatible(nets: Sequence[EvalModel]) -> None:
 class Ensemble:
     """One or more models predicting whole cases in their original geometry, probabilities averaged."""
 
-    def __init__(self, nets: Sequence[EvalModel], settings: EvaluateConfig) -> None:
+    def __init__(self, nets: Sequence[EvalModel], inference: InferenceConfig) -> None:
         check_compatible(nets)
         self.nets = list(nets)
-        self.settings = settings
+        self.inference = inference
         chains: dict[str, Compose] = {}  # models with the same preprocessing share a case's preprocessing
         self.inferers = []
         for net in self.nets:
-            inferer = Inferer(net, settings, chains.get(net.preprocessing_key))
+            inferer = Inferer(net, inference, chains.get(net.preprocessing_key))
             chains.setdefault(net.preprocessing_key, inferer.transform)
             self.inferers.append(inferer)
 
     @classmethod
-    def load(cls, ckpt: str | Path | Sequence[str | Path], settings: EvaluateConfig) -> Ensemble:
+    def load(cls, ckpt: str | Path | Sequence[str | Path], inference: InferenceConfig) -> Ensemble:
         """The models of a ``ckpt`` setting (:func:`checkpoint_files`).
 
         Raises:
             CheckpointError: a missing or foreign checkpoint, a folder without finished runs or mixing
                 configurations, or models that cannot be ensembled.
         """
-        return cls([load_model(path) for path in checkpoint_files(ckpt)], settings)
+        return cls([load_model(path) for path in checkpoint_files(ckpt)], inference)
 
     def __len__(self) -> int:
         return len(self.nets)
@@ -142,12 +142,12 @@ class Ensemble:
     def infer(self, case: Case, on_model: Callable[[], object] = lambda: None) -> Prediction:
         """The mean of the models' probabilities on the case's grid; ``on_model()`` after each model.
 
-        The sliding windows of a single model show a progress bar when ``settings.progress`` is set.
+        The sliding windows of a single model show a progress bar when ``inference.progress`` is set.
 
         Raises:
             DatasetError: an unreadable image, or a channel count other than the models'.
         """
-        windows = self.settings.progress and len(self.nets) == 1
+        windows = self.inference.progress and len(self.nets) == 1
         preprocessed: dict[str, dict] = {}
         total = None
         for inferer in self.inferers:

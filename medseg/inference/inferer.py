@@ -15,15 +15,16 @@ import numpy as np
 import torch
 from monai.data import MetaTensor
 from monai.transforms import Compose, Invertd
+from torch import nn
 
-from medseg.config import EvaluateConfig
+from medseg.config import InferenceConfig
 from medseg.data.labels import LabelSpec
 from medseg.data.reading import from_ras, source_name
 from medseg.data.transforms import IMAGE
 from medseg.errors import DatasetError
+from medseg.inference.backends import check_backend, window_network
 from medseg.inference.cases import Case
 from medseg.inference.model import EvalModel
-from medseg.inference.runtimes import check_runtime, window_network
 from medseg.inference.sliding_window import infer_volume
 from medseg.postprocessing.components import Postprocessing
 from medseg.runtime.device import amp_dtype, resolve_device
@@ -59,27 +60,28 @@ class Prediction:
 
 
 class Inferer:
-    """Whole-case prediction in the original geometry for one rebuilt model and one set of settings.
+    """Whole-case prediction in the original geometry for one rebuilt model, configured by an ``inference`` node.
 
     ``transform``: the chain of another inferer with the same preprocessing (:attr:`EvalModel.preprocessing_key`),
     so that a case it preprocessed can be predicted here too (MONAI inverts only with the chain that applied it).
+    ``network``: the module run on the windows ``(B, C, *window)`` instead of the checkpoint's network on
+    ``inference.backend`` (:func:`~medseg.inference.backends.window_network`), e.g. that network wrapped to time it.
     """
 
-    def __init__(self, net: EvalModel, settings: EvaluateConfig, transform: Compose | None = None) -> None:
-        self.net, self.settings = net, settings
-        self.device = resolve_device(settings.device, "device")
+    def __init__(self, net: EvalModel, inference: InferenceConfig, transform: Compose | None = None,
+                 network: nn.Module | None = None) -> None:
+        self.net, self.inference = net, inference
+        self.device = resolve_device(inference.device, "inference.device")
         net.model.to(self.device)
-        self.sw_device = resolve_device(settings.sw_device, "sw_device") if settings.sw_device else self.device
-        check_runtime(settings.runtime, self.device)
-        self.network = window_network(net.model, settings.runtime, [net.in_channels, *net.window.net_patch],
-                                      settings.precision)
-        self.amp_dtype = amp_dtype(settings.precision, self.device) if settings.runtime == "torch" else None
+        self.sw_device = (resolve_device(inference.sw_device, "inference.sw_device") if inference.sw_device
+                          else self.device)
+        check_backend(inference.backend, inference.precision, self.device)
+        self.network = network if network is not None else window_network(
+            net.model, inference.backend, [net.in_channels, *net.window.net_patch], inference.precision)
+        self.amp_dtype = amp_dtype(inference.precision, self.device) if inference.backend == "torch" else None
         self.transform: Compose = transform or net.preprocessing
         self.inverter = Invertd(keys=PRED, transform=self.transform, orig_keys=IMAGE, nearest_interp=False)
-        self.mirror_axes = mirror_axes(net.spatial_dims, net.window.slice_axis) if settings.tta else ()
-        self.skip_constant = True
-        """Answer the windows that hold one value per channel from one run (False: every window run, the dense
-        reference of ``benchmark.py scan_prediction``)."""
+        self.mirror_axes = mirror_axes(net.spatial_dims, net.window.slice_axis) if inference.tta else ()
 
     def preprocess(self, case: Case) -> dict[str, Any]:
         """The case through the eval chain: ``image`` is a ``(C, X', Y', Z')`` MetaTensor on the target grid.
@@ -112,13 +114,13 @@ class Inferer:
     def window_probabilities(self, data: dict[str, Any], progress: bool = False) -> torch.Tensor:
         """``(K, X', Y', Z')`` the probabilities of a preprocessed case (:meth:`preprocess`) on its preprocessed grid,
         from the sliding windows (and their mirrorings); windows holding one value per channel are answered from
-        one run unless :attr:`skip_constant` is False."""
+        one run unless ``inference.skip_constant`` is false."""
         image = data[IMAGE].unsqueeze(0).to(self.device)
         return infer_volume(
             self.network, image, self.net.window.roi_size, self.net.spatial_dims, self.net.window.slice_axis,
-            sw_batch_size=self.settings.sw_batch_size, overlap=self.settings.overlap, device=self.device,
+            sw_batch_size=self.inference.sw_batch_size, overlap=self.inference.overlap, device=self.device,
             sw_device=self.sw_device, amp_dtype=self.amp_dtype, mirror_axes=self.mirror_axes, progress=progress,
-            activation=self.net.label_spec.activation, skip_constant=self.skip_constant,
+            activation=self.net.label_spec.activation, skip_constant=self.inference.skip_constant,
         )[0]
 
     def to_original(self, data: dict[str, Any], maps: torch.Tensor) -> np.ndarray:

@@ -9,10 +9,10 @@ from pathlib import Path
 import numpy as np
 
 from medseg.data.reading import nifti_header
+from medseg.errors import PredictionError
 from medseg.inference.cases import Case
 from medseg.inference.dicom_seg import seg_path
 from medseg.inference.inferer import Prediction
-from medseg.inference.settings import EvaluationError
 from medseg.io import atomic_write, write_nifti
 
 
@@ -59,7 +59,7 @@ def check_output(cases: Sequence[Case], output: Path, output_format: str = "nift
     path = seg_path if output_format == "dicom_seg" else label_map_path
     clash = [c.case for c in cases if path(output, c.case).resolve() in inputs]
     if clash:
-        raise EvaluationError(f"output={output}: predictions would overwrite input files (cases {clash[:3]}); "
+        raise PredictionError(f"output={output}: predictions would overwrite input files (cases {clash[:3]}); "
                               f"choose another output folder")
     if output.resolve() in inputs:
-        raise EvaluationError(f"output={output}: this is an input DICOM series folder; choose another output folder")
+        raise PredictionError(f"output={output}: this is an input DICOM series folder; choose another output folder")

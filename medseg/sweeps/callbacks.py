@@ -87,7 +87,7 @@ class SummarizeSweep(Callback):
             from medseg.evaluation.crossval import cross_validate, score_table
 
             progress = bool(OmegaConf.select(config, "trainer.progress", default=True))
-            for result in cross_validate({"dir": sweep_dir, "progress": progress}):
+            for result in cross_validate({"dir": sweep_dir, "inference": {"progress": progress}}):
                 log.info("cross-validation written to %s\n%s", result.output, score_table(result.summary))
         except Exception as err:  # a cross-validation must never turn a finished sweep into a failed one
             log.error("could not cross-validate the sweep in %s (%s: %s); retry with: python scripts/crossval.py %s",

@@ -17,7 +17,7 @@ from omegaconf import DictConfig, OmegaConf
 
 from medseg.attention.common import check_spatial_dims
 from medseg.attention.registry import block_choices, check_blocks
-from medseg.config import DataConfig, TrainConfig
+from medseg.config import DataConfig, InferenceConfig, TrainConfig
 from medseg.data.datalist import DATASET_FORMATS
 from medseg.data.transforms import check_normalization
 from medseg.errors import ConfigError
@@ -79,10 +79,23 @@ def _check_start(cfg: TrainConfig) -> None:
                           "trainer.init_from=<checkpoint>, or data.plan_from=data")
 
 
+def _check_inference(cfg: TrainConfig) -> None:
+    """Validation reads the ``inference`` node's sliding window only: it runs on ``trainer.device`` in
+    ``trainer.precision`` with torch, so another ``inference.device``, ``precision`` or ``backend`` is refused."""
+    defaults = InferenceConfig()
+    for key, trainer_key in (("device", "trainer.device"), ("precision", "trainer.precision"), ("backend", None)):
+        value = getattr(cfg.inference, key)
+        if value != getattr(defaults, key):
+            instead = f"; set {trainer_key}" if trainer_key else ""
+            raise ConfigError(f"inference.{key}={value}: training validates on trainer.device in trainer.precision "
+                              f"with torch; inference.{key} is for predict and evaluate{instead}")
+
+
 def _check_values(cfg: TrainConfig) -> None:
     """The values of ``cfg`` against the registries and against each other (each number against its range is
     :func:`~medseg.typed_config.to_typed`'s check)."""
     check_choices(cfg, _choices())
+    _check_inference(cfg)
     _check_builders(cfg)
     model, data = cfg.model, cfg.data
     if model.channels is not None and len(model.channels) < 2:

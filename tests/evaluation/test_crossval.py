@@ -32,7 +32,7 @@ from tests.helpers.sweeps import NUM_FOLDS, make_fold_sweep
 def crossvalidated(tmp_path_factory: pytest.TempPathFactory, tiny_demo_root: Path) -> Path:
     """A two-fold multirun of the tiny demo, cross-validated."""
     sweep = make_fold_sweep(tmp_path_factory.mktemp("cv") / "multirun", tiny_demo_root)
-    cross_validate({"dir": str(sweep), "progress": False})
+    cross_validate({"dir": str(sweep), "inference": {"progress": False}})
     return sweep
 
 
@@ -41,7 +41,7 @@ def test_out_of_fold_predictions_are_evaluates(crossvalidated: Path, tiny_demo_r
     assert len(list(predictions.glob("*.nii.gz"))) == 8, "every case once"
     fold0 = json.loads((crossvalidated / "0" / "splits.json").read_text())["val"]
     result = evaluate({"ckpt": str(crossvalidated / "0" / "checkpoints" / "best.pt"), "input": str(tiny_demo_root),
-                       "split": "validation", "output": str(tmp_path), "progress": False})
+                       "split": "validation", "output": str(tmp_path), "inference": {"progress": False}})
     assert sorted(r["case"] for r in result.rows[::2]) == sorted(fold0)
     for case in fold0:
         ours, theirs = nib.load(predictions / f"{case}.nii.gz"), nib.load(tmp_path / f"{case}.nii.gz")
@@ -147,13 +147,13 @@ def test_folds_that_cannot_be_cross_validated(tmp_path: Path, tiny_demo_root: Pa
     _rewrite_splits(sweep / "0", val=["demo_000", "demo_001"])
     _rewrite_splits(sweep / "1", **change)
     with pytest.raises(DatasetError, match=message):
-        cross_validate({"dir": str(sweep), "progress": False})
+        cross_validate({"dir": str(sweep), "inference": {"progress": False}})
     assert not (sweep / "crossval").exists()
 
 
 def test_an_unfinished_fold_is_left_out_and_named(tmp_path: Path, tiny_demo_root: Path) -> None:
     sweep = make_fold_sweep(tmp_path / "multirun", tiny_demo_root, folds=[1])
-    (result,) = cross_validate({"dir": str(sweep), "progress": False, "postprocessing": False})
+    (result,) = cross_validate({"dir": str(sweep), "inference": {"progress": False}, "postprocessing": False})
     fold1 = json.loads((sweep / "0" / "splits.json").read_text())["val"]
     assert result.summary["missing_folds"] == [0] and result.summary["num_scored"] == len(fold1)
     assert sorted(p.name for p in (sweep / "crossval").iterdir()) == ["metrics.csv", "predictions", "summary.json",
@@ -178,6 +178,6 @@ def test_five_fold_training_cross_validated_by_the_callback(tmp_path: Path, tiny
     assert summary["num_scored"] == 8 and (sweep / "crossval" / "postprocessing.json").is_file()
     assert "over 2 folds" in (sweep / "summary.md").read_text()
     result = run_script("evaluate.py", [f"ckpt={sweep}", f"input={tiny_demo_root}", "split=training", "output=ens",
-                                        "progress=false"], cwd=tmp_path)
+                                        "inference.progress=false"], cwd=tmp_path)
     assert result.returncode == 0, result.stderr[-3000:]
     assert len(list((tmp_path / "ens").glob("*.nii.gz"))) == 8

@@ -22,9 +22,9 @@ pydicom = pytest.importorskip("pydicom")
 hd = pytest.importorskip("highdicom")
 
 from medseg.data.reading import ImageReadError, read_file  # noqa: E402
-from medseg.errors import ConfigError  # noqa: E402
+from medseg.errors import ConfigError, PredictionError  # noqa: E402
 from medseg.evaluation.evaluate import evaluate  # noqa: E402
-from medseg.inference.settings import EvaluationError, check_config  # noqa: E402
+from medseg.inference.checks import check_config  # noqa: E402
 from tests.helpers.checkpoints import save_test_checkpoint  # noqa: E402
 from tests.helpers.configs import run_script  # noqa: E402
 from tests.helpers.dicom import SeriesCase, two_series_folder, write_ct_case  # noqa: E402
@@ -53,7 +53,8 @@ def series_input(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, dict[s
 
 
 def run(ckpt: Path, input: Path, output: Path, **settings: object):
-    return evaluate({"ckpt": str(ckpt), "input": str(input), "output": str(output), "progress": False, **settings})
+    return evaluate({"ckpt": str(ckpt), "input": str(input), "output": str(output), "inference": {"progress": False},
+                     **settings})
 
 
 def test_dicom_seg_equals_the_nifti_prediction(ckpt: Path, series_input: tuple[Path, dict[str, SeriesCase]],
@@ -64,7 +65,7 @@ def test_dicom_seg_equals_the_nifti_prediction(ckpt: Path, series_input: tuple[P
     assert seg_result.exit_code == nifti_result.exit_code == 0
     assert sorted(p.name for p in (tmp_path / "seg").iterdir()) == ["axial.seg.dcm", "oblique.seg.dcm",
                                                                      "summary.json"]
-    assert json.loads((tmp_path / "seg" / "summary.json").read_text())["settings"]["output_format"] == "dicom_seg"
+    assert json.loads((tmp_path / "seg" / "summary.json").read_text())["config"]["output_format"] == "dicom_seg"
     for name, case in cases.items():
         prediction = nib.load(tmp_path / "nifti" / f"{name}.nii.gz")
         labels = np.asarray(prediction.dataobj)
@@ -138,7 +139,7 @@ def test_dicom_seg_is_refused_for_nifti_and_two_channel_inputs(ckpt: Path, tmp_p
     nifti = tmp_path / "nifti"
     nifti.mkdir()
     shutil.copy(cases["axial"].nifti, nifti / "axial.nii.gz")
-    with pytest.raises(EvaluationError, match=r"^output_format=dicom_seg: case axial \(.*axial\.nii\.gz\) is not a "
+    with pytest.raises(PredictionError, match=r"^output_format=dicom_seg: case axial \(.*axial\.nii\.gz\) is not a "
                                               r"DICOM series; a DICOM-SEG is written onto the series it segments"):
         run(ckpt, nifti, tmp_path / "out", output_format="dicom_seg")
     two = save_test_checkpoint(tmp_path / "two.pt", channel_names=("T2", "ADC"), patch=(32, 32, 8))
@@ -146,7 +147,7 @@ def test_dicom_seg_is_refused_for_nifti_and_two_channel_inputs(ckpt: Path, tmp_p
     (tmp_path / "ds" / "dataset.json").write_text(json.dumps({
         "name": "two", "modality": {"0": "T2", "1": "ADC"}, "labels": LABELS, "training": [],
         "test": [{"image": [str(folder / "axial"), str(folder / "oblique")]}]}))
-    with pytest.raises(EvaluationError, match=r"^output_format=dicom_seg: the model takes 2 input channels \(T2, "
+    with pytest.raises(PredictionError, match=r"^output_format=dicom_seg: the model takes 2 input channels \(T2, "
                                               r"ADC\); a DICOM-SEG is written onto one source series"):
         run(two, tmp_path / "ds" / "dataset.json", tmp_path / "out", output_format="dicom_seg")
     assert not (tmp_path / "out").exists() or not any((tmp_path / "out").iterdir()), "nothing written"
@@ -156,7 +157,7 @@ def test_dicom_seg_is_refused_for_nifti_and_two_channel_inputs(ckpt: Path, tmp_p
 
 def test_without_highdicom_the_extra_is_named(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setitem(sys.modules, "highdicom", None)  # what importlib finds when a package is not installed
-    with pytest.raises(EvaluationError, match=r'^output_format=dicom_seg needs highdicom: pip install '
+    with pytest.raises(PredictionError, match=r'^output_format=dicom_seg needs highdicom: pip install '
                                               r'"medseg\[dicom\]"$'):
         check_config({"ckpt": "a.pt", "input": "x", "output_format": "dicom_seg"})
 

@@ -21,12 +21,11 @@ from torch import nn
 from medseg.config import DataConfig
 from medseg.data.datalist import channel_file_name, load_dataset, parse_channel_file, split_cases, splits_path
 from medseg.data.reading import read_file
-from medseg.errors import CheckpointError, ConfigError
+from medseg.errors import CheckpointError, ConfigError, PredictionError
 from medseg.evaluation.evaluate import evaluate
 from medseg.inference.cases import find_cases, group_channels
 from medseg.inference.inferer import mirror_axes
 from medseg.inference.output import check_output
-from medseg.inference.settings import EvaluationError
 from tests.helpers.checkpoints import CHECKPOINT_SPACING, save_test_checkpoint
 from tests.helpers.configs import run_script
 from tests.helpers.files import read_csv
@@ -57,7 +56,7 @@ def test_geometry_kept_and_metrics_match_direct_computation(tiny_demo_root: Path
     demo = msd_copy_with_validation(tiny_demo_root, tmp_path / "demo", cases=4)
     out = tmp_path / "out"
     result = evaluate({"ckpt": str(ckpt_3d), "input": str(demo / "dataset.json"), "split": "validation",
-                       "output": str(out), "progress": False})
+                       "output": str(out), "inference": {"progress": False}})
     assert result.exit_code == 0 and not result.failed
     rows = read_csv(out / "metrics.csv")
     assert len(rows) == 4 * 2 and {r["class_name"] for r in rows} == {"dim sphere", "bright sphere"}
@@ -97,7 +96,7 @@ def test_oracle_model_scores_perfectly(tiny_demo_root: Path, tmp_path: Path, ora
                                 channel_names=("c0", "c1", "c2"))
     folder = nnunet_folder(tiny_demo_root, tmp_path / "data", one_hot_images=True, cases=3, orientation=orientation)
     result = evaluate({"ckpt": str(ckpt), "input": str(folder), "output": str(tmp_path / "out"),
-                       "progress": False, "tta": True})
+                       "inference": {"progress": False, "tta": True}})
     assert result.exit_code == 0 and len(result.rows) == 3 * 2
     for index in range(3):
         name = f"demo_{index:03d}"
@@ -121,7 +120,7 @@ def test_predict_only_folder_with_probabilities(tiny_demo_root: Path, ckpt_3d: P
     for name in ("demo_000.nii.gz", "demo_001.nii.gz"):
         shutil.copy(tiny_demo_root / "imagesTr" / name, images / name)
     out = tmp_path / "out"
-    result = evaluate({"ckpt": str(ckpt_3d), "input": str(images), "output": str(out), "progress": False,
+    result = evaluate({"ckpt": str(ckpt_3d), "input": str(images), "output": str(out), "inference": {"progress": False},
                        "save_probabilities": True})
     assert result.exit_code == 0 and result.rows == []
     assert not (out / "metrics.csv").exists()
@@ -139,7 +138,7 @@ def test_the_output_is_checked_writable_before_any_prediction(tiny_demo_root: Pa
     (tmp_path / "notes.txt").write_text("mine")
     with pytest.raises(ConfigError, match=rf"^output: {tmp_path / 'notes.txt'} is a file, not a folder"):
         evaluate({"ckpt": str(ckpt_3d), "input": str(tiny_demo_root / "imagesTr"),
-                  "output": str(tmp_path / "notes.txt" / "out"), "progress": False})
+                  "output": str(tmp_path / "notes.txt" / "out"), "inference": {"progress": False}})
 
 
 def test_an_evaluation_removes_what_a_killed_one_half_wrote_in_its_output(tiny_demo_root: Path, ckpt_3d: Path,
@@ -152,7 +151,7 @@ def test_an_evaluation_removes_what_a_killed_one_half_wrote_in_its_output(tiny_d
     half_written = [out / ".demo_001.nii.gz.k3j_9x2q.tmp.nii.gz", out / ".summary.json.abcd1234.tmp"]
     for path in [*half_written, out / "notes.tmp"]:
         path.write_bytes(b"partial")
-    evaluate({"ckpt": str(ckpt_3d), "input": str(images), "output": str(out), "progress": False})
+    evaluate({"ckpt": str(ckpt_3d), "input": str(images), "output": str(out), "inference": {"progress": False}})
     assert sorted(p.name for p in out.iterdir()) == ["demo_000.nii.gz", "notes.tmp", "summary.json"]
 
 
@@ -161,7 +160,7 @@ def test_nrrd_images_are_predicted_onto_their_grid(ckpt_3d: Path, tmp_path: Path
     root = write_ct_dataset(tmp_path / "ct", "nnunet", num_cases=1, shape=(40, 36, 12), orientation="PIR",
                             file_ending=".nrrd")
     result = evaluate({"ckpt": str(ckpt_3d), "input": str(root), "split": "training", "output": str(tmp_path / "out"),
-                       "progress": False})
+                       "inference": {"progress": False}})
     assert result.exit_code == 0 and len(result.rows) == 2, result.failed
     image, affine = read_file(root / "imagesTr" / "ct_000_0000.nrrd")
     pred = nib.load(tmp_path / "out" / "ct_000.nii.gz")
@@ -174,7 +173,7 @@ def test_2d_checkpoint_on_3d_volumes(tiny_demo_root: Path, tmp_path: Path) -> No
     ckpt = save_test_checkpoint(tmp_path / "best2d.pt", spatial_dims=2)
     folder = nnunet_folder(tiny_demo_root, tmp_path / "data", cases=1)
     result = evaluate({"ckpt": str(ckpt), "input": str(folder), "output": str(tmp_path / "out"),
-                       "progress": False})
+                       "inference": {"progress": False}})
     assert result.exit_code == 0 and len(result.rows) == 2
     assert_same_geometry(tmp_path / "out" / "demo_000.nii.gz", folder / "imagesTs" / "demo_000_0000.nii.gz")
 
@@ -202,7 +201,8 @@ def test_bad_cases_are_reported_and_others_still_evaluated(tiny_demo_root: Path,
         voxels[0, 0, : len(values)] = values
         nib.save(nib.Nifti1Image(voxels, label.affine), folder / "labelsTs" / f"{case}.nii.gz")
     out = tmp_path / "out"
-    result = evaluate({"ckpt": str(ckpt_3d), "input": str(folder), "output": str(out), "progress": False})
+    result = evaluate({"ckpt": str(ckpt_3d), "input": str(folder), "output": str(out),
+                       "inference": {"progress": False}})
     assert result.exit_code == 1
     reasons = {f["case"]: f["reason"] for f in result.failed}
     assert set(reasons) == {"demo_001", "demo_002", "demo_004", "demo_005", "demo_006", "demo_007"}
@@ -224,13 +224,14 @@ def test_bad_checkpoints_and_empty_input(ckpt_3d: Path, tmp_path: Path) -> None:
     empty = tmp_path / "empty"
     empty.mkdir()
     with pytest.raises(CheckpointError, match="not found"):
-        evaluate({"ckpt": str(tmp_path / "nope.pt"), "input": str(empty), "progress": False})
+        evaluate({"ckpt": str(tmp_path / "nope.pt"), "input": str(empty), "inference": {"progress": False}})
     foreign = tmp_path / "foreign.pt"
     torch.save(nn.Linear(2, 2).state_dict(), foreign)
     with pytest.raises(CheckpointError, match="not written by medseg"):
-        evaluate({"ckpt": str(foreign), "input": str(empty), "progress": False})
-    with pytest.raises(EvaluationError, match="no images found"):
-        evaluate({"ckpt": str(ckpt_3d), "input": str(empty), "output": str(tmp_path / "o"), "progress": False})
+        evaluate({"ckpt": str(foreign), "input": str(empty), "inference": {"progress": False}})
+    with pytest.raises(PredictionError, match="no images found"):
+        evaluate({"ckpt": str(ckpt_3d), "input": str(empty), "output": str(tmp_path / "o"),
+                  "inference": {"progress": False}})
     with pytest.raises(ConfigError, match="input is required"):
         evaluate({"ckpt": str(ckpt_3d)})
     result = run_script("evaluate.py", [f"ckpt={foreign}", f"input={empty}"], cwd=tmp_path)
@@ -252,9 +253,9 @@ def test_case_discovery(tmp_path: Path) -> None:
     numbered = [tmp_path / f"scan_{i:04d}.nii.gz" for i in range(1, 4)]
     assert [c.case for c in group_channels(numbered)] == ["scan_0001", "scan_0002", "scan_0003"]
     (tmp_path / "x.nii.gz").write_bytes(b"")
-    with pytest.raises(EvaluationError, match="not found"):
+    with pytest.raises(PredictionError, match="not found"):
         find_cases(tmp_path / "missing", "test", 1)
-    with pytest.raises(EvaluationError, match="would overwrite"):
+    with pytest.raises(PredictionError, match="would overwrite"):
         check_output(find_cases(tmp_path, "test", 1), tmp_path)
 
 
@@ -264,7 +265,7 @@ def test_nnunet_channel_files_are_grouped_whatever_the_model_and_must_fit_its_ch
     for name in ("a_0000", "a_0001", "b_0000", "b_0001"):
         (folder / f"{name}.nii.gz").write_bytes(b"")
     assert [len(c.image_files) for c in find_cases(folder, "test", 2)] == [2, 2]
-    with pytest.raises(EvaluationError, match=r"^input=.*imagesTr: case a has 2 channel files \(a_0000\.nii\.gz, "
+    with pytest.raises(PredictionError, match=r"^input=.*imagesTr: case a has 2 channel files \(a_0000\.nii\.gz, "
                                               r"a_0001\.nii\.gz\) and 1 more cases likewise, but the model takes 1 "
                                               r"channel\(s\)"):
         find_cases(folder, "test", 1)
@@ -310,7 +311,7 @@ def test_validation_split_is_the_fold_the_checkpoint_was_trained_with(tiny_demo_
 def test_validation_split_of_a_checkpoint_trained_on_every_case_is_refused(tiny_demo_root: Path,
                                                                              tmp_path: Path) -> None:
     trained_on = DataConfig(root=str(tiny_demo_root), fold="all")
-    with pytest.raises(EvaluationError, match=r"^split=validation: the checkpoint was trained with data\.fold=all, "
+    with pytest.raises(PredictionError, match=r"^split=validation: the checkpoint was trained with data\.fold=all, "
                                               r"on every case of .*dataset\.json, so it has no validation cases"):
         find_cases(tiny_demo_root, "validation", 1, trained_on)
     listed = msd_copy_with_validation(tiny_demo_root, tmp_path / "demo", cases=2)
@@ -320,8 +321,8 @@ def test_validation_split_of_a_checkpoint_trained_on_every_case_is_refused(tiny_
 
 def test_script_end_to_end(tiny_demo_root: Path, ckpt_3d: Path, tmp_path: Path) -> None:
     folder = nnunet_folder(tiny_demo_root, tmp_path / "data", cases=1)
-    result = run_script("evaluate.py", [f"ckpt={ckpt_3d}", f"input={folder}", "output=preds", "progress=false"],
-                        cwd=tmp_path, timeout=300)
+    result = run_script("evaluate.py", [f"ckpt={ckpt_3d}", f"input={folder}", "output=preds",
+                                        "inference.progress=false"], cwd=tmp_path, timeout=300)
     assert result.returncode == 0, result.stderr[-3000:]
     assert "foreground mean" in result.stdout and "dim sphere" in result.stdout
     out = tmp_path / "preds"

@@ -16,7 +16,7 @@ import torch
 import yaml
 from torch import nn
 
-from medseg.config import DataConfig, EvaluateConfig
+from medseg.config import DataConfig, InferenceConfig
 from medseg.data.datalist import dataset_from_config, load_dataset
 from medseg.data.labels import IGNORE_INDEX, LabelSpec
 from medseg.data.reading import read_case
@@ -46,7 +46,7 @@ from tests.helpers.runs import micro_config
 SPACING = (1.0, 1.0, 2.0)
 REGIONS_OVERRIDE = "data.regions={whole_tumor:[1,2,4],tumor_core:[2,4],enhancing:[4]}"
 RUN = ["data.patch_size=[16,16,8]", "trainer.max_epochs=1", "data.fold=all"]
-SETTINGS = EvaluateConfig(ckpt="unused", input="unused", progress=False)
+INFERENCE = InferenceConfig(progress=False)
 IGNORE = 5
 
 
@@ -148,7 +148,7 @@ def test_region_training_2d_and_its_evaluation(brats: dict[str, Path], tmp_path:
     metrics = train(micro_config(run, brats["nnunet"], "data=nnunet", "model.spatial_dims=2", *RUN))
     assert list(metrics["val_dice_per_class"]) == list(BRATS_REGIONS)
     result = evaluate({"ckpt": str(run / "checkpoints" / "best.pt"), "input": str(brats["nnunet"]),
-                       "split": "training", "output": str(tmp_path / "out"), "progress": False})
+                       "split": "training", "output": str(tmp_path / "out"), "inference": {"progress": False}})
     assert result.exit_code == 0 and len(result.rows) == 4 * 3
     written = np.asarray(nib.load(tmp_path / "out" / "brats_001.nii.gz").dataobj)
     assert set(np.unique(written)) <= {0, 1, 2, 4}
@@ -166,7 +166,7 @@ def test_region_metrics_and_label_maps_against_numpy(brats: dict[str, Path], reg
                            lambda label, rng: [np.where(label == IGNORE, ~m, m) for m in noisy_regions(label, rng)])
     for folder in (first, second):
         result = evaluate({"ckpt": str(ckpt), "input": str(folder), "split": "training", "save_probabilities": True,
-                           "output": str(tmp_path / f"out_{folder.name}"), "progress": False})
+                           "output": str(tmp_path / f"out_{folder.name}"), "inference": {"progress": False}})
         assert result.exit_code == 0
     rows = read_csv(tmp_path / "out_first" / "metrics.csv")
     assert len(rows) == 4 * 3 and [r["class_name"] for r in rows[:3]] == list(BRATS_REGIONS)
@@ -230,7 +230,7 @@ def test_gapped_values_round_trip_to_the_written_labels(brats: dict[str, Path], 
     folder = oracle_folder(brats["nnunet"], tmp_path / "onehot",
                            lambda label, rng: [label == value for value in (0, 1, 2, 4)])
     result = evaluate({"ckpt": str(ckpt), "input": str(folder), "split": "training", "output": str(tmp_path / "out"),
-                       "progress": False})
+                       "inference": {"progress": False}})
     assert result.exit_code == 0 and {r["class_name"] for r in result.rows} == {"edema", "non-enhancing", "enhancing"}
     assert all(r["dice"] == 1.0 for r in result.rows)
     for path in (brats["nnunet"] / "labelsTr").glob("*.nii.gz"):
@@ -244,9 +244,9 @@ def test_ensemble_averages_sigmoids(brats: dict[str, Path], regions: LabelSpec, 
     paths = [save_region_checkpoint(tmp_path / f"{seed}.pt", regions, seed=seed) for seed in (0, 1)]
     images = [str(brats["nnunet"] / "imagesTr" / f"brats_000_{c:04d}.nii.gz") for c in range(4)]
     case = Case("brats_000", images)
-    a, b = (Inferer(load_model(path), SETTINGS).infer(case).probabilities for path in paths)
+    a, b = (Inferer(load_model(path), INFERENCE).infer(case).probabilities for path in paths)
     assert a.shape == (3, 24, 24, 12) and not np.allclose(a, b)
-    prediction = Ensemble.load(paths, SETTINGS).infer(case)
+    prediction = Ensemble.load(paths, INFERENCE).infer(case)
     np.testing.assert_allclose(prediction.probabilities, (a + b) / 2, atol=1e-6)
     assert not np.allclose(prediction.probabilities.sum(0), 1.0), "independent sigmoids, not a softmax"
     mean = (a + b) / 2 > 0.5
@@ -287,7 +287,7 @@ def make_region_sweep(sweep: Path, root: Path, labels: LabelSpec) -> Path:
 def test_crossval_decides_and_evaluate_applies_postprocessing_per_region(brats: dict[str, Path], regions: LabelSpec,
                                                                          tmp_path: Path, one_thread: None) -> None:
     sweep = make_region_sweep(tmp_path / "multirun", brats["nnunet"], regions)
-    (result,) = cross_validate({"dir": str(sweep), "progress": False})
+    (result,) = cross_validate({"dir": str(sweep), "inference": {"progress": False}})
     folder = sweep / "crossval"
     assert list(result.summary["classes"]) == list(BRATS_REGIONS)
     assert len(read_csv(folder / "metrics.csv")) == 4 * 3 and len(list(folder.glob("predictions/*.masks.npz"))) == 4
@@ -299,8 +299,8 @@ def test_crossval_decides_and_evaluate_applies_postprocessing_per_region(brats: 
     steps = load(folder / "postprocessing.json", regions.outputs)
     out = tmp_path / "out"
     evaluate({"ckpt": str(sweep), "input": str(brats["nnunet"]), "split": "training", "output": str(out),
-              "postprocessing": "auto", "progress": False})
-    ensemble = Ensemble.load(sweep, SETTINGS)
+              "postprocessing": "auto", "inference": {"progress": False}})
+    ensemble = Ensemble.load(sweep, INFERENCE)
     for case in ("brats_000", "brats_003"):
         images = [str(brats["nnunet"] / "imagesTr" / f"{case}_{c:04d}.nii.gz") for c in range(4)]
         prediction = ensemble.infer(Case(case, images))

@@ -21,16 +21,8 @@ from medseg.config import DataConfig
 from medseg.data.transforms import window
 from medseg.errors import CheckpointError, ConfigError
 from medseg.evaluation.evaluate import evaluate
-from medseg.export import (
-    EXPORT_FORMATS,
-    INPUT,
-    PREPROCESSING_FILE,
-    ExportError,
-    check_export,
-    export,
-    load_exported,
-    write_network,
-)
+from medseg.export import PREPROCESSING_FILE, export, load_exported
+from medseg.export.formats import EXPORT_FORMATS, INPUT, ExportError, check_export, write_network
 from medseg.models import build_model
 from medseg.runs.checkpoint import load_checkpoint, save_checkpoint
 from medseg.training.run import train
@@ -91,7 +83,8 @@ def test_onnx_export_predicts_the_torch_labels_of_a_demo_case(trained: Path, tin
     np.testing.assert_array_equal(labels, expected)
     np.testing.assert_array_equal(predict_exported(case, tmp_path / "export"), expected)
     # the same case through evaluate.py's code: the label map it writes holds the same labels
-    evaluate({"ckpt": str(trained), "input": str(case), "output": str(tmp_path / "evaluated"), "progress": False})
+    evaluate({"ckpt": str(trained), "input": str(case), "output": str(tmp_path / "evaluated"),
+              "inference": {"progress": False}})
     written = nib.load(tmp_path / "evaluated" / "demo_003.nii.gz")
     np.testing.assert_array_equal(np.asarray(written.dataobj), expected)
 

@@ -12,20 +12,19 @@ import numpy as np
 import pytest
 import yaml
 
-from medseg.config import EvaluateConfig
-from medseg.errors import CheckpointError
+from medseg.config import InferenceConfig
+from medseg.errors import CheckpointError, PredictionError
 from medseg.evaluation.evaluate import evaluate
 from medseg.inference.cases import Case
 from medseg.inference.ensemble import Ensemble, checkpoint_files
 from medseg.inference.inferer import Inferer
 from medseg.inference.model import load_model
-from medseg.inference.settings import EvaluationError
 from medseg.postprocessing.components import load
 from tests.helpers.checkpoints import save_test_checkpoint
 from tests.helpers.sweeps import make_fold_sweep
 from tests.helpers.volumes import LABELS, assert_same_geometry, nnunet_folder
 
-SETTINGS = EvaluateConfig(ckpt="unused", input="unused", progress=False)
+INFERENCE = InferenceConfig(progress=False)
 
 
 @pytest.fixture(scope="module")
@@ -38,12 +37,12 @@ def two_spacings(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Path]:
 
 def test_probabilities_averaged_on_the_input_grid(two_spacings: tuple[Path, Path], tiny_demo_root: Path) -> None:
     case = Case("demo_000", str(tiny_demo_root / "imagesTr" / "demo_000.nii.gz"))
-    a, b = (Inferer(load_model(path), SETTINGS).infer(case).probabilities for path in two_spacings)
+    a, b = (Inferer(load_model(path), INFERENCE).infer(case).probabilities for path in two_spacings)
     assert a.shape == b.shape == (3, *nib.load(case.image).shape)
-    ensemble = Ensemble.load(list(two_spacings), SETTINGS).infer(case)
+    ensemble = Ensemble.load(list(two_spacings), INFERENCE).infer(case)
     np.testing.assert_allclose(ensemble.probabilities, (a + b) / 2, atol=1e-6)
     # models with the same preprocessing read the case once and share it
-    shared = Ensemble.load([two_spacings[0], two_spacings[0]], SETTINGS)
+    shared = Ensemble.load([two_spacings[0], two_spacings[0]], INFERENCE)
     assert shared.inferers[1].transform is shared.inferers[0].transform
     np.testing.assert_allclose(shared.infer(case).probabilities, a, atol=1e-6)
 
@@ -62,7 +61,7 @@ def test_evaluate_an_ensemble(two_spacings: tuple[Path, Path], tiny_demo_root: P
         assert (probabilities.argmax(0) == labels).mean() > 0.99  # float16 ties aside
     summary = json.loads((out / "summary.json").read_text())
     assert summary["checkpoints"] == [str(p) for p in two_spacings] and summary["postprocessing"] == "none"
-    with pytest.raises(EvaluationError, match="no single checkpoint whose fold to take .* scripts/crossval.py"):
+    with pytest.raises(PredictionError, match="no single checkpoint whose fold to take .* scripts/crossval.py"):
         evaluate({"ckpt": [str(p) for p in two_spacings], "input": str(tiny_demo_root), "split": "validation"})
 
 
@@ -70,10 +69,10 @@ def test_checkpoints_that_cannot_be_ensembled(two_spacings: tuple[Path, Path], t
     other_labels = save_test_checkpoint(tmp_path / "liver.pt", labels={"0": "background", "1": "liver", "2": "tumour"})
     with pytest.raises(CheckpointError, match=rf"{two_spacings[0]} and {other_labels} cannot be ensembled: their "
                                               r"classes differ .*'dim sphere'.*'liver'"):
-        Ensemble.load([two_spacings[0], other_labels], SETTINGS)
+        Ensemble.load([two_spacings[0], other_labels], INFERENCE)
     two_channels = save_test_checkpoint(tmp_path / "t2adc.pt", channel_names=("T2", "ADC"))
     with pytest.raises(CheckpointError, match=rf"{two_spacings[1]} and {two_channels} .*their channels differ"):
-        Ensemble.load([two_spacings[1], two_channels], SETTINGS)
+        Ensemble.load([two_spacings[1], two_channels], INFERENCE)
 
 
 def test_a_multirun_folder_is_its_finished_folds(tmp_path: Path, tiny_demo_root: Path) -> None:
@@ -108,7 +107,7 @@ def test_auto_postprocessing_is_the_cross_validations_of_exactly_these_folds(tmp
     for name, ckpt, postprocessing in (("raw", str(sweep), "none"), ("auto", str(sweep), "auto"),
                                        ("fold", str(sweep / "0" / "checkpoints" / "best.pt"), "auto")):
         runs[name] = evaluate({"ckpt": ckpt, "input": str(folder), "output": str(tmp_path / name),
-                               "postprocessing": postprocessing, "progress": False})
+                               "postprocessing": postprocessing, "inference": {"progress": False}})
     assert runs["auto"].summary["postprocessing"] == "class 1: largest_component, class 2: largest_component"
     assert runs["fold"].summary["postprocessing"] == "none", "a single fold is not what it was decided for"
     steps = load(decision, {int(i): name for i, name in LABELS.items()})

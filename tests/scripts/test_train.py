@@ -26,7 +26,8 @@ def test_train_3d_with_masa_bottleneck(tmp_path: Path, tiny_demo_root: Path) -> 
     metrics = check_run_outputs(run_dir, 3)
     # evaluate.py on the same validation cases reports the Dice the run selected its best checkpoint by
     evaluated = evaluate({"ckpt": str(run_dir / "checkpoints" / "best.pt"), "input": str(tiny_demo_root),
-                          "split": "validation", "overlap": 0.25, "output": str(tmp_path / "preds"), "progress": False})
+                          "split": "validation", "output": str(tmp_path / "preds"),
+                          "inference": {"overlap": 0.25, "progress": False}})
     assert evaluated.summary["num_scored"] == len(json.loads((run_dir / "splits.json").read_text())["val"])
     assert evaluated.summary["foreground_mean"]["dice"] == pytest.approx(metrics["best_val_dice"], abs=0.02)
     state = load_checkpoint(run_dir / "checkpoints" / "last.pt")

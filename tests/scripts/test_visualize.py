@@ -26,7 +26,7 @@ def inputs(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Path]:
 def test_script_writes_the_maps_and_prints_the_table(inputs: tuple[Path, Path], tmp_path: Path) -> None:
     ckpt, scan = inputs
     result = run_script("visualize.py", [f"ckpt={ckpt}", f"input={scan}", "voxel=[9,20,5]", "output=out",
-                                         "device=cpu"], cwd=tmp_path)
+                                         "inference.device=cpu"], cwd=tmp_path)
     assert result.returncode == 0, result.stderr
     written = sorted(path.name for path in (tmp_path / "out").iterdir())
     assert written == ["attention.json", "bottleneck_block0.nii.gz", "bottleneck_block0.png",
@@ -45,7 +45,7 @@ def test_script_writes_the_maps_and_prints_the_table(inputs: tuple[Path, Path], 
 def test_bad_input_is_one_line_and_exit_1(inputs: tuple[Path, Path], tmp_path: Path, args: list[str],
                                           needle: str) -> None:
     ckpt, scan = inputs
-    result = run_script("visualize.py", [f"ckpt={ckpt}", f"input={scan}", "device=cpu", *args], cwd=tmp_path)
+    result = run_script("visualize.py", [f"ckpt={ckpt}", f"input={scan}", "inference.device=cpu", *args], cwd=tmp_path)
     assert result.returncode == 1
     lines = result.stderr.strip().splitlines()
     assert len(lines) == 1 and lines[0].startswith("error: ") and needle in lines[0], result.stderr

@@ -114,7 +114,7 @@ def test_training_peak_ram_stays_within_the_runtime_and_3x_the_resampled_data(tm
     result = run_script("train.py", [
         "data=msd", f"data.root={root}", "data.cache=memory", "data.num_workers=2", "data.patch_size=[64,64]",
         "data.samples_per_volume=2", "model.spatial_dims=2", "model.channels=[4,8]", "model.strides=[2]",
-        "trainer.max_epochs=1", "trainer.batch_size=2", "trainer.sw_batch_size=64", "trainer.check_data=false",
+        "trainer.max_epochs=1", "trainer.batch_size=2", "inference.sw_batch_size=64", "trainer.check_data=false",
         "trainer.progress=false", "trainer.log_images=false", f"hydra.run.dir={run_dir}"], cwd=tmp_path)
     assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
     data = json.loads((root / ".medseg_cache" / "fingerprint.json").read_text())["dataset_bytes"]

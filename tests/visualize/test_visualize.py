@@ -185,7 +185,7 @@ def test_nifti_maps_lie_on_the_input_grid_with_their_peak_at_the_query(scan: Pat
     ckpt = masa_checkpoint(tmp_path / "masa.pt", spatial_dims)
     voxel = (9, 20, 5)
     result = visualize({"ckpt": str(ckpt), "input": str(scan), "voxel": list(voxel), "output": str(tmp_path / "out"),
-                        "device": "cpu"})
+                        "inference": {"device": "cpu"}})
     source = nib.load(scan)
     for name in ("bottleneck_block0.nii.gz", "bottleneck_block0_decay.nii.gz"):
         written = nib.load(tmp_path / "out" / name)
@@ -220,10 +220,10 @@ def test_world_point_and_default_query(scan: Path, tmp_path: Path) -> None:
     affine = nib.load(scan).affine
     world = nib.affines.apply_affine(affine, (12, 7, 8)) + 0.2  # off the voxel centre by less than half a voxel
     by_world = visualize({"ckpt": str(ckpt), "input": str(scan), "world": world.tolist(), "block": 0,
-                          "output": str(tmp_path / "world"), "device": "cpu"}).summary
+                          "output": str(tmp_path / "world"), "inference": {"device": "cpu"}}).summary
     assert by_world["query"]["voxel"] == [12, 7, 8] and by_world["query"]["from"] == "world"
     default = visualize({"ckpt": str(ckpt), "input": str(scan), "slot": "bottleneck", "output": str(tmp_path / "d"),
-                         "device": "cpu"}).summary
+                         "inference": {"device": "cpu"}}).summary
     assert default["query"]["from"] in ("predicted foreground", "volume centre")
     assert all(0 <= v < n for v, n in zip(default["query"]["voxel"], nib.load(scan).shape))
 
@@ -236,7 +236,7 @@ def test_a_dicom_series_folder_is_visualised_on_its_own_grid(tmp_path: Path) -> 
 
     series = write_ct_case(tmp_path, "case", "oblique").series.folder
     result = visualize({"ckpt": str(masa_checkpoint(tmp_path / "masa.pt")), "input": str(series),
-                        "voxel": [20, 18, 6], "output": str(tmp_path / "out"), "device": "cpu"})
+                        "voxel": [20, 18, 6], "output": str(tmp_path / "out"), "inference": {"device": "cpu"}})
     array, affine = read_file(str(series))
     written = nib.load(tmp_path / "out" / "bottleneck_block0.nii.gz")
     assert written.shape == (*array.shape, 2) and result.summary["query"]["voxel"] == [20, 18, 6]
@@ -245,7 +245,7 @@ def test_a_dicom_series_folder_is_visualised_on_its_own_grid(tmp_path: Path) -> 
 
 def test_bad_inputs_name_the_value_and_the_valid_range(scan: Path, tmp_path: Path) -> None:
     ckpt = str(masa_checkpoint(tmp_path / "masa.pt"))
-    base = {"ckpt": ckpt, "input": str(scan), "output": str(tmp_path / "out"), "device": "cpu"}
+    base = {"ckpt": ckpt, "input": str(scan), "output": str(tmp_path / "out"), "inference": {"device": "cpu"}}
     cases = [
         ({"voxel": [37, 0, 0]}, ["voxel=[37, 0, 0]", "0..36, 0..29, 0..12"]),
         ({"world": [500.0, 0.0, 0.0]}, ["world=[500.0, 0.0, 0.0]", "x ", " mm"]),

@@ -1,7 +1,7 @@
-"""The runtimes that run a network on the sliding windows of an evaluation: torch, or OpenVINO on the CPU.
+"""The backends that run a network on the sliding windows of a prediction: torch, or OpenVINO on the CPU.
 
-``evaluate.py runtime=openvino`` exports the network with ``torch.export`` for one window and has OpenVINO compile it
-for this CPU, in fp32 or, with ``precision=bf16``, in bf16 (fast where the CPU has native bf16:
+``inference.backend=openvino`` exports the network with ``torch.export`` for one window and has OpenVINO compile it
+for this CPU, in fp32 or, with ``inference.precision=bf16``, in bf16 (fast where the CPU has native bf16:
 AMX or AVX512-BF16). The compiled network is a module like the torch one, so sliding windows, mirroring and blending
 stay medseg's. OpenVINO is an optional extra: ``pip install 'medseg[openvino]'``.
 """
@@ -18,19 +18,25 @@ from torch import nn
 from medseg.attention import functional
 from medseg.errors import ConfigError
 
-RUNTIMES = ("torch", "openvino")
-"""The values of ``evaluate.py runtime``."""
-OPENVINO_PRECISION = {"fp32": "f32", "bf16": "bf16"}
-"""``precision`` -> OpenVINO's ``INFERENCE_PRECISION_HINT`` (``auto`` is fp32 on the CPU)."""
+BACKENDS = ("torch", "openvino")
+"""The values of ``inference.backend``."""
+OPENVINO_PRECISION = {"auto": "f32", "fp32": "f32", "bf16": "bf16"}
+"""``inference.precision`` -> OpenVINO's ``INFERENCE_PRECISION_HINT`` (``auto`` is fp32 on the CPU); the precisions
+OpenVINO runs."""
 
 
-def check_runtime(runtime: str, device: torch.device) -> None:
-    """Raise :class:`ConfigError` when ``runtime`` cannot run on ``device`` or is not installed."""
-    if runtime == "openvino":
+def check_backend(backend: str, precision: str, device: torch.device) -> None:
+    """Raise :class:`ConfigError` when ``backend`` cannot run on ``device`` in ``precision`` or is not installed."""
+    if backend == "openvino":
         if device.type != "cpu":
-            raise ConfigError(f"runtime=openvino runs on the CPU, not device={device}: set device=cpu or runtime=torch")
+            raise ConfigError(f"inference.backend=openvino runs on the CPU, not inference.device={device}: set "
+                              f"inference.device=cpu or inference.backend=torch")
+        if precision not in OPENVINO_PRECISION:
+            raise ConfigError(f"inference.precision={precision} with inference.backend=openvino: OpenVINO runs "
+                              f"{', '.join(OPENVINO_PRECISION)}")
         if importlib.util.find_spec("openvino") is None:
-            raise ConfigError("runtime=openvino needs openvino, not installed here: pip install 'medseg[openvino]'")
+            raise ConfigError("inference.backend=openvino needs openvino, not installed here: "
+                              "pip install 'medseg[openvino]'")
 
 
 class OpenVinoNetwork(nn.Module):
@@ -43,7 +49,7 @@ class OpenVinoNetwork(nn.Module):
     Args:
         model: the network in eval mode, on the CPU.
         window: ``(C, *window)``, one input window (2D models: without the slice axis).
-        precision: a key of :data:`OPENVINO_PRECISION`, or ``auto`` (fp32).
+        precision: a key of :data:`OPENVINO_PRECISION`.
     """
 
     def __init__(self, model: nn.Module, window: Sequence[int], precision: str = "auto") -> None:
@@ -55,7 +61,7 @@ class OpenVinoNetwork(nn.Module):
                 program = torch.export.export(model, (torch.zeros(1, *window),))
         finally:
             functional.clear_cache()  # torch.export traces with fake tensors; none may stay in the attention caches
-        hint = OPENVINO_PRECISION.get(precision, "f32")
+        hint = OPENVINO_PRECISION[precision]
         self.compiled = openvino.Core().compile_model(openvino.convert_model(program), "CPU",
                                                       {"INFERENCE_PRECISION_HINT": hint})
 
@@ -64,6 +70,6 @@ class OpenVinoNetwork(nn.Module):
         return torch.from_numpy(np.concatenate([self.compiled(windows[i:i + 1])[0] for i in range(len(windows))]))
 
 
-def window_network(model: nn.Module, runtime: str, window: Sequence[int], precision: str) -> nn.Module:
-    """The module that runs ``model``'s windows ``(B, *window)`` on ``runtime``: ``model`` itself for torch."""
-    return OpenVinoNetwork(model, window, precision) if runtime == "openvino" else model
+def window_network(model: nn.Module, backend: str, window: Sequence[int], precision: str) -> nn.Module:
+    """The module that runs ``model``'s windows ``(B, *window)`` on ``backend``: ``model`` itself for torch."""
+    return OpenVinoNetwork(model, window, precision) if backend == "openvino" else model

@@ -1,0 +1,180 @@
+"""Score a folder of predictions made by any tool against the references of a dataset (``evaluate.py pred=DIR``).
+
+Each label map ``DIR/<case>.nii.gz`` (or another image format medseg reads) is matched by case name to the reference
+label of ``input`` (:func:`~medseg.inference.cases.find_references`). Before anything is scored, every reference case
+must have a prediction and every prediction must lie on its reference's voxel grid (shape and affine); otherwise
+evaluation stops with one line per case that is missing or on another grid. Predictions without a reference are named
+in the log and in ``summary.json`` and left out.
+
+The classes come from ``ckpt`` when given (its classes and regions), else from the ``dataset.json`` of ``input``, else
+they are the label values found in the references (each named ``label_<value>``). A prediction holding a value that is
+not one of the classes fails its case. Region-based classes are scored as the written label map holds them
+(:func:`~medseg.scoring.per_case.score_case`).
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Mapping
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+import nibabel as nib
+import numpy as np
+from tqdm import tqdm
+
+from medseg.config import EvaluateConfig
+from medseg.data.datalist import case_id
+from medseg.data.labels import LabelSpec
+from medseg.data.reading import NIBABEL_ENDINGS, drop_trailing_singletons, label_map, label_values, read_file
+from medseg.data.verify import affine_difference
+from medseg.errors import DatasetError, PredictionError
+from medseg.inference.cases import dataset_json, find_references, image_files, read_dataset
+from medseg.inference.ensemble import checkpoint_files
+from medseg.inference.model import EvalModel, load_model
+from medseg.inference.predict import root_message
+from medseg.io import check_writable
+from medseg.scoring.metrics import voxel_spacing
+from medseg.scoring.per_case import score_case
+
+log = logging.getLogger("medseg")
+
+
+@dataclass
+class ScoredFolder:
+    """What :func:`score_folder` scored: one row per (case, output), the classes, the summary."""
+
+    rows: list[dict[str, Any]]
+    labels: LabelSpec
+    summary: dict[str, Any] = field(default_factory=dict)
+
+
+def voxel_grid(path: str) -> tuple[tuple[int, ...], np.ndarray]:
+    """A label file's spatial shape ``(X, Y, Z)`` and ``(4, 4)`` affine; a NIfTI file's from its header alone."""
+    if path.endswith(NIBABEL_ENDINGS):
+        image = nib.load(path)
+        shape = image.shape
+        affine = np.asarray(image.affine, dtype=np.float64)
+    else:
+        array, affine = read_file(path)
+        shape = drop_trailing_singletons(array).shape
+    while len(shape) > 3 and shape[-1] == 1:
+        shape = shape[:-1]
+    return tuple(int(n) for n in shape), affine
+
+
+def grid_difference(prediction: str, reference: str) -> str | None:
+    """How ``prediction``'s voxel grid differs from ``reference``'s (shape, spacing, direction, origin); None when they
+    agree."""
+    (shape, affine), (ref_shape, ref_affine) = voxel_grid(prediction), voxel_grid(reference)
+    if shape != ref_shape:
+        return f"shape {shape} vs {ref_shape}"
+    return affine_difference(ref_affine, affine)
+
+
+def match_predictions(pred: Path, references: Mapping[str, str]) -> tuple[dict[str, str], list[str]]:
+    """Each reference case's prediction file in ``pred`` and the predictions without a reference.
+
+    Raises:
+        PredictionError: ``pred`` is no folder, a reference case has no prediction, or a prediction lies on another
+            voxel grid than its reference: one line per such case.
+    """
+    if not pred.is_dir():
+        raise PredictionError(f"pred={pred}: not a folder of predictions")
+    predictions = {case_id(path): str(path) for path in image_files(pred)}
+    missing = [case for case in references if case not in predictions]
+    if missing:
+        raise PredictionError(f"pred={pred}: no prediction for {len(missing)} of the {len(references)} reference "
+                              f"case(s): {', '.join(missing)} (expected <case>.nii.gz for each)")
+    mismatched = [f"{case}: {Path(predictions[case]).name} is on another grid than {reference}: {difference}"
+                  for case, reference in references.items()
+                  if (difference := grid_difference(predictions[case], reference)) is not None]
+    if mismatched:
+        raise PredictionError(f"pred={pred}: {len(mismatched)} prediction(s) on another voxel grid than their "
+                              f"reference, nothing scored:\n  " + "\n  ".join(mismatched))
+    return {case: predictions[case] for case in references}, sorted(set(predictions) - set(references))
+
+
+def checkpoint_model(ckpt: Any) -> EvalModel | None:
+    """The first model of ``ckpt`` (its classes and its training fold); None without ``ckpt``."""
+    return None if ckpt is None else load_model(checkpoint_files(ckpt)[0])
+
+
+def found_classes(references: Mapping[str, str]) -> LabelSpec:
+    """Classes ``label_<value>`` for every non-zero value of the references (background 0), each file checked to
+    hold whole numbers."""
+    values: set[int] = set()
+    for path in references.values():
+        found, _ = label_values(label_map(drop_trailing_singletons(read_file(path)[0]), path))
+        values.update(int(v) for v in found)
+    names = {0: "background", **{v: f"label_{v}" for v in sorted(values - {0})}}
+    return LabelSpec(dict(enumerate(names.values())), list(names))
+
+
+def folder_classes(input_path: str, model: EvalModel | None, references: Mapping[str, str]) -> LabelSpec:
+    """The classes scored: ``ckpt``'s, else the ``dataset.json``'s of ``input``, else the values found in the
+    references (see the module docstring)."""
+    if model is not None:
+        return model.label_spec
+    description = dataset_json(Path(input_path).expanduser())
+    return read_dataset(description).label_spec if description is not None else found_classes(references)
+
+
+def score_pair(case: str, prediction: str, reference: str, labels: LabelSpec,
+               tolerance_mm: float) -> list[dict[str, Any]]:
+    """The metric rows of one prediction file against its reference file (same grid, checked before).
+
+    Raises:
+        DatasetError: either file is unreadable or holds values that are not whole numbers or not ``labels``'.
+    """
+    ref_array, ref_affine = read_file(reference)
+    ref_map = label_map(drop_trailing_singletons(ref_array), reference, labels.declared, "the scored classes")
+    pred_map = label_map(drop_trailing_singletons(read_file(prediction)[0]), prediction, labels.declared,
+                         "the scored classes")
+    return score_case(case, pred_map, ref_map, voxel_spacing(ref_affine), labels, tolerance_mm)
+
+
+def score_folder(cfg: EvaluateConfig, output: Path) -> ScoredFolder:
+    """Score the predictions of ``cfg.pred`` against the references of ``cfg.input`` (see the module docstring).
+
+    Raises:
+        PredictionError: no references, predictions missing or on another grid (nothing is scored then).
+        ConfigError: ``output`` cannot be written into. CheckpointError: a ``ckpt`` that cannot be read.
+    """
+    started = time.perf_counter()
+    check_writable(output, "output")
+    pred = Path(str(cfg.pred)).expanduser()
+    model = checkpoint_model(cfg.ckpt)
+    references = find_references(cfg.input, cfg.split, model.data if model is not None else None)
+    predictions, extra = match_predictions(pred, references)
+    if extra:
+        log.warning("pred=%s: %d prediction(s) without a reference, not scored: %s", pred, len(extra),
+                    ", ".join(extra))
+    labels = folder_classes(cfg.input, model, references)
+    log.info("scoring %d prediction(s) of %s against %s; classes: %s", len(references), pred, cfg.input,
+             ", ".join(labels.output_names))
+    rows: list[dict[str, Any]] = []
+    failed: list[dict[str, str]] = []
+    progress = cfg.inference.progress
+    for case, reference in tqdm(references.items(), desc="evaluate", unit="case", disable=not progress):
+        try:
+            rows += score_pair(case, predictions[case], reference, labels, cfg.tolerance_mm)
+        except DatasetError as err:
+            failed.append({"case": case, "reason": str(err)})
+            log.error("case %s failed: %s", case, err)
+        except Exception as err:  # one broken file must not stop the others
+            failed.append({"case": case, "reason": root_message(err)})
+            log.exception("case %s failed", case)
+    summary = {
+        "pred": str(pred),
+        "input": str(cfg.input),
+        "num_cases": len(references),
+        "num_scored": len(references) - len(failed),
+        "not_scored": extra,
+        "failed": failed,
+        "config": {key: value for key, value in asdict(cfg).items() if key in ("ckpt", "split", "tolerance_mm")},
+        "seconds": round(time.perf_counter() - started, 2),
+    }
+    return ScoredFolder(rows, labels, summary)
