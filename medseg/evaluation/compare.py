@@ -42,12 +42,12 @@ from medseg.runs.folders import (
     Run,
     Sweep,
     cross_validations,
-    crossval_dir,
     parse_overrides,
     setting_keys,
     setting_label,
     setting_of,
 )
+from medseg.runs.layout import CrossvalLayout, crossval_dir
 from medseg.scoring.paired import (
     ALPHA,
     BETTER,
@@ -220,7 +220,7 @@ def read_settings(sweep: Sweep) -> list[Setting]:
     settings = []
     for values, seeds in grouped.items():
         label = setting_label(values, keys)
-        paths = {crossval_dir(sweep.path, seed) / "metrics.csv": seed for seed in seeds}
+        paths = {CrossvalLayout(crossval_dir(sweep.path, seed)).scores: seed for seed in seeds}
         found = [path for path in paths if path.is_file()]
         for path in paths.keys() - set(found):
             log.warning("%s: no %s (python scripts/crossval.py %s); %s left out of the comparison", sweep.path,

@@ -47,15 +47,14 @@ from medseg.inference.model import EvalModel, load_model
 from medseg.inference.output import label_map_path, read_masks
 from medseg.io import atomic_write_json, atomic_write_text, check_writable, json_safe, replaced_folder
 from medseg.postprocessing.components import POSTPROCESSING_FILE, STEPS, OutOfFoldCase, decide
-from medseg.runs.folders import Run, Sweep, cross_validations, crossval_dir
+from medseg.runs.folders import Run, Sweep, cross_validations
+from medseg.runs.layout import CrossvalLayout, crossval_dir
 from medseg.scoring.per_case import read_reference, summarize, write_metrics_csv
 from medseg.tables import markdown_table, mean_std, text_table
 from medseg.typed_config import to_typed
 
 log = logging.getLogger("medseg")
 
-PREDICTIONS = "predictions"
-"""The sub-folder of the out-of-fold label maps."""
 SCORES = (("dice", "dice"), ("hd95_mm", "hd95 (mm)"), ("nsd", "nsd"))
 """The metrics of the tables: ``metrics.csv`` column -> table header."""
 
@@ -93,7 +92,7 @@ def _fold_cases(job: Run, net: EvalModel) -> tuple[int, list[Case]]:
         DatasetError: no ``splits.json``, a job trained on ``data.fold=all``, no validation cases, or ids that
             its dataset lacks.
     """
-    path = job.path / "splits.json"
+    path = job.splits_file
     try:
         splits = json.loads(path.read_text())
     except (OSError, ValueError) as err:
@@ -134,7 +133,7 @@ def read_folds(jobs: Sequence[Run], where: str) -> list[Fold]:
                           f"wait for the training to end, or see why the jobs failed in their metrics.json")
     folds = []
     for job in finished:
-        net = load_model(job.checkpoint)
+        net = load_model(job.best_checkpoint)
         number, cases = _fold_cases(job, net)
         folds.append(Fold(job, number, net, cases))
     check_compatible([fold.net for fold in folds])
@@ -242,7 +241,8 @@ def run_folds(folds: Sequence[Fold], sweep: Path, label: str, settings: Crossval
     labels = spec.outputs
     result = CrossvalResult(label, target)
     with replaced_folder(target) as folder:
-        predictions = folder / PREDICTIONS
+        files = CrossvalLayout(folder)
+        predictions = files.predictions
         evaluation = EvaluateConfig(ckpt=str(sweep), input=str(sweep), output=str(predictions), tta=settings.tta,
                                     device=settings.device, progress=False)
         rows: list[dict[str, Any]] = []
@@ -262,11 +262,11 @@ def run_folds(folds: Sequence[Fold], sweep: Path, label: str, settings: Crossval
                         failed.append({"case": case.case, "reason": str(err)})
                         log.error("case %s failed: %s", case.case, err)
                     bar.update()
-        write_metrics_csv(folder / "metrics.csv", rows)
+        write_metrics_csv(files.scores, rows)
         result.summary = {
             "sweep_dir": str(sweep),
             "setting": label or "(all jobs)",
-            "folds": [{"fold": f.fold, "job": f.job.name, "checkpoint": str(f.job.checkpoint.relative_to(sweep)),
+            "folds": [{"fold": f.fold, "job": f.job.name, "checkpoint": str(f.job.best_checkpoint.relative_to(sweep)),
                        "cases": [c.case for c in f.cases]} for f in folds],
             "missing_folds": missing_folds(folds),
             "num_cases": total,
@@ -277,12 +277,12 @@ def run_folds(folds: Sequence[Fold], sweep: Path, label: str, settings: Crossval
         }
         if settings.postprocessing and scored:
             result.decision = decide(OutOfFold(scored, predictions, rows, spec), labels)
-            checkpoints = [str(f.job.checkpoint.relative_to(sweep)) for f in folds]
+            checkpoints = [str(f.job.best_checkpoint.relative_to(sweep)) for f in folds]
             atomic_write_json(folder / POSTPROCESSING_FILE, json_safe({**result.decision, "checkpoints": checkpoints}))
             result.summary["postprocessing"] = {name: c["step"] for name, c in result.decision["classes"].items()}
         result.summary["seconds"] = round(time.perf_counter() - started, 2)
-        atomic_write_json(folder / "summary.json", json_safe(result.summary))
-        atomic_write_text(folder / "summary.md", render_markdown(result))
+        atomic_write_json(files.summary, json_safe(result.summary))
+        atomic_write_text(files.report, render_markdown(result))
     return result
 
 

@@ -20,15 +20,14 @@ from typing import Any
 import yaml
 from hydra.core.override_parser.overrides_parser import OverridesParser
 
+from medseg.runs.layout import OVERRIDES_FILE, RunLayout
+
 SEED_KEY = "trainer.seed"
 
 FOLD_KEY = "data.fold"
 
 REPEAT_KEYS = {SEED_KEY: "seeds", FOLD_KEY: "folds"}
 """Keys whose jobs repeat one setting (-> what the report calls them): never a setting or a plot axis of their own."""
-
-CROSSVAL_FOLDER = "crossval"
-"""The folder of a sweep that ``scripts/crossval.py`` writes its results into."""
 
 BLOCK_KEY = "model.bottleneck"
 
@@ -50,8 +49,9 @@ its best epoch's, one column per slot after the results (:func:`attention_column
 
 
 @dataclass
-class Run:
-    """One training run's folder (a job of a sweep): its overrides, and its metrics if it has finished."""
+class Run(RunLayout):
+    """One training run's folder (a run of a sweep), read back: its overrides, and its metrics if it has finished; its
+    paths are those of :class:`~medseg.runs.layout.RunLayout`."""
 
     name: str
     """The folder relative to the sweep directory (Hydra's job number by default)."""
@@ -67,14 +67,9 @@ class Run:
     """The job folder."""
 
     @property
-    def checkpoint(self) -> Path:
-        """The job's best checkpoint, ``checkpoints/best.pt``."""
-        return self.path / "checkpoints" / "best.pt"
-
-    @property
     def finished(self) -> bool:
         """The job has completed (its ``metrics.json`` says so) and left its best checkpoint."""
-        return self.status == "completed" and self.checkpoint.is_file()
+        return self.status == "completed" and self.best_checkpoint.is_file()
 
     @property
     def device(self) -> str:
@@ -84,7 +79,7 @@ class Run:
         if isinstance(recorded, str):
             return recorded
         try:
-            config = _read_yaml(self.path / ".hydra" / "config.yaml") or {}
+            config = _read_yaml(self.hydra_config) or {}
         except yaml.YAMLError:
             return ""
         asked = (config.get("trainer") or {}).get("device") if isinstance(config, dict) else None
@@ -172,12 +167,12 @@ def _read_yaml(path: Path) -> Any:
 
 
 
-def _run_block(overrides: dict[str, str], job_dir: Path) -> str:
+def _run_block(overrides: dict[str, str], layout: RunLayout) -> str:
     """The bottleneck block: the override, else the job's composed config, else "default"."""
     if BLOCK_KEY in overrides:
         return overrides[BLOCK_KEY]
     try:
-        config = _read_yaml(job_dir / ".hydra" / "config.yaml") or {}
+        config = _read_yaml(layout.hydra_config) or {}
     except yaml.YAMLError:
         return "default"
     block = (config.get("model") or {}).get("bottleneck") if isinstance(config, dict) else None
@@ -187,16 +182,16 @@ def _run_block(overrides: dict[str, str], job_dir: Path) -> str:
 
 def read_run(job_dir: Path, sweep_dir: Path) -> Run:
     """Read one job folder (one that holds ``.hydra/overrides.yaml``)."""
-    overrides = parse_overrides(_read_yaml(job_dir / ".hydra" / "overrides.yaml") or [])
+    layout = RunLayout(job_dir)
+    overrides = parse_overrides(_read_yaml(layout.overrides_file) or [])
     metrics, error = None, None
-    metrics_path = job_dir / "metrics.json"
-    if metrics_path.is_file():
+    if layout.metrics_file.is_file():
         try:
-            metrics = json.loads(metrics_path.read_text())
+            metrics = json.loads(layout.metrics_file.read_text())
         except (OSError, ValueError) as err:
-            error = f"metrics.json unreadable: {err}"
+            error = f"{layout.metrics_file.name} unreadable: {err}"
     name = job_dir.relative_to(sweep_dir).as_posix()
-    return Run(name=name, overrides=overrides, metrics=metrics, block=_run_block(overrides, job_dir), read_error=error,
+    return Run(name=name, overrides=overrides, metrics=metrics, block=_run_block(overrides, layout), read_error=error,
                path=job_dir)
 
 
@@ -214,9 +209,10 @@ class Sweep:
         sweep_dir = Path(sweep_dir)
         if not sweep_dir.is_dir():
             raise FileNotFoundError(f"sweep directory {sweep_dir} does not exist")
-        run_dirs = {path.parent.parent for path in sweep_dir.glob("**/.hydra/overrides.yaml")} - {sweep_dir}
+        depth = len(OVERRIDES_FILE.parts)
+        run_dirs = {path.parents[depth - 1] for path in sweep_dir.glob(f"**/{OVERRIDES_FILE.as_posix()}")} - {sweep_dir}
         if not run_dirs:
-            raise FileNotFoundError(f"{sweep_dir} holds no Hydra job folders (no */.hydra/overrides.yaml)")
+            raise FileNotFoundError(f"{sweep_dir} holds no Hydra job folders (no */{OVERRIDES_FILE.as_posix()})")
         ordered = sorted(run_dirs, key=lambda path: _natural_key(path.relative_to(sweep_dir).as_posix()))
         return cls(sweep_dir, [read_run(path, sweep_dir) for path in ordered])
 
@@ -269,13 +265,6 @@ def cross_validations(jobs: Sequence[Run]) -> dict[str, list[Run]]:
         return {"": list(jobs)}
     return {setting_label(setting, keys): group for setting, group in groups.items()}
 
-
-
-def crossval_dir(sweep_dir: str | Path, label: str = "") -> Path:
-    """Where ``scripts/crossval.py`` writes a cross-validation: ``DIR/crossval``, or ``DIR/crossval/<setting>`` for
-    one setting (``label``) of a sweep of several."""
-    folder = Path(sweep_dir) / CROSSVAL_FOLDER
-    return folder / re.sub(r"[^\w.,=+-]+", "_", label) if label else folder
 
 
 def as_number(text: str | None) -> float | None:

@@ -11,12 +11,13 @@ from __future__ import annotations
 import json
 import logging
 import math
-from pathlib import Path
 from typing import Any
 
 from hydra.core.utils import JobReturn, JobStatus
 from hydra.experimental.callback import Callback
 from omegaconf import DictConfig, OmegaConf
+
+from medseg.runs.layout import RunLayout
 
 log = logging.getLogger("medseg")
 
@@ -143,8 +144,8 @@ class FailedJobsFailTrials(Callback):
 def _failure_reason(job_return: JobReturn) -> str:
     """The ``reason`` in the job's ``metrics.json``, or a generic one if it cannot be read."""
     try:
-        output_dir = Path(job_return.hydra_cfg.hydra.runtime.output_dir)  # type: ignore[union-attr]
-        reason = json.loads((output_dir / "metrics.json").read_text()).get("reason")
+        output_dir = job_return.hydra_cfg.hydra.runtime.output_dir  # type: ignore[union-attr]
+        reason = json.loads(RunLayout(output_dir).metrics_file.read_text()).get("reason")
     except Exception:  # the reason is only a message; never fail here
         reason = None
     return f"job failed: {reason or 'the objective (best val Dice) is NaN'}"

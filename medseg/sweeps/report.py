@@ -29,7 +29,6 @@ from medseg.evaluation.compare import FILES, FOREGROUND, NEEDS_FOLDS, paired, re
 from medseg.io import atomic_write, atomic_write_text
 from medseg.runs.folders import (
     COMPUTE_KEYS,
-    CROSSVAL_FOLDER,
     FOLD_KEY,
     REPEAT_KEYS,
     Run,
@@ -42,6 +41,7 @@ from medseg.runs.folders import (
     setting_keys,
     setting_label,
 )
+from medseg.runs.layout import CROSSVAL_FOLDER, crossval_dir
 from medseg.scoring.paired import BETTER, CONFIDENCE, PairedDifference, verdict
 from medseg.tables import CellFormat, format_mean_std, markdown_table, mean_std, text_table
 
@@ -169,7 +169,7 @@ def runner_up_test(sweep: Sweep, best: str, runner_up: str, metric: str,
     cross-validation's per-case values of ``metric``, with its verdict; else why they cannot be tested."""
     if FOLD_KEY not in sweep.swept:
         return NEEDS_FOLDS
-    if not (sweep.path / CROSSVAL_FOLDER).is_dir():
+    if not crossval_dir(sweep.path).is_dir():
         return f"no cross-validation in {CROSSVAL_FOLDER}/ (python scripts/crossval.py {sweep.path})"
     try:
         settings = {setting.label: setting for setting in read_settings(sweep)}
@@ -287,7 +287,7 @@ def render_markdown(summary: SweepSummary) -> str:
     if (summary.sweep_dir / FILES[0]).is_file():
         parts.append("Every setting against the reference, paired on the out-of-fold cases: `compare.md` "
                      "(`scripts/compare.py`).")
-    if (summary.sweep_dir / CROSSVAL_FOLDER).is_dir():
+    if crossval_dir(summary.sweep_dir).is_dir():
         parts.append(f"Scores of the out-of-fold predictions in the original geometry: `{CROSSVAL_FOLDER}/`"
                      f" (`scripts/crossval.py`).")
     return "\n\n".join(parts) + "\n"

@@ -31,6 +31,7 @@ from medseg.planning.plan import Plan
 from medseg.planning.plan_file import apply_plan_file, read_plan_file
 from medseg.planning.report import memory_text
 from medseg.runs.checkpoint import load_checkpoint
+from medseg.runs.layout import RunLayout
 from medseg.runtime.device import resolve_device
 from medseg.runtime.host_memory import release_freed_memory
 from medseg.runtime.launch import DistInfo
@@ -189,7 +190,7 @@ def prepare_data(cfg: TrainConfig, info: DatasetInfo, plan: Plan, output_dir: Pa
     train_cases, val_cases = split_cases(info, data.fold, data.num_folds, data.split_seed,
                                          splits_file=splits_path(cache_dir, data))
     if dist.is_main:
-        atomic_write_json(output_dir / "splits.json", {
+        atomic_write_json(RunLayout(output_dir).splits_file, {
             "fold": data.fold, "train": [c["case"] for c in train_cases], "val": [c["case"] for c in val_cases]})
     if dist.enabled:
         train_cases = partition_dataset(train_cases, num_partitions=dist.world_size, shuffle=True,
