@@ -12,7 +12,8 @@ tools, and :func:`from_ras` takes voxels back to a file's own order.
   reader path (training, planning, evaluation, cross-validation, ``predict()``, visualisation, the data check):
   a ``.gz`` file is read to the end of its stream (its CRC checked), and voxels that are empty, not numbers or
   not finite, or an affine that is singular or not finite, are refused (:func:`check_voxels`);
-- :func:`label_map`: a label file's voxels as whole, non-negative class values, optionally only the declared ones;
+- :func:`check_label_values`: a label file's voxels as whole, non-negative class values, optionally only the declared
+  ones;
 - :func:`read_ras`: the same voxels in RAS order, with the RAS affine;
 - :func:`read_case`: a datalist entry (image file or one file per channel, optional label) in RAS order;
 - :class:`LoadCased`: :func:`read_case` as the first MONAI transform of every chain, so planning, training,
@@ -276,8 +277,8 @@ def label_problems(array: np.ndarray, declared: Mapping[int, str] | None = None,
     return problems
 
 
-def label_map(array: np.ndarray, source: str | Path, declared: Mapping[int, str] | None = None,
-              known_as: str = "dataset.json's labels") -> np.ndarray:
+def check_label_values(array: np.ndarray, source: str | Path, declared: Mapping[int, str] | None = None,
+                       known_as: str = "dataset.json's labels") -> np.ndarray:
     """``array`` (a label file's voxels) as integer class values: the file's integer dtype, or int64 for a float (or
     uint64) file holding whole numbers. The one label check of training, planning and scoring.
 
@@ -291,12 +292,12 @@ def label_map(array: np.ndarray, source: str | Path, declared: Mapping[int, str]
 
 
 def _read_label(path: str, shape: tuple[int, ...]) -> np.ndarray:
-    """(X, Y, Z) non-negative integer label map in RAS order (:func:`label_map`), checked against the image
+    """(X, Y, Z) non-negative integer label map in RAS order (:func:`check_label_values`), checked against the image
     ``shape``."""
     label = read_ras(path).array
     if label.shape != shape:
         raise DatasetError(f"{path}: label shape {label.shape} (RAS) differs from the image's {shape}")
-    return label_map(label, path)
+    return check_label_values(label, path)
 
 
 def read_case(entry: Mapping[str, Any]) -> CaseVolume:

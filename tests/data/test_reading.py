@@ -205,10 +205,10 @@ def test_labels_that_are_not_whole_declared_values_are_refused(tmp_path: Path) -
     with pytest.raises(DatasetError, match=r"label\.nii\.gz: non-integer label values \(0\.5, 2\.7\); labels must"):
         read_case({"case": "c", IMAGE: str(image), LABEL: str(label)})  # rounded to 0 and 3 before
     whole = np.array([[[0.0, 1.0, 7.0]]])
-    np.testing.assert_array_equal(reading.label_map(whole, "l.nii.gz"), [[[0, 1, 7]]])
+    np.testing.assert_array_equal(reading.check_label_values(whole, "l.nii.gz"), [[[0, 1, 7]]])
     with pytest.raises(ImageReadError, match=r"^l\.nii\.gz: label values \(7\) are not in dataset\.json's labels "
                                              r"\(0 background, 1 organ\)$"):
-        reading.label_map(whole, "l.nii.gz", {0: "background", 1: "organ"})
+        reading.check_label_values(whole, "l.nii.gz", {0: "background", 1: "organ"})
 
 
 def test_bad_cases_are_dataset_errors_naming_the_file(tmp_path: Path) -> None:
