@@ -77,7 +77,7 @@ class SummarizeSweep(Callback):
 
     @staticmethod
     def _cross_validate(sweep_dir: str, config: DictConfig) -> bool:
-        """``scripts/crossval.py sweep_dir`` when the sweep's jobs differ in ``data.fold``; log, never raise. True when
+        """``scripts/crossval.py sweep_dir`` when the sweep's runs differ in ``data.fold``; log, never raise. True when
         the sweep has several settings to compare (cross-validated, or not: the comparison reports which lack it)."""
         try:
             from medseg.runs.folders import FOLD_KEY, Sweep, setting_keys
@@ -119,7 +119,7 @@ class SummarizeSweep(Callback):
 
 
 class TrialFailed(RuntimeError):
-    """A sweep job that failed (its ``metrics.json`` says why); raised to the sweeper, never in the job."""
+    """A run of a sweep that failed (its ``metrics.json`` says why); raised to the sweeper, never in the run."""
 
 
 class FailedJobsFailTrials(Callback):
