@@ -29,19 +29,19 @@ from medseg.planning.from_config import (
 )
 from medseg.planning.plan import Plan
 from medseg.planning.plan_file import apply_plan_file, read_plan_file
+from medseg.planning.ram import GIB, RamEstimate, estimate_training_ram
 from medseg.planning.report import memory_text
 from medseg.runs.checkpoint import load_checkpoint
 from medseg.runs.layout import RunLayout
 from medseg.runtime.device import resolve_device
-from medseg.runtime.host_memory import release_freed_memory
+from medseg.runtime.host_memory import available_ram_bytes, release_freed_memory
 from medseg.runtime.launch import DistInfo
-from medseg.training.ram import GIB, RamEstimate, available_ram_bytes, estimate_training_ram
 
 log = logging.getLogger("medseg")
 
 MEMORY_CACHE_FRACTION = 0.8
 """``data.cache=auto`` caches in RAM when training's estimated peak RAM with the cases in memory
-(:func:`medseg.training.ram.estimate_training_ram`) is below this share of the available RAM."""
+(:func:`medseg.planning.ram.estimate_training_ram`) is below this share of the available RAM."""
 
 CACHE_MODES: dict[str, Callable[[list[dict[str, Any]], Any, Path, int], Dataset] | None] = {
     "auto": None,
@@ -151,8 +151,8 @@ def choose_cache(mode: str, needed: RamEstimate, available: int) -> tuple[str, s
     """The cache mode ``data.cache=mode`` stands for, and why (for the log).
 
     ``auto`` is ``memory`` when ``needed``, training's estimated peak RAM with the cases in memory, is below
-    :data:`MEMORY_CACHE_FRACTION` of the ``available`` bytes (:func:`medseg.training.ram.available_ram_bytes`), else
-    ``disk``.
+    :data:`MEMORY_CACHE_FRACTION` of the ``available`` bytes (:func:`medseg.runtime.host_memory.available_ram_bytes`),
+    else ``disk``.
     """
     if mode not in ("auto", "memory"):
         return mode, f"data.cache={mode}"

@@ -37,10 +37,10 @@ from medseg.runs.layout import RunLayout
 from medseg.runs.lock import acquire
 from medseg.runtime.device import resolve_device
 from medseg.runtime.distributed import broadcast_object, on_main_rank, process_group
+from medseg.runtime.host_memory import PeakRam
 from medseg.runtime.launch import DistInfo, env_rank
 from medseg.training.losses import resolve_class_weights
 from medseg.training.prepare import plan_config, prepare_data
-from medseg.training.ram import PeakRam
 from medseg.training.settings import check_config
 from medseg.training.trainer import Trainer, seed_everything
 

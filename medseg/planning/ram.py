@@ -1,4 +1,5 @@
-"""Host RAM of a training run: what it will need (the ``data.cache=auto`` decision) and what it took.
+"""Host RAM of a training run, estimated before it runs: the ``data.cache=auto`` decision
+(:func:`medseg.training.prepare.choose_cache`).
 
 Where a run's RAM goes with ``data.cache=memory`` (docs/data.md, "Caching"):
 
@@ -14,24 +15,15 @@ Where a run's RAM goes with ``data.cache=memory`` (docs/data.md, "Caching"):
 * the **training step**, when it runs on the CPU: activations, weights, gradients and optimizer state
   (:func:`medseg.planning.memory.estimate_training_memory`).
 
-:func:`estimate_training_ram` adds these up; :class:`PeakRam` measures what the process and its loader workers
-really took.
+:func:`estimate_training_ram` adds these up; what a run really took is measured by
+:class:`medseg.runtime.host_memory.PeakRam`.
 """
 
 from __future__ import annotations
 
-import os
-import re
-import resource
-import sys
-import threading
 from dataclasses import dataclass
-from pathlib import Path
-
-import torch
 
 from medseg.attention.common import FLOAT32_BYTES
-from medseg.runtime.device import reset_peak_memory
 
 GIB = 2**30
 """Bytes per GiB, the unit of the log lines."""
@@ -100,94 +92,3 @@ def estimate_training_ram(dataset_bytes: int, num_cases: int, cached_cases: int,
     validating = voxels * (VALIDATION_MAPS * FLOAT32_BYTES * outputs + VALIDATION_BYTES)
     return RamEstimate(runtime=RUNTIME_BYTES, cache=int(cached_cases * cached), transient=int(max(caching, validating)),
                        step=int(step_bytes))
-
-
-def available_ram_bytes() -> int:
-    """RAM that new allocations can take without swapping: Linux's ``MemAvailable``; elsewhere the physical RAM."""
-    kib = _kib(_read("/proc/meminfo"), "MemAvailable")
-    return kib * 1024 if kib is not None else os.sysconf("SC_PHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
-
-
-def _read(path: str) -> str:
-    """A ``/proc`` file's text; empty when it is missing (not Linux, or the process ended)."""
-    try:
-        return Path(path).read_text()
-    except OSError:
-        return ""
-
-
-def _kib(text: str, field: str) -> int | None:
-    """The value of a ``field: N kB`` line of a ``/proc`` file's text (``/proc/<pid>/status``, ``/proc/meminfo``)."""
-    match = re.search(rf"^{field}:\s+(\d+) kB", text, re.MULTILINE)
-    return int(match[1]) if match else None
-
-
-def child_pids(pid: int | str = "self") -> list[int]:
-    """The processes started by ``pid`` and, in turn, by them (Linux ``/proc/<pid>/task/<tid>/children``)."""
-    try:
-        tasks = list(Path(f"/proc/{pid}/task").iterdir())
-    except OSError:  # not Linux, or the process ended meanwhile
-        return []
-    found: list[int] = []
-    for task in tasks:
-        for child in _read(str(task / "children")).split():
-            found += [int(child), *child_pids(child)]
-    return found
-
-
-class PeakRam:
-    """The peak host RAM of this process and its child processes (the DataLoader workers) while it is open.
-
-    ``with PeakRam() as ram: train(cfg)``, then ``ram.peak_bytes``. A thread samples every ``interval`` seconds
-    this process's resident set plus, for each child, what its resident set grew by since it was first seen; the
-    peak is the largest such sum, or this process's own high-water mark (Linux ``VmHWM``, reset when ``PeakRam``
-    opens, so nothing before counts) when that is larger. A forked worker starts out mapping all of its parent's
-    pages, so its resident set (and ``ru_maxrss``, its own and ``RUSAGE_CHILDREN``'s) counts the parent's memory a
-    second time; only its growth is its own. Pages a worker copies on write do not show, nor peaks between
-    samples. Elsewhere than Linux the peak is this process's ``ru_maxrss`` alone.
-    """
-
-    def __init__(self, interval: float = 0.1) -> None:
-        self.interval = interval
-        self._peak = 0
-        self._start: dict[int, int] = {}
-        """Each child's smallest resident set seen, KiB: what it maps of its parent's memory."""
-        self._stop = threading.Event()
-        self._thread = threading.Thread(target=self._run, name="PeakRam", daemon=True)
-
-    def __enter__(self) -> PeakRam:
-        reset_peak_memory(torch.device("cpu"))  # VmHWM restarts from the current resident set
-        self._sample()
-        self._thread.start()
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self._stop.set()
-        self._thread.join()
-        self._sample()
-
-    @property
-    def peak_bytes(self) -> int:
-        """The peak so far (bytes)."""
-        if not self._stop.is_set():
-            self._sample()
-        return self._peak
-
-    def _run(self) -> None:
-        while not self._stop.wait(self.interval):
-            self._sample()
-
-    def _sample(self) -> None:
-        status = _read("/proc/self/status")
-        own, high = _kib(status, "VmRSS"), _kib(status, "VmHWM")
-        if own is None or high is None:
-            scale = 1 if sys.platform == "darwin" else 1024  # ru_maxrss: bytes on macOS, KiB elsewhere
-            self._peak = max(self._peak, resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * scale)
-            return
-        grown = 0
-        for pid in child_pids():
-            rss = _kib(_read(f"/proc/{pid}/status"), "VmRSS")
-            if rss is not None:
-                self._start[pid] = min(self._start.get(pid, rss), rss)
-                grown += rss - self._start[pid]
-        self._peak = max(self._peak, (own + grown) * 1024, high * 1024)
