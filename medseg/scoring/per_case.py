@@ -16,8 +16,7 @@ from typing import Any
 import numpy as np
 
 from medseg.data.labels import LabelSpec, member_masks
-from medseg.data.reading import check_label_values, drop_trailing_singletons, read_file
-from medseg.data.verify import affine_difference
+from medseg.data.reading import affine_difference, check_label_values, drop_trailing_singletons, read_file
 from medseg.errors import DatasetError
 from medseg.io import atomic_write_text
 from medseg.scoring.metrics import METRIC_NAMES, ClassMetrics, aggregate, class_metrics, voxel_spacing
