@@ -40,7 +40,8 @@ from medseg.runtime.distributed import broadcast_object, on_main_rank, process_g
 from medseg.runtime.host_memory import PeakRam
 from medseg.runtime.launch import DistInfo, env_rank
 from medseg.training.losses import resolve_class_weights
-from medseg.training.prepare import plan_config, prepare_data
+from medseg.training.planning import plan_config
+from medseg.training.prepare import prepare_data
 from medseg.training.settings import check_config
 from medseg.training.trainer import Trainer, seed_everything
 
