@@ -12,7 +12,8 @@ import textwrap
 import numpy as np
 import pytest
 
-from medseg.runtime.host_memory import PeakRam, available_ram_bytes, release_freed_memory
+from medseg.runtime import host_memory
+from medseg.runtime.host_memory import PeakRam, available_ram_bytes
 
 MIB = 2**20
 linux_only = pytest.mark.skipif(not sys.platform.startswith("linux"), reason="the workers are read from Linux /proc")
@@ -46,11 +47,27 @@ def test_a_freed_volume_leaves_the_resident_set_when_released() -> None:
     assert float(released) > 15 and reported == "True", "released: the 16 MiB array leaves the resident set"
 
 
-def test_releasing_says_whether_anything_was_released() -> None:
-    released = release_freed_memory()
-    assert isinstance(released, bool)
-    if not sys.platform.startswith("linux"):
-        assert released is False
+@pytest.mark.parametrize(("trimmed", "expected"), [(1, True), (0, False)])
+def test_releasing_asks_the_c_library_to_trim_everything_and_says_whether_it_did(
+        monkeypatch: pytest.MonkeyPatch, trimmed: int, expected: bool) -> None:
+    calls: list[int] = []
+    monkeypatch.setattr(host_memory, "_trim", lambda: lambda pad: calls.append(pad) or trimmed)
+    assert host_memory.release_freed_memory() is expected
+    assert calls == [0], "malloc_trim(0): every free page, no pad kept"
+
+
+def test_releasing_without_glibc_releases_nothing(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(host_memory, "_trim", lambda: None)  # musl, macOS, Windows
+    assert host_memory.release_freed_memory() is False
+
+
+def test_glibc_trim_is_found_only_on_linux(monkeypatch: pytest.MonkeyPatch) -> None:
+    host_memory._trim.cache_clear()
+    monkeypatch.setattr(sys, "platform", "darwin")
+    try:
+        assert host_memory._trim() is None
+    finally:
+        host_memory._trim.cache_clear()
 
 
 def test_available_ram_is_positive_and_at_most_the_physical_ram() -> None:
