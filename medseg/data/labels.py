@@ -31,7 +31,7 @@ import numpy as np
 import torch
 from monai import transforms as mt
 
-from medseg.data.reading import describe_values, label_map
+from medseg.data.reading import check_label_values, describe_values
 from medseg.errors import ConfigError, DatasetError, MedsegError
 
 IGNORE_INDEX = -1
@@ -173,9 +173,9 @@ class LabelSpec:
 
         Raises:
             DatasetError: non-integer or negative values, or a value the dataset does not declare
-                (:func:`~medseg.data.reading.label_map`); the message names ``source`` (the file).
+                (:func:`~medseg.data.reading.check_label_values`); the message names ``source`` (the file).
         """
-        label = label_map(label, source, self.declared)
+        label = check_label_values(label, source, self.declared)
         table = np.zeros(max(int(label.max(initial=0)), *self.declared) + 1, np.int64)
         table[self.label_values] = np.arange(self.num_classes)
         if self.ignore_value is not None:

@@ -12,7 +12,10 @@ tools, and :func:`from_ras` takes voxels back to a file's own order.
   reader path (training, planning, evaluation, cross-validation, ``predict()``, visualisation, the data check):
   a ``.gz`` file is read to the end of its stream (its CRC checked), and voxels that are empty, not numbers or
   not finite, or an affine that is singular or not finite, are refused (:func:`check_voxels`);
-- :func:`label_map`: a label file's voxels as whole, non-negative class values, optionally only the declared ones;
+- :func:`check_label_values`: a label file's voxels as whole, non-negative class values, optionally only the declared
+  ones;
+- :func:`affine_difference`: how two files' geometries (spacing, direction, origin) differ, if they do (the data
+  check and scoring compare an image's with its label's);
 - :func:`read_ras`: the same voxels in RAS order, with the RAS affine;
 - :func:`read_case`: a datalist entry (image file or one file per channel, optional label) in RAS order;
 - :class:`LoadCased`: :func:`read_case` as the first MONAI transform of every chain, so planning, training,
@@ -238,6 +241,33 @@ def format_values(values: Sequence[float] | np.ndarray) -> str:
     return "(" + ", ".join(f"{v:.4g}" for v in np.ravel(values)) + ")"
 
 
+def _decompose(affine: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """Spacing (column norms), direction (unit columns) and origin of a 4x4 affine."""
+    matrix = affine[:3, :3]
+    spacing = np.linalg.norm(matrix, axis=0)
+    direction = matrix / np.where(spacing == 0, 1.0, spacing)
+    return spacing, direction, affine[:3, 3]
+
+
+def affine_difference(reference: np.ndarray, other: np.ndarray, tolerance: float = 1e-3) -> str | None:
+    """Explain how ``other`` differs from ``reference`` beyond ``tolerance``, or None if they agree.
+
+    Spacing is compared relatively, direction cosines absolutely, and the origin relative to the
+    smallest voxel size, so the tolerance means the same for 0.5 mm and 5 mm voxels.
+    """
+    ref_spacing, ref_direction, ref_origin = _decompose(reference)
+    spacing, direction, origin = _decompose(other)
+    voxel = max(float(ref_spacing.min()), 1e-6)
+    differences = []
+    if np.any(np.abs(spacing - ref_spacing) > tolerance * np.maximum(ref_spacing, 1e-6)):
+        differences.append(f"spacing {format_values(spacing)} vs {format_values(ref_spacing)}")
+    if np.max(np.abs(direction - ref_direction)) > tolerance:
+        differences.append(f"direction {format_values(direction)} vs {format_values(ref_direction)}")
+    if np.max(np.abs(origin - ref_origin)) > tolerance * voxel:
+        differences.append(f"origin {format_values(origin)} vs {format_values(ref_origin)}")
+    return "; ".join(differences) or None
+
+
 def describe_values(names: Mapping[int, str]) -> str:
     """``"0 background, 1 edema, 4 enhancing"``."""
     return ", ".join(f"{value} {name}" for value, name in sorted(names.items()))
@@ -276,8 +306,8 @@ def label_problems(array: np.ndarray, declared: Mapping[int, str] | None = None,
     return problems
 
 
-def label_map(array: np.ndarray, source: str | Path, declared: Mapping[int, str] | None = None,
-              known_as: str = "dataset.json's labels") -> np.ndarray:
+def check_label_values(array: np.ndarray, source: str | Path, declared: Mapping[int, str] | None = None,
+                       known_as: str = "dataset.json's labels") -> np.ndarray:
     """``array`` (a label file's voxels) as integer class values: the file's integer dtype, or int64 for a float (or
     uint64) file holding whole numbers. The one label check of training, planning and scoring.
 
@@ -291,12 +321,12 @@ def label_map(array: np.ndarray, source: str | Path, declared: Mapping[int, str]
 
 
 def _read_label(path: str, shape: tuple[int, ...]) -> np.ndarray:
-    """(X, Y, Z) non-negative integer label map in RAS order (:func:`label_map`), checked against the image
+    """(X, Y, Z) non-negative integer label map in RAS order (:func:`check_label_values`), checked against the image
     ``shape``."""
     label = read_ras(path).array
     if label.shape != shape:
         raise DatasetError(f"{path}: label shape {label.shape} (RAS) differs from the image's {shape}")
-    return label_map(label, path)
+    return check_label_values(label, path)
 
 
 def read_case(entry: Mapping[str, Any]) -> CaseVolume:

@@ -33,8 +33,8 @@ from medseg.data.datalist import DatasetInfo, case_id, dataset_from_config
 from medseg.data.reading import (
     IMAGE,
     ImageReadError,
+    affine_difference,
     drop_trailing_singletons,
-    format_values,
     image_paths,
     label_problems,
     read_file,
@@ -130,33 +130,6 @@ class _Volume:
 
 
 # ------------------------------------------------------------------------------------ geometry helpers
-
-
-def _decompose(affine: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    """Spacing (column norms), direction (unit columns) and origin of a 4x4 affine."""
-    matrix = affine[:3, :3]
-    spacing = np.linalg.norm(matrix, axis=0)
-    direction = matrix / np.where(spacing == 0, 1.0, spacing)
-    return spacing, direction, affine[:3, 3]
-
-
-def affine_difference(reference: np.ndarray, other: np.ndarray, tolerance: float = 1e-3) -> str | None:
-    """Explain how ``other`` differs from ``reference`` beyond ``tolerance``, or None if they agree.
-
-    Spacing is compared relatively, direction cosines absolutely, and the origin relative to the
-    smallest voxel size, so the tolerance means the same for 0.5 mm and 5 mm voxels.
-    """
-    ref_spacing, ref_direction, ref_origin = _decompose(reference)
-    spacing, direction, origin = _decompose(other)
-    voxel = max(float(ref_spacing.min()), 1e-6)
-    differences = []
-    if np.any(np.abs(spacing - ref_spacing) > tolerance * np.maximum(ref_spacing, 1e-6)):
-        differences.append(f"spacing {format_values(spacing)} vs {format_values(ref_spacing)}")
-    if np.max(np.abs(direction - ref_direction)) > tolerance:
-        differences.append(f"direction {format_values(direction)} vs {format_values(ref_direction)}")
-    if np.max(np.abs(origin - ref_origin)) > tolerance * voxel:
-        differences.append(f"origin {format_values(origin)} vs {format_values(ref_origin)}")
-    return "; ".join(differences) or None
 
 
 # ------------------------------------------------------------------------------------------- a case

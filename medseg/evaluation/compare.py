@@ -1,7 +1,7 @@
 """The verdict of a cross-validated sweep: does each setting differ from a reference setting, and at what compute?
 
 Behind ``scripts/compare.py DIR [reference=model.bottleneck=none]``, and run by the multirun callback after the
-cross-validation when ``data.fold`` is swept. A *setting* is the jobs that differ only in ``data.fold`` and
+cross-validation when ``data.fold`` is swept. A *setting* is the runs that differ only in ``data.fold`` and
 ``trainer.seed``; the cross-validation (:mod:`medseg.evaluation.crossval`) scored each seed of it on its out-of-fold
 cases, one ``crossval/<setting>/metrics.csv`` per seed. For every setting:
 
@@ -11,9 +11,9 @@ cases, one ``crossval/<setting>/metrics.csv`` per seed. For every setting:
    (:mod:`medseg.scoring.paired`): the mean difference (setting minus reference) with its bootstrap 95 % confidence
    interval, the Wilcoxon signed-rank p-value, Holm's correction across the settings compared (for each output and
    metric), and a verdict in words: *better*, *worse* or *no evidence of a difference* at α = 0.05;
-3. its compute: the mean over its completed jobs of the compute keys of ``metrics.json``
+3. its compute: the mean over its completed runs of the compute keys of ``metrics.json``
    (:data:`~medseg.runs.folders.COMPUTE_KEYS`, and the FLOPs of a training-patch forward when recorded), the
-   foreground Dice per GFLOP and, where every job trained on a GPU, per GPU-hour of one run's training.
+   foreground Dice per GFLOP and, where every run trained on a GPU, per GPU-hour of one run's training.
 
 :func:`compare_sweep` writes ``compare.md``, ``compare.csv``, ``compare.json`` and ``compare.png`` (a forest plot)
 atomically into the sweep directory. A sweep without folds, a reference that names no setting or several, and
@@ -42,12 +42,12 @@ from medseg.runs.folders import (
     Run,
     Sweep,
     cross_validations,
-    crossval_dir,
     parse_overrides,
     setting_keys,
     setting_label,
     setting_of,
 )
+from medseg.runs.layout import CrossvalLayout, crossval_dir
 from medseg.scoring.paired import (
     ALPHA,
     BETTER,
@@ -93,8 +93,8 @@ class Setting:
 
     label: str
     """``model.bottleneck=masa`` (:func:`setting_label`)."""
-    jobs: list[Run]
-    """Every job of the setting (all seeds and folds)."""
+    runs: list[Run]
+    """Every run of the setting (all seeds and folds)."""
     crossvals: list[Path]
     """The ``metrics.csv`` of each cross-validated seed, averaged into :attr:`scores`."""
     scores: Scores
@@ -111,22 +111,22 @@ class Setting:
 
     @property
     def compute(self) -> dict[str, float]:
-        """The mean over the completed jobs of each compute key of ``metrics.json`` that they report."""
+        """The mean over the completed runs of each compute key of ``metrics.json`` that they report."""
         out = {}
         for key in COMPUTE_KEYS:
-            values = [value for job in self.jobs if not math.isnan(value := job.value(key))]
+            values = [value for run in self.runs if not math.isnan(value := run.value(key))]
             if values:
                 out[key] = math.fsum(values) / len(values)
         return out
 
     @property
     def efficiency(self) -> dict[str, float]:
-        """Foreground Dice per GFLOP (with recorded FLOPs), per GPU-hour (where every completed job ran on CUDA)."""
+        """Foreground Dice per GFLOP (with recorded FLOPs), per GPU-hour (where every completed run ran on CUDA)."""
         compute, out = self.compute, {}
         if compute.get(FLOPS_KEY):
             out["dice_per_gflop"] = self.dice / compute[FLOPS_KEY]
-        done = [job for job in self.jobs if job.status == "completed"]
-        if done and all(job.device.startswith("cuda") for job in done) and compute.get("train_seconds"):
+        done = [run for run in self.runs if run.status == "completed"]
+        if done and all(run.device.startswith("cuda") for run in done) and compute.get("train_seconds"):
             out["dice_per_gpu_hour"] = self.dice / (compute["train_seconds"] / 3600)
         return out
 
@@ -150,7 +150,7 @@ class Comparison:
     sweep_dir: Path
     reference: Setting
     settings: list[Setting]
-    """Every cross-validated setting, the reference included, in job order."""
+    """Every cross-validated setting, the reference included, in run order."""
     rows: list[Row] = field(default_factory=list)
 
     def foreground(self, metric: str = "dice") -> dict[str, Row]:
@@ -204,36 +204,36 @@ def average_seeds(per_seed: Mapping[str, Scores]) -> Scores:
 
 
 def read_settings(sweep: Sweep) -> list[Setting]:
-    """Every setting of ``sweep`` that has a cross-validation, in job order; a setting (or a seed of one) without
+    """Every setting of ``sweep`` that has a cross-validation, in run order; a setting (or a seed of one) without
     ``crossval/.../metrics.csv`` is left out with a warning.
 
     Raises:
         ConfigError: ``data.fold`` is not swept. DatasetError: see :func:`read_scores`, :func:`average_seeds`.
     """
     if FOLD_KEY not in sweep.swept:
-        raise ConfigError(f"{sweep.path}: its jobs do not differ in {FOLD_KEY}; {NEEDS_FOLDS}: sweep the folds with "
+        raise ConfigError(f"{sweep.path}: its runs do not differ in {FOLD_KEY}; {NEEDS_FOLDS}: sweep the folds with "
                           f"the settings, python scripts/train.py -m ... data.fold=0,1,2,3,4")
     keys = setting_keys(sweep.swept)
     grouped: dict[tuple[str | None, ...], dict[str, list[Run]]] = {}
-    for label, jobs in cross_validations(sweep.runs).items():
-        grouped.setdefault(setting_of(jobs[0], keys), {})[label] = jobs
+    for label, runs in cross_validations(sweep.runs).items():
+        grouped.setdefault(setting_of(runs[0], keys), {})[label] = runs
     settings = []
     for values, seeds in grouped.items():
         label = setting_label(values, keys)
-        paths = {crossval_dir(sweep.path, seed) / "metrics.csv": seed for seed in seeds}
+        paths = {CrossvalLayout(crossval_dir(sweep.path, seed)).scores: seed for seed in seeds}
         found = [path for path in paths if path.is_file()]
         for path in paths.keys() - set(found):
             log.warning("%s: no %s (python scripts/crossval.py %s); %s left out of the comparison", sweep.path,
                         path.relative_to(sweep.path), sweep.path, paths[path] or label)
         if found:
             per_seed = {str(path.parent.relative_to(sweep.path)): read_scores(path) for path in found}
-            jobs = [job for group in seeds.values() for job in group]
-            settings.append(Setting(label, jobs, found, average_seeds(per_seed)))
+            runs = [run for group in seeds.values() for run in group]
+            settings.append(Setting(label, runs, found, average_seeds(per_seed)))
     return settings
 
 
 def select_reference(settings: Sequence[Setting], spec: str) -> Setting:
-    """The one setting whose jobs have every ``key=value`` of ``spec`` (space-separated) among their overrides.
+    """The one setting whose runs have every ``key=value`` of ``spec`` (space-separated) among their overrides.
 
     Raises:
         ConfigError: ``spec`` is no ``key=value`` list, or it matches no setting or several.
@@ -242,7 +242,7 @@ def select_reference(settings: Sequence[Setting], spec: str) -> Setting:
         wanted = parse_overrides(spec.split())
     except OverrideParseException as err:
         raise ConfigError(f"reference={spec}: not key=value pairs ({err})") from None
-    matches = [s for s in settings if all(s.jobs[0].overrides.get(key) == value for key, value in wanted.items())]
+    matches = [s for s in settings if all(s.runs[0].overrides.get(key) == value for key, value in wanted.items())]
     if len(matches) != 1:
         found = "no" if not matches else f"{len(matches)} ({'; '.join(s.label for s in matches)})"
         raise ConfigError(f"reference={spec} matches {found} cross-validated settings; choose one of: "
@@ -366,7 +366,7 @@ def setting_record(setting: Setting, sweep_dir: Path) -> dict[str, Any]:
     """A setting of ``compare.json``: its cross-validations, cases, foreground Dice, compute and efficiency."""
     return {"setting": setting.label, "crossval": [str(path.relative_to(sweep_dir)) for path in setting.crossvals],
             "cases": setting.cases, "dice": setting.dice, "compute": setting.compute,
-            "devices": sorted({job.device for job in setting.jobs if job.status == "completed"}),
+            "devices": sorted({run.device for run in setting.runs if run.status == "completed"}),
             **setting.efficiency}
 
 

@@ -1,7 +1,7 @@
 """Cross-validation of a multirun of folds: the out-of-fold predictions scored together, the postprocessing decided.
 
 Behind ``scripts/crossval.py DIR``, and run by the multirun callback when ``data.fold`` is swept. For each setting
-of the sweep (the jobs that differ only in ``data.fold``; the whole sweep when it is one cross-validation):
+of the sweep (the runs that differ only in ``data.fold``; the whole sweep when it is one cross-validation):
 
 1. every finished fold (``metrics.json`` completed, ``checkpoints/best.pt`` there) predicts its own validation
    cases, the ids its ``splits.json`` lists, found in the dataset of its config (``data.root``, ``data.format``),
@@ -48,24 +48,23 @@ from medseg.inference.output import label_map_path, read_masks
 from medseg.inference.predict import Predictor
 from medseg.io import atomic_write_json, atomic_write_text, check_writable, json_safe, replaced_folder
 from medseg.postprocessing.components import POSTPROCESSING_FILE, STEPS, OutOfFoldCase, decide
-from medseg.runs.folders import Run, Sweep, cross_validations, crossval_dir
+from medseg.runs.folders import Run, Sweep, cross_validations
+from medseg.runs.layout import CrossvalLayout, crossval_dir
 from medseg.scoring.per_case import read_reference, summarize, write_metrics_csv
 from medseg.tables import markdown_table, mean_std, text_table
 from medseg.typed_config import to_typed
 
 log = logging.getLogger("medseg")
 
-PREDICTIONS = "predictions"
-"""The sub-folder of the out-of-fold label maps."""
 SCORES = (("dice", "dice"), ("hd95_mm", "hd95 (mm)"), ("nsd", "nsd"))
 """The metrics of the tables: ``metrics.csv`` column -> table header."""
 
 
 @dataclass
 class Fold:
-    """One finished fold of a cross-validation: its job, its model and its validation cases."""
+    """One finished fold of a cross-validation: its run, its model and its validation cases."""
 
-    job: Run
+    run: Run
     fold: int
     net: EvalModel
     cases: list[Case]
@@ -87,20 +86,20 @@ class CrossvalResult:
         return self.summary.get("failed", [])
 
 
-def _fold_cases(job: Run, net: EvalModel) -> tuple[int, list[Case]]:
-    """The fold number and validation cases of a finished job (its ``splits.json`` in its model's dataset).
+def _fold_cases(run: Run, net: EvalModel) -> tuple[int, list[Case]]:
+    """The fold number and validation cases of a finished run (its ``splits.json`` in its model's dataset).
 
     Raises:
-        DatasetError: no ``splits.json``, a job trained on ``data.fold=all``, no validation cases, or ids that
+        DatasetError: no ``splits.json``, a run trained on ``data.fold=all``, no validation cases, or ids that
             its dataset lacks.
     """
-    path = job.path / "splits.json"
+    path = run.splits_file
     try:
         splits = json.loads(path.read_text())
     except (OSError, ValueError) as err:
         raise DatasetError(f"{path}: cannot read the fold's validation cases ({type(err).__name__}: {err})") from None
     if splits.get("fold") == "all":
-        raise DatasetError(f"{job.path} trained with data.fold=all: it has no held-out cases; cross-validate "
+        raise DatasetError(f"{run.path} trained with data.fold=all: it has no held-out cases; cross-validate "
                            f"folds 0..{net.data.num_folds - 1} (python scripts/train.py -m data.fold=0,1,2,3,4)")
     ids = splits.get("val") or []
     if not ids:
@@ -108,7 +107,7 @@ def _fold_cases(job: Run, net: EvalModel) -> tuple[int, list[Case]]:
                            f"data.num_folds at most the number of cases")
     root = Path(net.data.root).expanduser()
     if not root.is_dir():
-        raise DatasetError(f"{job.path}: its dataset data.root={net.data.root} is not found from {Path.cwd()}; run "
+        raise DatasetError(f"{run.path}: its dataset data.root={net.data.root} is not found from {Path.cwd()}; run "
                            f"from the folder it was trained in")
     entries = {entry["case"]: entry for entry in dataset_from_config(net.data).training}
     unknown = [case for case in ids if case not in entries]
@@ -122,29 +121,29 @@ def missing_folds(folds: Sequence[Fold]) -> list[int]:
     return sorted(set(range(folds[0].net.data.num_folds)) - {fold.fold for fold in folds})
 
 
-def read_folds(jobs: Sequence[Run], where: str) -> list[Fold]:
+def read_folds(runs: Sequence[Run], where: str) -> list[Fold]:
     """The finished folds of one cross-validation, checked (``where`` names it in messages).
 
     Raises:
         ConfigError: no finished fold. DatasetError: see :func:`_fold_cases`, or a case in two folds.
         CheckpointError: an unreadable checkpoint.
     """
-    finished = [job for job in jobs if job.finished]
+    finished = [run for run in runs if run.finished]
     if not finished:
-        raise ConfigError(f"{where}: no finished fold (no job with a completed metrics.json and checkpoints/best.pt); "
-                          f"wait for the training to end, or see why the jobs failed in their metrics.json")
+        raise ConfigError(f"{where}: no finished fold (no run with a completed metrics.json and checkpoints/best.pt); "
+                          f"wait for the training to end, or see why the runs failed in their metrics.json")
     folds = []
-    for job in finished:
-        net = load_model(job.checkpoint)
-        number, cases = _fold_cases(job, net)
-        folds.append(Fold(job, number, net, cases))
+    for run in finished:
+        net = load_model(run.best_checkpoint)
+        number, cases = _fold_cases(run, net)
+        folds.append(Fold(run, number, net, cases))
     check_compatible([fold.net for fold in folds])
     seen: dict[str, Fold] = {}
     for fold in folds:
         for case in fold.cases:
             if case.case in seen:
-                raise DatasetError(f"{where}: case {case.case} is a validation case of both {seen[case.case].job.path} "
-                                   f"and {fold.job.path}; a cross-validation needs disjoint folds")
+                raise DatasetError(f"{where}: case {case.case} is a validation case of both {seen[case.case].run.path} "
+                                   f"and {fold.run.path}; a cross-validation needs disjoint folds")
             seen[case.case] = fold
     missing = missing_folds(folds)
     if missing:
@@ -243,7 +242,8 @@ def run_folds(folds: Sequence[Fold], sweep: Path, label: str, settings: Crossval
     labels = spec.outputs
     result = CrossvalResult(label, target)
     with replaced_folder(target) as folder:
-        predictions = folder / PREDICTIONS
+        files = CrossvalLayout(folder)
+        predictions = files.predictions
         inference = replace(settings.inference, progress=False)  # the bar is over the cases
         prediction = PredictConfig(ckpt=str(sweep), input=str(sweep), output=str(predictions), inference=inference)
         scorer = Scorer(spec, EvaluateConfig.tolerance_mm)
@@ -265,11 +265,11 @@ def run_folds(folds: Sequence[Fold], sweep: Path, label: str, settings: Crossval
                         failed.append({"case": case.case, "reason": str(err)})
                         log.error("case %s failed: %s", case.case, err)
                     bar.update()
-        write_metrics_csv(folder / "metrics.csv", rows)
+        write_metrics_csv(files.scores, rows)
         result.summary = {
             "sweep_dir": str(sweep),
-            "setting": label or "(all jobs)",
-            "folds": [{"fold": f.fold, "job": f.job.name, "checkpoint": str(f.job.checkpoint.relative_to(sweep)),
+            "setting": label or "(all runs)",
+            "folds": [{"fold": f.fold, "run": f.run.name, "checkpoint": str(f.run.best_checkpoint.relative_to(sweep)),
                        "cases": [c.case for c in f.cases]} for f in folds],
             "missing_folds": missing_folds(folds),
             "num_cases": total,
@@ -280,12 +280,12 @@ def run_folds(folds: Sequence[Fold], sweep: Path, label: str, settings: Crossval
         }
         if settings.postprocessing and scored:
             result.decision = decide(OutOfFold(scored, predictions, rows, spec), labels)
-            checkpoints = [str(f.job.checkpoint.relative_to(sweep)) for f in folds]
+            checkpoints = [str(f.run.best_checkpoint.relative_to(sweep)) for f in folds]
             atomic_write_json(folder / POSTPROCESSING_FILE, json_safe({**result.decision, "checkpoints": checkpoints}))
             result.summary["postprocessing"] = {name: c["step"] for name, c in result.decision["classes"].items()}
         result.summary["seconds"] = round(time.perf_counter() - started, 2)
-        atomic_write_json(folder / "summary.json", json_safe(result.summary))
-        atomic_write_text(folder / "summary.md", render_markdown(result))
+        atomic_write_json(files.summary, json_safe(result.summary))
+        atomic_write_text(files.report, render_markdown(result))
     return result
 
 
@@ -300,14 +300,14 @@ def cross_validate(cfg: CrossvalConfig | Mapping[str, Any] | DictConfig) -> list
     sweep = Path(settings.dir).expanduser()
     check_writable(sweep, "dir")
     try:
-        jobs = Sweep.read(sweep).runs
+        runs = Sweep.read(sweep).runs
     except FileNotFoundError as err:
         raise ConfigError(f"dir={sweep}: {err}; give the folder of a multirun "
                           f"(python scripts/train.py -m data.fold=0,1,2,3,4)") from None
-    groups = cross_validations(jobs)
-    runnable = {label: group for label, group in groups.items() if any(job.finished for job in group)}
+    groups = cross_validations(runs)
+    runnable = {label: group for label, group in groups.items() if any(run.finished for run in group)}
     if not runnable:
-        read_folds(jobs, f"dir={sweep}")  # raises: no finished fold
+        read_folds(runs, f"dir={sweep}")  # raises: no finished fold
     for label in sorted(set(groups) - set(runnable)):
         log.warning("dir=%s: setting %s has no finished fold; left out", sweep, label)
     plans = {label: read_folds(group, f"dir={sweep}" + (f" ({label})" if label else ""))

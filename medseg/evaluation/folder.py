@@ -28,8 +28,14 @@ from tqdm import tqdm
 from medseg.config import EvaluateConfig
 from medseg.data.datalist import case_id
 from medseg.data.labels import LabelSpec
-from medseg.data.reading import NIBABEL_ENDINGS, drop_trailing_singletons, label_map, label_values, read_file
-from medseg.data.verify import affine_difference
+from medseg.data.reading import (
+    NIBABEL_ENDINGS,
+    affine_difference,
+    check_label_values,
+    drop_trailing_singletons,
+    label_values,
+    read_file,
+)
 from medseg.errors import DatasetError, PredictionError
 from medseg.inference.cases import dataset_json, find_references, image_files, read_dataset
 from medseg.inference.ensemble import checkpoint_files
@@ -107,7 +113,7 @@ def found_classes(references: Mapping[str, str]) -> LabelSpec:
     hold whole numbers."""
     values: set[int] = set()
     for path in references.values():
-        found, _ = label_values(label_map(drop_trailing_singletons(read_file(path)[0]), path))
+        found, _ = label_values(check_label_values(drop_trailing_singletons(read_file(path)[0]), path))
         values.update(int(v) for v in found)
     names = {0: "background", **{v: f"label_{v}" for v in sorted(values - {0})}}
     return LabelSpec(dict(enumerate(names.values())), list(names))
@@ -130,8 +136,8 @@ def score_pair(case: str, prediction: str, reference: str, labels: LabelSpec,
         DatasetError: either file is unreadable or holds values that are not whole numbers or not ``labels``'.
     """
     ref_array, ref_affine = read_file(reference)
-    ref_map = label_map(drop_trailing_singletons(ref_array), reference, labels.declared, "the scored classes")
-    pred_map = label_map(drop_trailing_singletons(read_file(prediction)[0]), prediction, labels.declared,
+    ref_map = check_label_values(drop_trailing_singletons(ref_array), reference, labels.declared, "the scored classes")
+    pred_map = check_label_values(drop_trailing_singletons(read_file(prediction)[0]), prediction, labels.declared,
                          "the scored classes")
     return score_case(case, pred_map, ref_map, voxel_spacing(ref_affine), labels, tolerance_mm)
 

@@ -28,6 +28,7 @@ from medseg.inference.cases import Case
 from medseg.inference.inferer import Inferer, Prediction
 from medseg.inference.model import EvalModel, load_model
 from medseg.runs.folders import Sweep, setting_keys, swept_keys
+from medseg.runs.layout import RunLayout
 
 log = logging.getLogger("medseg")
 
@@ -42,8 +43,9 @@ def run_checkpoints(folder: Path) -> list[Path]:
     try:
         jobs = Sweep.read(folder).runs
     except FileNotFoundError:
-        if (folder / "checkpoints" / "best.pt").is_file():  # a single training run (outputs/train/<date>/<time>)
-            return [folder / "checkpoints" / "best.pt"]
+        best = RunLayout(folder).best_checkpoint
+        if best.is_file():  # a single training run (outputs/train/<date>/<time>)
+            return [best]
         raise CheckpointError(f"ckpt={folder}: a folder that is neither a training run (checkpoints/best.pt) nor a "
                               f"multirun (job folders with .hydra/overrides.yaml)") from None
     differing = setting_keys(swept_keys(jobs))
@@ -60,7 +62,7 @@ def run_checkpoints(folder: Path) -> list[Path]:
     skipped = [job.name for job in jobs if not job.finished]
     if skipped:
         log.warning("ckpt=%s: leaving out the unfinished job(s) %s", folder, ", ".join(skipped))
-    return [job.checkpoint for job in finished]
+    return [job.best_checkpoint for job in finished]
 
 
 def checkpoint_files(ckpt: str | Path | Sequence[str | Path]) -> list[Path]:

@@ -24,7 +24,7 @@ from torch import nn
 from torch.utils.flop_counter import FlopCounterMode
 
 from medseg.config import ModelConfig
-from medseg.models import build_model
+from medseg.models.registry import build_model
 
 log = logging.getLogger("medseg")
 

@@ -22,8 +22,8 @@ from torch import nn
 from medseg.attention.common import SpatialAttention
 from medseg.attention.registry import ATTENTION_BLOCKS
 from medseg.errors import ConfigError
-from medseg.models import unwrap_model
 from medseg.models.unet import SlottedUNet, level_spacing, stride_to_level
+from medseg.models.unwrap import unwrap_model
 
 MixHook = Callable[[SpatialAttention, torch.Tensor, torch.Tensor, torch.Tensor, tuple[int, ...], torch.Tensor], None]
 """``hook(attention, q, k, v, spatial_shape, out)``: :meth:`SpatialAttention.mix`'s inputs and its output."""

@@ -35,7 +35,7 @@ import numpy as np
 from monai.transforms import KeepLargestConnectedComponent, RemoveSmallObjects
 
 from medseg.errors import ConfigError
-from medseg.runs.folders import crossval_dir
+from medseg.runs.layout import crossval_dir
 from medseg.scoring.detection import components
 from medseg.scoring.metrics import dice, hd95
 

@@ -20,15 +20,14 @@ from typing import Any
 import yaml
 from hydra.core.override_parser.overrides_parser import OverridesParser
 
+from medseg.runs.layout import OVERRIDES_FILE, RunLayout
+
 SEED_KEY = "trainer.seed"
 
 FOLD_KEY = "data.fold"
 
 REPEAT_KEYS = {SEED_KEY: "seeds", FOLD_KEY: "folds"}
-"""Keys whose jobs repeat one setting (-> what the report calls them): never a setting or a plot axis of their own."""
-
-CROSSVAL_FOLDER = "crossval"
-"""The folder of a sweep that ``scripts/crossval.py`` writes its results into."""
+"""Keys whose runs repeat one setting (-> what the report calls them): never a setting or a plot axis of their own."""
 
 BLOCK_KEY = "model.bottleneck"
 
@@ -50,31 +49,27 @@ its best epoch's, one column per slot after the results (:func:`attention_column
 
 
 @dataclass
-class Run:
-    """One training run's folder (a job of a sweep): its overrides, and its metrics if it has finished."""
+class Run(RunLayout):
+    """One training run's folder (a run of a sweep), read back: its overrides, and its metrics if it has finished; its
+    paths are those of :class:`~medseg.runs.layout.RunLayout`."""
 
     name: str
     """The folder relative to the sweep directory (Hydra's job number by default)."""
     overrides: dict[str, str]
     """``key -> value`` of each override, read by Hydra's parser (:func:`parse_overrides`)."""
     metrics: dict[str, Any] | None
-    """The parsed ``metrics.json``; None while the job is running, or if it was killed."""
+    """The parsed ``metrics.json``; None while the run goes on, or if it was killed."""
     block: str = "default"
-    """The bottleneck block (``model.bottleneck``) the job trained, or "default" when unknown."""
+    """The bottleneck block (``model.bottleneck``) the run trained, or "default" when unknown."""
     read_error: str | None = None
     """Why ``metrics.json`` could not be read, if it exists but is unreadable."""
     path: Path = Path()
-    """The job folder."""
-
-    @property
-    def checkpoint(self) -> Path:
-        """The job's best checkpoint, ``checkpoints/best.pt``."""
-        return self.path / "checkpoints" / "best.pt"
+    """The run folder."""
 
     @property
     def finished(self) -> bool:
-        """The job has completed (its ``metrics.json`` says so) and left its best checkpoint."""
-        return self.status == "completed" and self.checkpoint.is_file()
+        """The run has completed (its ``metrics.json`` says so) and left its best checkpoint."""
+        return self.status == "completed" and self.best_checkpoint.is_file()
 
     @property
     def device(self) -> str:
@@ -84,7 +79,7 @@ class Run:
         if isinstance(recorded, str):
             return recorded
         try:
-            config = _read_yaml(self.path / ".hydra" / "config.yaml") or {}
+            config = _read_yaml(self.hydra_config) or {}
         except yaml.YAMLError:
             return ""
         asked = (config.get("trainer") or {}).get("device") if isinstance(config, dict) else None
@@ -99,13 +94,13 @@ class Run:
 
     @property
     def reason(self) -> str:
-        """Why the job did not complete; empty for completed jobs."""
+        """Why the run did not complete; empty for completed runs."""
         if self.metrics is None:
             return self.read_error or "no metrics.json: still running, or killed"
         return str(self.metrics.get("reason", "")) if self.status != "completed" else ""
 
     def value(self, metric: str) -> float:
-        """A numeric result of the job (``metrics.json`` key or ``dice_<class>``); NaN when absent."""
+        """A numeric result of the run (``metrics.json`` key or ``dice_<class>``); NaN when absent."""
         if self.status != "completed":
             return math.nan
         value = self.metrics.get(metric) if self.metrics else None
@@ -172,12 +167,12 @@ def _read_yaml(path: Path) -> Any:
 
 
 
-def _run_block(overrides: dict[str, str], job_dir: Path) -> str:
-    """The bottleneck block: the override, else the job's composed config, else "default"."""
+def _run_block(overrides: dict[str, str], layout: RunLayout) -> str:
+    """The bottleneck block: the override, else the run's composed config, else "default"."""
     if BLOCK_KEY in overrides:
         return overrides[BLOCK_KEY]
     try:
-        config = _read_yaml(job_dir / ".hydra" / "config.yaml") or {}
+        config = _read_yaml(layout.hydra_config) or {}
     except yaml.YAMLError:
         return "default"
     block = (config.get("model") or {}).get("bottleneck") if isinstance(config, dict) else None
@@ -185,38 +180,39 @@ def _run_block(overrides: dict[str, str], job_dir: Path) -> str:
 
 
 
-def read_run(job_dir: Path, sweep_dir: Path) -> Run:
-    """Read one job folder (one that holds ``.hydra/overrides.yaml``)."""
-    overrides = parse_overrides(_read_yaml(job_dir / ".hydra" / "overrides.yaml") or [])
+def read_run(run_dir: Path, sweep_dir: Path) -> Run:
+    """Read one run folder (one that holds ``.hydra/overrides.yaml``)."""
+    layout = RunLayout(run_dir)
+    overrides = parse_overrides(_read_yaml(layout.overrides_file) or [])
     metrics, error = None, None
-    metrics_path = job_dir / "metrics.json"
-    if metrics_path.is_file():
+    if layout.metrics_file.is_file():
         try:
-            metrics = json.loads(metrics_path.read_text())
+            metrics = json.loads(layout.metrics_file.read_text())
         except (OSError, ValueError) as err:
-            error = f"metrics.json unreadable: {err}"
-    name = job_dir.relative_to(sweep_dir).as_posix()
-    return Run(name=name, overrides=overrides, metrics=metrics, block=_run_block(overrides, job_dir), read_error=error,
-               path=job_dir)
+            error = f"{layout.metrics_file.name} unreadable: {err}"
+    name = run_dir.relative_to(sweep_dir).as_posix()
+    return Run(name=name, overrides=overrides, metrics=metrics, block=_run_block(overrides, layout), read_error=error,
+               path=run_dir)
 
 
 
 @dataclass
 class Sweep:
-    """A multirun folder (``multirun/<date>/<time>/``): its runs in job order."""
+    """A multirun folder (``multirun/<date>/<time>/``): its runs in Hydra's order."""
 
     path: Path
     runs: list[Run]
 
     @classmethod
     def read(cls, sweep_dir: str | Path) -> Sweep:
-        """Every run of a sweep directory, in job order; raises FileNotFoundError when there is none."""
+        """Every run of a sweep directory, in Hydra's order; raises FileNotFoundError when there is none."""
         sweep_dir = Path(sweep_dir)
         if not sweep_dir.is_dir():
             raise FileNotFoundError(f"sweep directory {sweep_dir} does not exist")
-        run_dirs = {path.parent.parent for path in sweep_dir.glob("**/.hydra/overrides.yaml")} - {sweep_dir}
+        depth = len(OVERRIDES_FILE.parts)
+        run_dirs = {path.parents[depth - 1] for path in sweep_dir.glob(f"**/{OVERRIDES_FILE.as_posix()}")} - {sweep_dir}
         if not run_dirs:
-            raise FileNotFoundError(f"{sweep_dir} holds no Hydra job folders (no */.hydra/overrides.yaml)")
+            raise FileNotFoundError(f"{sweep_dir} holds no Hydra job folders (no */{OVERRIDES_FILE.as_posix()})")
         ordered = sorted(run_dirs, key=lambda path: _natural_key(path.relative_to(sweep_dir).as_posix()))
         return cls(sweep_dir, [read_run(path, sweep_dir) for path in ordered])
 
@@ -226,10 +222,10 @@ class Sweep:
         return swept_keys(self.runs)
 
 
-def swept_keys(jobs: Sequence[Run]) -> list[str]:
-    """The override keys whose value differs between jobs (absent counts as a value), in first-seen order."""
-    keys = list(dict.fromkeys(key for job in jobs for key in job.overrides))
-    return [key for key in keys if len({job.overrides.get(key) for job in jobs}) > 1]
+def swept_keys(runs: Sequence[Run]) -> list[str]:
+    """The override keys whose value differs between runs (absent counts as a value), in first-seen order."""
+    keys = list(dict.fromkeys(key for run in runs for key in run.overrides))
+    return [key for key in keys if len({run.overrides.get(key) for run in runs}) > 1]
 
 
 
@@ -239,43 +235,36 @@ def setting_keys(swept: Sequence[str]) -> list[str]:
 
 
 
-def setting_of(job: Run, keys: Sequence[str]) -> tuple[str | None, ...]:
-    """The job's values of ``keys``: jobs with equal settings differ only in the other swept keys."""
-    return tuple(job.overrides.get(key) for key in keys)
+def setting_of(run: Run, keys: Sequence[str]) -> tuple[str | None, ...]:
+    """The run's values of ``keys``: runs with equal settings differ only in the other swept keys."""
+    return tuple(run.overrides.get(key) for key in keys)
 
 
 
-def group_runs(jobs: Sequence[Run], key: Callable[[Run], Hashable]) -> dict[Any, list[Run]]:
-    """Jobs grouped by ``key(job)``, groups and jobs in first-seen order."""
+def group_runs(runs: Sequence[Run], key: Callable[[Run], Hashable]) -> dict[Any, list[Run]]:
+    """Runs grouped by ``key(run)``, groups and runs in first-seen order."""
     groups: dict[Any, list[Run]] = {}
-    for job in jobs:
-        groups.setdefault(key(job), []).append(job)
+    for run in runs:
+        groups.setdefault(key(run), []).append(run)
     return groups
 
 
 
-def group_by_setting(jobs: Sequence[Run], keys: Sequence[str]) -> dict[tuple[str | None, ...], list[Run]]:
-    """Jobs grouped by their values of ``keys``."""
-    return group_runs(jobs, lambda job: setting_of(job, keys))
+def group_by_setting(runs: Sequence[Run], keys: Sequence[str]) -> dict[tuple[str | None, ...], list[Run]]:
+    """Runs grouped by their values of ``keys``."""
+    return group_runs(runs, lambda run: setting_of(run, keys))
 
 
 
-def cross_validations(jobs: Sequence[Run]) -> dict[str, list[Run]]:
-    """The jobs of each cross-validation in a sweep, those that differ only in ``data.fold``, by the label of their
+def cross_validations(runs: Sequence[Run]) -> dict[str, list[Run]]:
+    """The runs of each cross-validation in a sweep, those that differ only in ``data.fold``, by the label of their
     setting (:func:`setting_label`; ``""`` when the sweep is one cross-validation)."""
-    keys = [key for key in swept_keys(jobs) if key != FOLD_KEY]
-    groups = group_by_setting(jobs, keys)
+    keys = [key for key in swept_keys(runs) if key != FOLD_KEY]
+    groups = group_by_setting(runs, keys)
     if len(groups) == 1:
-        return {"": list(jobs)}
+        return {"": list(runs)}
     return {setting_label(setting, keys): group for setting, group in groups.items()}
 
-
-
-def crossval_dir(sweep_dir: str | Path, label: str = "") -> Path:
-    """Where ``scripts/crossval.py`` writes a cross-validation: ``DIR/crossval``, or ``DIR/crossval/<setting>`` for
-    one setting (``label``) of a sweep of several."""
-    folder = Path(sweep_dir) / CROSSVAL_FOLDER
-    return folder / re.sub(r"[^\w.,=+-]+", "_", label) if label else folder
 
 
 def as_number(text: str | None) -> float | None:
@@ -297,8 +286,8 @@ def display_value(text: str | None) -> str:
 def setting_label(setting: Sequence[str | None], keys: Sequence[str], name: Callable[[str], str] = str) -> str:
     """``"model.bottleneck=masa model.attention.gamma=0.8"``, each key written as ``name(key)``.
 
-    A key the setting's jobs did not set (None: two multiruns of different keys in one folder) is left out;
-    ``"(defaults)"`` when the jobs set none of ``keys``, ``"(all jobs)"`` when nothing is swept.
+    A key the setting's runs did not set (None: two multiruns of different keys in one folder) is left out;
+    ``"(defaults)"`` when the runs set none of ``keys``, ``"(all runs)"`` when nothing is swept.
     """
     parts = [f"{name(key)}={display_value(value)}" for key, value in zip(keys, setting) if value is not None]
-    return " ".join(parts) or ("(defaults)" if keys else "(all jobs)")
+    return " ".join(parts) or ("(defaults)" if keys else "(all runs)")

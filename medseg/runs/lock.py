@@ -14,8 +14,7 @@ import socket
 from pathlib import Path
 
 from medseg.errors import ConfigError
-
-LOCK_FILE = ".medseg.lock"
+from medseg.runs.layout import RunLayout
 
 
 def _holder(path: Path) -> tuple[int, str] | None:
@@ -47,7 +46,7 @@ def acquire(folder: Path) -> Path:
         ConfigError: another training holds the folder (or a lock file there cannot be read).
     """
     folder.mkdir(parents=True, exist_ok=True)
-    path = folder / LOCK_FILE
+    path = RunLayout(folder).lock_file
     for _ in range(2):  # a stale lock is removed once, then taken
         try:
             descriptor = os.open(path, os.O_CREAT | os.O_EXCL | os.O_WRONLY, 0o644)

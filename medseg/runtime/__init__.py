@@ -1,3 +1,3 @@
 """Where a process runs: the device and precision (:mod:`.device`), the launch environment of torchrun and SLURM
-(:mod:`.launch`), DDP's collectives (:mod:`.distributed`), and handing the pages of freed volumes back to the system
-(:mod:`.host_memory`)."""
+(:mod:`.launch`), DDP's collectives (:mod:`.distributed`), and host memory: what is available, the peak a process and
+its workers take, and the pages of freed volumes handed back to the system (:mod:`.host_memory`)."""

@@ -16,8 +16,7 @@ from typing import Any
 import numpy as np
 
 from medseg.data.labels import LabelSpec, member_masks
-from medseg.data.reading import drop_trailing_singletons, label_map, read_file
-from medseg.data.verify import affine_difference
+from medseg.data.reading import affine_difference, check_label_values, drop_trailing_singletons, read_file
 from medseg.errors import DatasetError
 from medseg.io import atomic_write_text
 from medseg.scoring.metrics import METRIC_NAMES, ClassMetrics, aggregate, class_metrics, voxel_spacing
@@ -33,7 +32,7 @@ def read_reference(path: str, shape: tuple[int, ...], affine: np.ndarray, image_
     Raises:
         DatasetError: the file is unreadable, its shape or affine differs from its image's (``shape``, ``affine``,
             from ``image_file``), or it holds values that are not whole numbers or not among the values ``labels``
-            declares (:func:`~medseg.data.reading.label_map`): such a label cannot be scored.
+            declares (:func:`~medseg.data.reading.check_label_values`): such a label cannot be scored.
     """
     array, label_affine = read_file(path)
     array = drop_trailing_singletons(array)
@@ -43,7 +42,7 @@ def read_reference(path: str, shape: tuple[int, ...], affine: np.ndarray, image_
     difference = affine_difference(affine, label_affine)
     if difference is not None:
         raise DatasetError(f"{path}: label geometry differs from its image {image_file}: {difference}")
-    return label_map(array, path, labels.declared, "the model's labels"), voxel_spacing(label_affine)
+    return check_label_values(array, path, labels.declared, "the model's labels"), voxel_spacing(label_affine)
 
 
 def score_case(case: str, prediction: np.ndarray, reference: np.ndarray, spacing: Sequence[float],

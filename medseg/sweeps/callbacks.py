@@ -11,12 +11,13 @@ from __future__ import annotations
 import json
 import logging
 import math
-from pathlib import Path
 from typing import Any
 
 from hydra.core.utils import JobReturn, JobStatus
 from hydra.experimental.callback import Callback
 from omegaconf import DictConfig, OmegaConf
+
+from medseg.runs.layout import RunLayout
 
 log = logging.getLogger("medseg")
 
@@ -76,7 +77,7 @@ class SummarizeSweep(Callback):
 
     @staticmethod
     def _cross_validate(sweep_dir: str, config: DictConfig) -> bool:
-        """``scripts/crossval.py sweep_dir`` when the sweep's jobs differ in ``data.fold``; log, never raise. True when
+        """``scripts/crossval.py sweep_dir`` when the sweep's runs differ in ``data.fold``; log, never raise. True when
         the sweep has several settings to compare (cross-validated, or not: the comparison reports which lack it)."""
         try:
             from medseg.runs.folders import FOLD_KEY, Sweep, setting_keys
@@ -118,7 +119,7 @@ class SummarizeSweep(Callback):
 
 
 class TrialFailed(RuntimeError):
-    """A sweep job that failed (its ``metrics.json`` says why); raised to the sweeper, never in the job."""
+    """A run of a sweep that failed (its ``metrics.json`` says why); raised to the sweeper, never in the run."""
 
 
 class FailedJobsFailTrials(Callback):
@@ -143,8 +144,8 @@ class FailedJobsFailTrials(Callback):
 def _failure_reason(job_return: JobReturn) -> str:
     """The ``reason`` in the job's ``metrics.json``, or a generic one if it cannot be read."""
     try:
-        output_dir = Path(job_return.hydra_cfg.hydra.runtime.output_dir)  # type: ignore[union-attr]
-        reason = json.loads((output_dir / "metrics.json").read_text()).get("reason")
+        output_dir = job_return.hydra_cfg.hydra.runtime.output_dir  # type: ignore[union-attr]
+        reason = json.loads(RunLayout(output_dir).metrics_file.read_text()).get("reason")
     except Exception:  # the reason is only a message; never fail here
         reason = None
     return f"job failed: {reason or 'the objective (best val Dice) is NaN'}"

@@ -1,9 +1,9 @@
 """Sweep reports: one table, one CSV and one plot for a Hydra multirun directory.
 
-A sweep directory (``multirun/<date>/<time>/``) holds one folder per job, each with the overrides Hydra
-applied (``.hydra/overrides.yaml``) and, once the job ends, medseg's ``metrics.json``. The parameters whose
-values differ between jobs are the *swept* parameters; they become the leading columns of the report.
-Jobs that differ only in ``trainer.seed`` or ``data.fold`` are one *setting*, summarised as mean ± std over its
+A sweep directory (``multirun/<date>/<time>/``) holds one folder per run, each with the overrides Hydra
+applied (``.hydra/overrides.yaml``) and, once the run ends, medseg's ``metrics.json``. The parameters whose
+values differ between runs are the *swept* parameters; they become the leading columns of the report.
+Runs that differ only in ``trainer.seed`` or ``data.fold`` are one *setting*, summarised as mean ± std over its
 seeds and folds (over folds, that mean is the setting's cross-validation mean); settings are ranked by that mean,
 never by a single seed or fold, and the first is named the best setting only when it is significantly better than
 the runner-up in the paired test of :mod:`medseg.evaluation.compare` on the cross-validation's out-of-fold cases
@@ -29,7 +29,6 @@ from medseg.evaluation.compare import FILES, FOREGROUND, NEEDS_FOLDS, paired, re
 from medseg.io import atomic_write, atomic_write_text
 from medseg.runs.folders import (
     COMPUTE_KEYS,
-    CROSSVAL_FOLDER,
     FOLD_KEY,
     REPEAT_KEYS,
     Run,
@@ -42,6 +41,7 @@ from medseg.runs.folders import (
     setting_keys,
     setting_label,
 )
+from medseg.runs.layout import CROSSVAL_FOLDER, crossval_dir
 from medseg.scoring.paired import BETTER, CONFIDENCE, PairedDifference, verdict
 from medseg.tables import CellFormat, format_mean_std, markdown_table, mean_std, text_table
 
@@ -67,7 +67,7 @@ class SweepSummary:
     sweep_dir: Path
     metric: str
     higher_is_better: bool
-    jobs: list[Run]
+    runs: list[Run]
     swept: list[str]
     headers: list[str]
     rows: list[list[Any]]
@@ -77,7 +77,7 @@ class SweepSummary:
     counts: dict[str, int] = field(default_factory=dict)
 
     def text(self) -> str:
-        """The report for a terminal: the job table, the table over seeds and folds if any, and the best setting."""
+        """The report for a terminal: the run table, the table over seeds and folds if any, and the best setting."""
         parts = [render_table(text_table, self.headers, self.rows, self.swept)]
         if self.group_rows:
             parts.append(render_table(text_table, self.group_headers, self.group_rows, self.swept))
@@ -86,46 +86,46 @@ class SweepSummary:
 
 
 
-def numeric_keys(jobs: Sequence[Run], keys: Sequence[str]) -> list[str]:
+def numeric_keys(runs: Sequence[Run], keys: Sequence[str]) -> list[str]:
     """The swept keys (but seeds and folds) whose values are all numbers: the x axes of the plot."""
-    return [key for key in setting_keys(keys) if all(as_number(job.overrides.get(key)) is not None for job in jobs)]
+    return [key for key in setting_keys(keys) if all(as_number(run.overrides.get(key)) is not None for run in runs)]
 
 
 
-def class_columns(jobs: Sequence[Run]) -> list[str]:
+def class_columns(runs: Sequence[Run]) -> list[str]:
     """The per-class Dice columns, in the order the classes first appear."""
-    return list(dict.fromkeys(column for job in jobs for column in job.dice_per_class()))
+    return list(dict.fromkeys(column for run in runs for column in run.dice_per_class()))
 
 
 
-def attention_columns(jobs: Sequence[Run]) -> list[str]:
+def attention_columns(runs: Sequence[Run]) -> list[str]:
     """The per-slot attention-distance columns, in the order the slots first appear (none without attention maps)."""
-    return list(dict.fromkeys(column for job in jobs for column in job.attention_distances()))
+    return list(dict.fromkeys(column for run in runs for column in run.attention_distances()))
 
 
 
-def job_rows(jobs: Sequence[Run], swept: Sequence[str], metric: str) -> tuple[list[str], list[list[Any]]]:
-    """The per-job table: swept parameters, Dice per class and mean, results, status and failure reason."""
-    classes, attention = class_columns(jobs), attention_columns(jobs)
+def run_rows(runs: Sequence[Run], swept: Sequence[str], metric: str) -> tuple[list[str], list[list[Any]]]:
+    """The per-run table: swept parameters, Dice per class and mean, results, status and failure reason."""
+    classes, attention = class_columns(runs), attention_columns(runs)
     known = metric in RESULT_COLUMNS or metric in classes or metric in attention
     results = list(RESULT_COLUMNS) if known else [RESULT_COLUMNS[0], metric, *RESULT_COLUMNS[1:]]
     results += attention
-    headers = ["job", *swept, *classes, *results, "status", "reason"]
+    headers = ["run", *swept, *classes, *results, "status", "reason"]
     rows = []
-    for job in jobs:
-        completed = job.status == "completed"
-        values = [_result(job, column) if completed else None for column in (*classes, *results)]
-        rows.append([job.name, *(job.overrides.get(key) for key in swept), *values, job.status, job.reason])
+    for run in runs:
+        completed = run.status == "completed"
+        values = [_result(run, column) if completed else None for column in (*classes, *results)]
+        rows.append([run.name, *(run.overrides.get(key) for key in swept), *values, run.status, run.reason])
     return headers, rows
 
 
 
-def _result(job: Run, column: str) -> Any:
+def _result(run: Run, column: str) -> Any:
     """A result cell: ints stay ints (params, epochs), the rest are floats."""
-    raw = (job.metrics or {}).get(column)
+    raw = (run.metrics or {}).get(column)
     if isinstance(raw, int) and not isinstance(raw, bool):
         return raw
-    value = job.value(column)
+    value = run.value(column)
     return None if math.isnan(value) else value
 
 
@@ -136,20 +136,20 @@ def repeats(swept: Sequence[str]) -> list[str]:
 
 
 
-def group_rows(jobs: Sequence[Run], swept: Sequence[str], metric: str) -> tuple[list[str], list[list[Any]]]:
+def group_rows(runs: Sequence[Run], swept: Sequence[str], metric: str) -> tuple[list[str], list[list[Any]]]:
     """The per-setting table over seeds and folds (empty when neither ``trainer.seed`` nor ``data.fold`` is swept)."""
     repeated = repeats(swept)
     if not repeated:
         return [], []
     keys = setting_keys(swept)
-    columns = list(dict.fromkeys([*class_columns(jobs), RESULT_COLUMNS[0], metric, *COMPUTE_KEYS,
-                                  *attention_columns(jobs)]))
+    columns = list(dict.fromkeys([*class_columns(runs), RESULT_COLUMNS[0], metric, *COMPUTE_KEYS,
+                                  *attention_columns(runs)]))
     headers = [*keys, *(REPEAT_KEYS[key] for key in repeated), "completed", *columns]
     rows = []
-    for setting, group in group_by_setting(jobs, keys).items():
-        done = [job for job in group if job.status == "completed"]
-        values = [",".join(dict.fromkeys(str(job.overrides.get(key)) for job in group)) for key in repeated]
-        stats = [format_mean_std([job.value(c) for job in done], DISPLAY_DIGITS.get(c, 4)) for c in columns]
+    for setting, group in group_by_setting(runs, keys).items():
+        done = [run for run in group if run.status == "completed"]
+        values = [",".join(dict.fromkeys(str(run.overrides.get(key)) for run in group)) for key in repeated]
+        stats = [format_mean_std([run.value(c) for run in done], DISPLAY_DIGITS.get(c, 4)) for c in columns]
         rows.append([*setting, *values, f"{len(done)}/{len(group)}", *stats])
     return headers, rows
 
@@ -169,7 +169,7 @@ def runner_up_test(sweep: Sweep, best: str, runner_up: str, metric: str,
     cross-validation's per-case values of ``metric``, with its verdict; else why they cannot be tested."""
     if FOLD_KEY not in sweep.swept:
         return NEEDS_FOLDS
-    if not (sweep.path / CROSSVAL_FOLDER).is_dir():
+    if not crossval_dir(sweep.path).is_dir():
         return f"no cross-validation in {CROSSVAL_FOLDER}/ (python scripts/crossval.py {sweep.path})"
     try:
         settings = {setting.label: setting for setting in read_settings(sweep)}
@@ -192,16 +192,16 @@ def best_setting(sweep: Sweep, metric: str, higher_is_better: bool = True) -> st
     keys = setting_keys(sweep.swept)
     scored = []
     for setting, group in group_by_setting(sweep.runs, keys).items():
-        mean, std = mean_std([job.value(metric) for job in group])
+        mean, std = mean_std([run.value(metric) for run in group])
         if not math.isnan(mean):
             scored.append((mean, std, setting_label(setting, keys), group))
     if not scored:
-        return f"best setting: none (no completed job reports {metric})"
+        return f"best setting: none (no completed run reports {metric})"
     (mean, std, label, group), *others = sorted(scored, key=lambda item: item[0], reverse=higher_is_better)
-    done = [job.name for job in group if job.status == "completed"]
+    done = [run.name for run in group if run.status == "completed"]
     repeated = " × ".join(REPEAT_KEYS[key] for key in repeats(sweep.swept))
     spread = f" ± {std:.4f} over {len(done)} {repeated}" if repeated else ""
-    described = f"{label} -> {metric} {mean:.4f}{spread} (job{'s' if len(done) > 1 else ''} {', '.join(done)})"
+    described = f"{label} -> {metric} {mean:.4f}{spread} (run{'s' if len(done) > 1 else ''} {', '.join(done)})"
     if not others:
         return f"best setting: {described}"
     runner_up = others[0][2]
@@ -220,15 +220,15 @@ def best_setting(sweep: Sweep, metric: str, higher_is_better: bool = True) -> st
 def build_summary(sweep_dir: str | Path, metric: str = "best_val_dice", higher_is_better: bool = True) -> SweepSummary:
     """Read a sweep directory into a :class:`SweepSummary` (writes nothing)."""
     sweep = Sweep.read(sweep_dir)
-    jobs, swept = sweep.runs, sweep.swept
-    headers, rows = job_rows(jobs, swept, metric)
-    g_headers, g_rows = group_rows(jobs, swept, metric)
-    counts = {status: sum(job.status == status for job in jobs) for status in ("completed", "failed", "missing")}
+    runs, swept = sweep.runs, sweep.swept
+    headers, rows = run_rows(runs, swept, metric)
+    g_headers, g_rows = group_rows(runs, swept, metric)
+    counts = {status: sum(run.status == status for run in runs) for status in ("completed", "failed", "missing")}
     return SweepSummary(
         sweep_dir=Path(sweep_dir),
         metric=metric,
         higher_is_better=higher_is_better,
-        jobs=jobs,
+        runs=runs,
         swept=swept,
         headers=headers,
         rows=rows,
@@ -241,7 +241,7 @@ def build_summary(sweep_dir: str | Path, metric: str = "best_val_dice", higher_i
 
 
 def _blank_none(rows: Sequence[Sequence[Any]]) -> list[list[Any]]:
-    """CSV cells: None (a result a failed job does not have) becomes an empty cell."""
+    """CSV cells: None (a result a failed run does not have) becomes an empty cell."""
     return [["" if value is None else value for value in row] for row in rows]
 
 
@@ -257,7 +257,7 @@ def display_formats(swept: Sequence[str]) -> dict[str, CellFormat]:
 def render_table(render: Callable[..., str], headers: Sequence[str], rows: Sequence[Sequence[Any]],
                  swept: Sequence[str]) -> str:
     """``rows`` for people, by ``render`` (:func:`text_table` or :func:`markdown_table`); the reason column only
-    when some job has a reason."""
+    when some run has a reason."""
     keep = [i for i, header in enumerate(headers) if header != "reason" or any(row[i] for row in rows)]
     return render([headers[i] for i in keep], [[row[i] for i in keep] for row in rows],
                   formats=display_formats(swept))
@@ -271,8 +271,8 @@ def render_markdown(summary: SweepSummary) -> str:
     swept = ", ".join(f"`{key}`" for key in summary.swept) or "nothing"
     parts = [
         f"# Sweep summary: `{summary.sweep_dir}`",
-        f"{len(summary.rows)} jobs ({counts}). Swept: {swept}. Metric: `{summary.metric}` ({direction} is better).",
-        "## Jobs",
+        f"{len(summary.rows)} runs ({counts}). Swept: {swept}. Metric: `{summary.metric}` ({direction} is better).",
+        "## Runs",
         render_table(markdown_table, summary.headers, summary.rows, summary.swept),
     ]
     repeated = repeats(summary.swept)
@@ -287,7 +287,7 @@ def render_markdown(summary: SweepSummary) -> str:
     if (summary.sweep_dir / FILES[0]).is_file():
         parts.append("Every setting against the reference, paired on the out-of-fold cases: `compare.md` "
                      "(`scripts/compare.py`).")
-    if (summary.sweep_dir / CROSSVAL_FOLDER).is_dir():
+    if crossval_dir(summary.sweep_dir).is_dir():
         parts.append(f"Scores of the out-of-fold predictions in the original geometry: `{CROSSVAL_FOLDER}/`"
                      f" (`scripts/crossval.py`).")
     return "\n\n".join(parts) + "\n"
@@ -295,7 +295,7 @@ def render_markdown(summary: SweepSummary) -> str:
 
 
 def render_csv(summary: SweepSummary) -> str:
-    """The text of ``summary.csv``: the job table at full precision, empty cells for missing results."""
+    """The text of ``summary.csv``: the run table at full precision, empty cells for missing results."""
     buffer = io.StringIO()
     writer = csv.writer(buffer, lineterminator="\n")
     writer.writerow(summary.headers)
@@ -310,17 +310,17 @@ def _short(key: str) -> str:
 
 
 
-def _plot_lines(ax: Any, jobs: Sequence[Run], key: str, metric: str) -> None:
+def _plot_lines(ax: Any, runs: Sequence[Run], key: str, metric: str) -> None:
     """``metric`` against the numeric parameter ``key``: one line per block, mean ± std where values repeat.
 
     A grid sweep (few distinct values) is drawn as lines; a random or Optuna search as points only.
     """
-    values = [as_number(job.overrides.get(key)) for job in jobs]
+    values = [as_number(run.overrides.get(key)) for run in runs]
     linestyle = "-" if len(set(values)) <= MAX_LINE_POINTS else "none"
-    for block, group in group_runs(jobs, lambda job: job.block).items():
+    for block, group in group_runs(runs, lambda run: run.block).items():
         by_x: dict[float, list[float]] = {}
-        for job in group:
-            by_x.setdefault(as_number(job.overrides.get(key)), []).append(job.value(metric))  # type: ignore[arg-type]
+        for run in group:
+            by_x.setdefault(as_number(run.overrides.get(key)), []).append(run.value(metric))  # type: ignore[arg-type]
         points = [(x, *mean_std(ys)) for x, ys in sorted(by_x.items())]
         points = [point for point in points if not math.isnan(point[1])]
         if points:
@@ -339,16 +339,16 @@ def _plot_lines(ax: Any, jobs: Sequence[Run], key: str, metric: str) -> None:
 
 
 
-def _plot_bars(ax: Any, jobs: Sequence[Run], swept: Sequence[str], metric: str) -> None:
+def _plot_bars(ax: Any, runs: Sequence[Run], swept: Sequence[str], metric: str) -> None:
     """One bar per setting (mean ± std over seeds and folds); settings without a result are marked "failed"."""
     keys = setting_keys(swept)
-    groups = group_by_setting(jobs, keys)
+    groups = group_by_setting(runs, keys)
     if len(keys) == 1:  # the values alone, the key as the axis label
         labels = [display_value(setting[0]) for setting in groups]
         ax.set_xlabel(keys[0])
     else:
         labels = [setting_label(setting, keys, _short) for setting in groups]
-    stats = [mean_std([job.value(metric) for job in group]) for group in groups.values()]
+    stats = [mean_std([run.value(metric) for run in group]) for group in groups.values()]
     heights = [0.0 if math.isnan(mean) else mean for mean, _ in stats]
     errors = [0.0 if math.isnan(std) else std for _, std in stats]
     bars = ax.bar(range(len(heights)), heights, yerr=errors if any(errors) else None, capsize=3, color="tab:blue")
@@ -377,19 +377,19 @@ def _plot_bars(ax: Any, jobs: Sequence[Run], swept: Sequence[str], metric: str) 
 
 
 
-def render_plot(jobs: Sequence[Run], swept: Sequence[str], metric: str) -> Any:
+def render_plot(runs: Sequence[Run], swept: Sequence[str], metric: str) -> Any:
     """A matplotlib Figure (Agg canvas, no pyplot state): a panel per numeric swept parameter, else bars; for
     ``metric`` and, below it, each slot's mean attention distance when the runs recorded one."""
     from matplotlib.backends.backend_agg import FigureCanvasAgg
     from matplotlib.figure import Figure
 
-    metrics = list(dict.fromkeys([metric, *attention_columns(jobs)]))
-    axes_keys = numeric_keys(jobs, swept)
+    metrics = list(dict.fromkeys([metric, *attention_columns(runs)]))
+    axes_keys = numeric_keys(runs, swept)
     if not axes_keys:
-        fig = Figure(figsize=(max(5.5, 1.2 * len(jobs)), 4.2 * len(metrics)), layout="constrained")
+        fig = Figure(figsize=(max(5.5, 1.2 * len(runs)), 4.2 * len(metrics)), layout="constrained")
         FigureCanvasAgg(fig)
         for index, shown in enumerate(metrics):
-            _plot_bars(fig.add_subplot(len(metrics), 1, index + 1), jobs, swept, shown)
+            _plot_bars(fig.add_subplot(len(metrics), 1, index + 1), runs, swept, shown)
     else:
         panels = [(key, shown) for shown in metrics for key in axes_keys]
         cols = min(len(axes_keys), MAX_PLOT_COLUMNS)
@@ -397,8 +397,8 @@ def render_plot(jobs: Sequence[Run], swept: Sequence[str], metric: str) -> Any:
         fig = Figure(figsize=(5.0 * cols, 3.8 * rows), layout="constrained")
         FigureCanvasAgg(fig)
         for index, (key, shown) in enumerate(panels):
-            _plot_lines(fig.add_subplot(rows, cols, index + 1), jobs, key, shown)
-    fig.suptitle(f"{' and '.join(metrics)} over {len(jobs)} jobs", fontsize="medium")
+            _plot_lines(fig.add_subplot(rows, cols, index + 1), runs, key, shown)
+    fig.suptitle(f"{' and '.join(metrics)} over {len(runs)} runs", fontsize="medium")
     return fig
 
 
@@ -416,6 +416,6 @@ def summarize_sweep(
     atomic_write_text(sweep_dir / "summary.csv", render_csv(summary))
     atomic_write_text(sweep_dir / "summary.md", render_markdown(summary))
     if plot:
-        fig = render_plot(summary.jobs, summary.swept, metric)
+        fig = render_plot(summary.runs, summary.swept, metric)
         atomic_write(sweep_dir / "summary.png", lambda handle: fig.savefig(handle, format="png", dpi=110))
     return summary

@@ -33,13 +33,15 @@ from medseg.errors import TrainingInterrupted
 from medseg.io import atomic_write_json, check_writable, remove_temporaries
 from medseg.models import build_model
 from medseg.models.compute import patch_forward_flops
+from medseg.runs.layout import RunLayout
 from medseg.runs.lock import acquire
 from medseg.runtime.device import resolve_device
 from medseg.runtime.distributed import broadcast_object, on_main_rank, process_group
+from medseg.runtime.host_memory import PeakRam
 from medseg.runtime.launch import DistInfo, env_rank
 from medseg.training.losses import resolve_class_weights
-from medseg.training.prepare import plan_config, prepare_data
-from medseg.training.ram import PeakRam
+from medseg.training.planning import plan_config
+from medseg.training.prepare import prepare_data
 from medseg.training.settings import check_config
 from medseg.training.trainer import Trainer, seed_everything
 
@@ -116,7 +118,7 @@ def resume_path(cfg: TrainConfig, output_dir: Path) -> Path | None:
     exists (a warning when not: the run starts from scratch); None for a new run."""
     if cfg.ckpt_path:
         return Path(cfg.ckpt_path)
-    last = output_dir / "checkpoints" / "last.pt"
+    last = RunLayout(output_dir).last_checkpoint
     if cfg.trainer.resume and not last.is_file():
         log.warning("trainer.resume=true but %s does not exist: starting from scratch", last)
     return last if cfg.trainer.resume and last.is_file() else None
@@ -192,6 +194,6 @@ def train_cli(cfg: DictConfig) -> float:
         reason = f"{type(err).__name__}: {err}"  # a sweep records any failure and goes on
         log.error("job failed: %s\n%s", reason, traceback.format_exc())
         if env_rank() == 0:  # a DDP job (SLURM tasks_per_node > 1) records its failure once
-            atomic_write_json(Path(HydraConfig.get().runtime.output_dir) / "metrics.json",
+            atomic_write_json(RunLayout(HydraConfig.get().runtime.output_dir).metrics_file,
                               {"status": "failed", "reason": reason})
         return float("nan")

@@ -25,7 +25,8 @@ from medseg.models import check_model, check_patch
 from medseg.optim import OPTIMIZERS, SCHEDULES
 from medseg.runtime.device import PRECISIONS
 from medseg.training.losses import LOSSES
-from medseg.training.prepare import CACHE_MODES, PLAN_SOURCES
+from medseg.training.planning import PLAN_SOURCES
+from medseg.training.prepare import CACHE_MODES
 from medseg.typed_config import check_choices, to_typed
 
 

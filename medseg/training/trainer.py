@@ -39,6 +39,7 @@ from medseg.runs.checkpoint import (
     save_checkpoint,
     state_mismatch,
 )
+from medseg.runs.layout import RunLayout
 from medseg.runtime.device import amp_dtype, autocast, peak_memory_mb, reset_peak_memory
 from medseg.runtime.distributed import any_rank, broadcast_object, gather_objects
 from medseg.runtime.launch import SINGLE_PROCESS, DistInfo
@@ -199,7 +200,7 @@ class Trainer:
                  run_started: float | None = None) -> None:
         self.cfg, self.data, self.model, self.device, self.dist = cfg, data, model, device, dist
         self.settings = cfg.trainer
-        self.ckpt_dir = output_dir / "checkpoints"
+        self.layout = RunLayout(output_dir)
         self.output_dir = output_dir
         self.optimizer = build_optimizer(model.parameters(), self.settings)
         self.scheduler = build_scheduler(self.optimizer, self.settings)
@@ -223,13 +224,13 @@ class Trainer:
         self.wall_before = 0.0  # wall time of the processes this run was resumed from, up to their checkpoint
         self.resume_rng: dict[str, torch.Tensor | None] | None = None
         self.saved_last: str | None = None  # the epoch (and step) last.pt holds, for the message of a failed save
-        self.tb = TensorBoardLogger(output_dir / "tensorboard") if dist.is_main else None
+        self.tb = TensorBoardLogger(self.layout.tensorboard) if dist.is_main else None
 
     # --- the loop ----------------------------------------------------------------------------
     def fit(self) -> dict[str, Any]:
         """Train to ``max_epochs`` (from a resumed epoch if any); returns the metrics written to metrics.json."""
         reset_peak_memory(self.device)
-        with GracefulStop(self.dist, self.device, str(self.ckpt_dir / "last.pt")) as stop, self.tb or nullcontext():
+        with GracefulStop(self.dist, self.device, str(self.layout.last_checkpoint)) as stop, self.tb or nullcontext():
             while self.epoch < self.settings.max_epochs:
                 started, steps = time.perf_counter(), len(self.data.train_loader) - self.start_step
                 record = {"epoch": self.epoch + 1, "loss": self.train_epoch(stop),
@@ -248,7 +249,7 @@ class Trainer:
                 if first_of_budget:
                     self.fit_schedule_to_budget(time.perf_counter() - started, trained)
                 self.history.append(record)
-                self.save("last.pt")
+                self.save(self.layout.last_checkpoint)
                 self.log_epoch(record)
                 if stop.requested():
                     if self.epoch < self.settings.max_epochs:
@@ -268,7 +269,7 @@ class Trainer:
                    disable=not (self.settings.progress and self.dist.is_main))
         for step, batch in replay(self.data.train_loader, self.start_step, self.restore_rng):
             loss = self.step(batch["image"], batch["label"])
-            self.nonfinite.record(loss, self.epoch, step, self.ckpt_dir / "last.pt")
+            self.nonfinite.record(loss, self.epoch, step, self.layout.last_checkpoint)
             if loss is not None:
                 self.epoch_losses.append(loss)
                 bar.set_postfix(loss=f"{loss:.4f}")
@@ -294,7 +295,7 @@ class Trainer:
             self.tb.overlay("val/overlay", *result.overlay, axis=self.data.window.slice_axis, step=self.epoch)
         if result.dice > self.best_dice:  # never replace best.pt with a worse model
             self.best_dice, self.best_epoch, self.best_per_class = result.dice, self.epoch, result.per_class
-            self.save("best.pt")
+            self.save(self.layout.best_checkpoint)
         record: dict[str, Any] = {"val_dice": result.dice, "val_dice_per_class": result.per_class}
         if self.tb is not None and self.settings.attention_maps and len(self.data.val_dataset):
             record["attention_distance_mm"] = log_attention(
@@ -332,7 +333,7 @@ class Trainer:
 
     def interrupt(self, stop: GracefulStop, step: int) -> None:
         """Save ``last.pt`` (mid-epoch at ``step`` > 0) and stop with :class:`TrainingInterrupted`."""
-        path = self.save("last.pt", step=step)
+        path = self.save(self.layout.last_checkpoint, step=step)
         raise TrainingInterrupted(
             f"stopped by {stop.name} at epoch {self.epoch + 1}, step {step}; saved {path or 'last.pt (rank 0)'}. "
             f"Resume with the same overrides plus: hydra.run.dir={self.output_dir} trainer.resume=true",
@@ -370,8 +371,8 @@ class Trainer:
         """The labels and channels of the dataset, as checkpoints hold them (``dataset``)."""
         return {**self.data.info.label_spec.as_dict(), "channel_names": self.data.info.channel_names}
 
-    def save(self, name: str, step: int = 0) -> Path | None:
-        """Write checkpoint ``name`` (rank 0 only); returns its path.
+    def save(self, path: Path, step: int = 0) -> Path | None:
+        """Write the checkpoint ``path`` (rank 0 only; ``self.layout``'s best or last); returns it.
 
         Raises:
             NoSpaceError: the disk is full; the message says which epoch ``last.pt`` still holds.
@@ -379,11 +380,11 @@ class Trainer:
         if not self.dist.is_main:
             return None
         try:
-            path = save_checkpoint(self.ckpt_dir / name, self.state(step))
+            save_checkpoint(path, self.state(step))
         except NoSpaceError as err:
             kept = f"last.pt of {self.saved_last} is intact" if self.saved_last else "no last.pt was saved yet"
             raise NoSpaceError(f"{err}; {kept}: free some space, then resume with trainer.resume=true") from None
-        if name == "last.pt":
+        if path == self.layout.last_checkpoint:
             self.saved_last = saved_at(self.epoch, step)
         return path
 
@@ -409,7 +410,7 @@ class Trainer:
         self.step_seconds, self.steps_run = state.get("step_seconds", 0.0), state.get("steps_run", 0)
         self.wall_before = state.get("wall_seconds", self.train_seconds)
         self.resume_rng = {"torch": state["torch_rng"], "cuda": state["cuda_rng"]} if self.start_step else None
-        if path.resolve() == (self.ckpt_dir / "last.pt").resolve():
+        if path.resolve() == self.layout.last_checkpoint.resolve():
             self.saved_last = saved_at(self.epoch, self.start_step)
         if self.dist.is_main:
             where = f"epoch {self.epoch}" + (f", step {self.start_step}" if self.start_step else "")
@@ -513,7 +514,7 @@ class Trainer:
         """Write ``metrics.json``, the TensorBoard hparams, and log the summary table (rank 0)."""
         if not self.dist.is_main:
             return
-        atomic_write_json(self.output_dir / "metrics.json", metrics)
+        atomic_write_json(self.layout.metrics_file, metrics)
         assert self.tb is not None
         self.tb.hparams(hparams, {"hparam/best_val_dice": metrics["best_val_dice"]})
         log.info("run finished; outputs in %s\n%s", self.output_dir, self.summary(metrics))
@@ -539,5 +540,5 @@ class Trainer:
             target = metrics["planned_for"]
             budget = "voxel budget" if target["memory_gb"] is None else f"{target['memory_gb']:g} GB"
             rows.append(["planned for", f"{target['device']}, {target['precision']}, {budget}"])
-        rows.append(["checkpoints", str(self.ckpt_dir)])
+        rows.append(["checkpoints", str(self.layout.checkpoints)])
         return text_table(["result", "value"], rows)

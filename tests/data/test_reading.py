@@ -205,10 +205,10 @@ def test_labels_that_are_not_whole_declared_values_are_refused(tmp_path: Path) -
     with pytest.raises(DatasetError, match=r"label\.nii\.gz: non-integer label values \(0\.5, 2\.7\); labels must"):
         read_case({"case": "c", IMAGE: str(image), LABEL: str(label)})  # rounded to 0 and 3 before
     whole = np.array([[[0.0, 1.0, 7.0]]])
-    np.testing.assert_array_equal(reading.label_map(whole, "l.nii.gz"), [[[0, 1, 7]]])
+    np.testing.assert_array_equal(reading.check_label_values(whole, "l.nii.gz"), [[[0, 1, 7]]])
     with pytest.raises(ImageReadError, match=r"^l\.nii\.gz: label values \(7\) are not in dataset\.json's labels "
                                              r"\(0 background, 1 organ\)$"):
-        reading.label_map(whole, "l.nii.gz", {0: "background", 1: "organ"})
+        reading.check_label_values(whole, "l.nii.gz", {0: "background", 1: "organ"})
 
 
 def test_bad_cases_are_dataset_errors_naming_the_file(tmp_path: Path) -> None:
@@ -238,3 +238,24 @@ def test_loader_is_picklable_and_keeps_what_going_back_needs(tmp_path: Path) -> 
     np.testing.assert_array_equal(back, stored.astype(np.float32))
     image_only = LoadCased(with_label=False)(dict(entry))
     assert image_only[LABEL] == entry[LABEL], "without with_label the label path is left alone"
+
+
+def _affine(spacing: tuple[float, float, float]) -> np.ndarray:
+    """An LPS-flipped affine of ``spacing`` mm voxels at origin (10, -20, 5)."""
+    affine = np.diag([-spacing[0], -spacing[1], spacing[2], 1.0])
+    affine[:3, 3] = (10.0, -20.0, 5.0)
+    return affine
+
+
+def test_affine_tolerance_is_relative_to_voxel_size() -> None:
+    fine, coarse = _affine((0.5, 0.5, 0.5)), _affine((5.0, 5.0, 5.0))
+    shifted = np.array(coarse)
+    shifted[0, 3] += 0.002  # 0.0004 voxels of 5 mm: within tolerance
+    assert reading.affine_difference(coarse, shifted) is None
+    shifted = np.array(fine)
+    shifted[0, 3] += 0.002  # 0.004 voxels of 0.5 mm: beyond
+    assert "origin" in reading.affine_difference(fine, shifted)
+    assert "spacing" in reading.affine_difference(fine, _affine((0.5, 0.5, 0.6)))
+    flipped = np.array(fine)
+    flipped[0, 0] *= -1
+    assert reading.affine_difference(fine, flipped).startswith("direction")

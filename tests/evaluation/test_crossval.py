@@ -105,12 +105,12 @@ def test_a_sweep_over_gamma_and_folds_gets_a_cross_validation_per_gamma(tmp_path
     callback.on_multirun_end(config)
     for gamma, jobs in (("0.8", ["0", "1"]), ("0.9", ["2", "3"])):
         summary = json.loads((sweep / "crossval" / f"model.attention.gamma={gamma}" / "summary.json").read_text())
-        assert [f["job"] for f in summary["folds"]] == jobs and summary["num_scored"] == 8
+        assert [f["run"] for f in summary["folds"]] == jobs and summary["num_scored"] == 8
     markdown = (sweep / "summary.md").read_text()
     assert "| 0.8 | 0,1 | 2/2 |" in markdown and "0.7000 ± 0.1414" in markdown
     # the two gammas' folds are the same networks (the checkpoints' seed is the fold): identical out-of-fold cases,
     # so the highest mean of the training's validation is no best setting, and the comparison finds no difference
-    assert ("no best setting: model.attention.gamma=0.9 -> best_val_dice 0.7250 ± 0.0354 over 2 folds (jobs 2, 3) "
+    assert ("no best setting: model.attention.gamma=0.9 -> best_val_dice 0.7250 ± 0.0354 over 2 folds (runs 2, 3) "
             "has the highest mean but is not significantly better than the runner-up model.attention.gamma=0.8 on 8 "
             "out-of-fold cases (Dice difference +0.0000") in markdown
     compared = json.loads((sweep / "compare.json").read_text())

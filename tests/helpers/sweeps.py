@@ -11,7 +11,7 @@ from typing import Any
 import yaml
 
 from medseg.data.datalist import load_dataset, split_cases
-from medseg.runs.folders import crossval_dir
+from medseg.runs.layout import crossval_dir
 from medseg.scoring.per_case import write_metrics_csv
 from tests.helpers.checkpoints import save_test_checkpoint
 

@@ -25,7 +25,7 @@ from medseg.planning.from_config import (
 from medseg.planning.plan import make_plan, planned_channels
 from medseg.planning.report import plan_report
 from medseg.runs.checkpoint import save_checkpoint
-from medseg.training.prepare import plan_of_checkpoint
+from medseg.training.planning import plan_of_checkpoint
 from medseg.training.settings import check_config
 from tests.helpers.configs import compose_config
 from tests.helpers.realistic import write_ct_dataset

@@ -14,7 +14,7 @@ import pytest
 
 from medseg.errors import ConfigError
 from medseg.io import remove_temporaries
-from medseg.runs.lock import LOCK_FILE, acquire
+from medseg.runs.lock import acquire
 from medseg.training.run import train
 from tests.helpers.runs import micro_config
 
@@ -29,10 +29,10 @@ def other_process() -> Iterator[subprocess.Popen]:
 
 
 def test_a_held_folder_is_refused_naming_the_holder(tmp_path: Path, other_process: subprocess.Popen) -> None:
-    (tmp_path / LOCK_FILE).write_text(f"{other_process.pid} {socket.gethostname()}\n")
+    (tmp_path / ".medseg.lock").write_text(f"{other_process.pid} {socket.gethostname()}\n")
     with pytest.raises(ConfigError, match=rf"in use by another training \(process {other_process.pid} on "):
         acquire(tmp_path)
-    assert (tmp_path / LOCK_FILE).read_text().split()[0] == str(other_process.pid), "the holder's lock stays"
+    assert (tmp_path / ".medseg.lock").read_text().split()[0] == str(other_process.pid), "the holder's lock stays"
 
 
 def test_the_lock_names_this_process_and_a_second_acquire_fails(tmp_path: Path) -> None:
@@ -44,15 +44,15 @@ def test_the_lock_names_this_process_and_a_second_acquire_fails(tmp_path: Path) 
 
 def test_a_stale_lock_is_taken_over(tmp_path: Path) -> None:
     finished = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"], capture_output=True, text=True)
-    (tmp_path / LOCK_FILE).write_text(f"{finished.stdout.strip()} {socket.gethostname()}\n")
+    (tmp_path / ".medseg.lock").write_text(f"{finished.stdout.strip()} {socket.gethostname()}\n")
     assert acquire(tmp_path).read_text().split()[0] == str(os.getpid())
 
 
 def test_another_host_s_lock_or_an_unreadable_one_is_kept(tmp_path: Path) -> None:
-    (tmp_path / LOCK_FILE).write_text("1 some-other-node\n")
+    (tmp_path / ".medseg.lock").write_text("1 some-other-node\n")
     with pytest.raises(ConfigError, match="process 1 on some-other-node"):
         acquire(tmp_path)
-    (tmp_path / LOCK_FILE).write_text("")
+    (tmp_path / ".medseg.lock").write_text("")
     with pytest.raises(ConfigError, match="a process that left no pid.*delete"):
         acquire(tmp_path)
 
@@ -61,13 +61,13 @@ def test_a_training_stops_before_any_work_in_a_held_folder_and_releases_its_own(
         tmp_path: Path, tiny_demo_root: Path, other_process: subprocess.Popen) -> None:
     run_dir = tmp_path / "run"
     run_dir.mkdir()
-    (run_dir / LOCK_FILE).write_text(f"{other_process.pid} {socket.gethostname()}\n")
+    (run_dir / ".medseg.lock").write_text(f"{other_process.pid} {socket.gethostname()}\n")
     with pytest.raises(ConfigError, match="in use by another training"):
         train(micro_config(run_dir, tiny_demo_root, "trainer.max_epochs=1"))
-    assert sorted(path.name for path in run_dir.iterdir()) == [LOCK_FILE], "nothing written"
-    (run_dir / LOCK_FILE).unlink()
+    assert sorted(path.name for path in run_dir.iterdir()) == [".medseg.lock"], "nothing written"
+    (run_dir / ".medseg.lock").unlink()
     train(micro_config(run_dir, tiny_demo_root, "trainer.max_epochs=1"))
-    assert (run_dir / "checkpoints" / "last.pt").is_file() and not (run_dir / LOCK_FILE).exists()
+    assert (run_dir / "checkpoints" / "last.pt").is_file() and not (run_dir / ".medseg.lock").exists()
 
 
 def test_the_run_that_owns_a_folder_removes_what_a_killed_run_half_wrote(tmp_path: Path, tiny_demo_root: Path) -> None:

@@ -1,9 +1,10 @@
 """Exact resume, end to end: a run stopped by SIGKILL, SIGTERM or SIGINT mid-epoch, then resumed, ends
 exactly as an uninterrupted run with the same seed (``trainer.deterministic=true``, ``data.num_workers=0``).
 
-The runs go through ``scripts/train.py`` in subprocesses and are stopped by real signals. Graceful stops are
-sent while a known step is under way: a small driver (test code only) runs the script with the training step
-wrapped so that it announces the step and waits for the signal, which makes "mid-epoch" certain under any load.
+The runs go through ``scripts/train.py`` in subprocesses and are stopped by real signals. Every signal is sent
+while a known step is under way: a small driver (test code only) runs the script with the training step wrapped so
+that it announces the step and waits for the signal (or, for SIGKILL, holds), which makes "mid-epoch" certain under
+any load: no signal races the training.
 """
 
 from __future__ import annotations
@@ -155,15 +156,14 @@ def reference(tmp_path_factory: pytest.TempPathFactory, tiny_demo_root: Path) ->
 
 def test_sigkill_mid_training_then_resume_equals_uninterrupted_run(tmp_path: Path, tiny_demo_root: Path,
                                                                    reference: Path) -> None:
-    run_dir, log_file = tmp_path / "run", tmp_path / "killed.log"
+    run_dir = tmp_path / "run"
     last = run_dir / "checkpoints" / "last.pt"
-    proc = _start([sys.executable, str(REPO / "scripts" / "train.py"), *_train_args(tiny_demo_root, run_dir)],
-                  log_file)
-    _wait_for(lambda: _last_epoch(last) >= 1, proc, log_file, "last.pt of epoch 1")
+    proc, ready, log_file = _start_paused(tiny_demo_root, run_dir, epoch=1, step=1, mode="hold")
+    _wait_for(ready.exists, proc, log_file, "step 2 of epoch 2")  # held there: the kill lands at a known point
     os.kill(proc.pid, signal.SIGKILL)
-    assert _wait(proc, log_file) == -signal.SIGKILL, "the run finished before it could be killed"
+    assert _wait(proc, log_file) == -signal.SIGKILL
     killed_at = load_checkpoint(last)
-    assert 1 <= killed_at["epoch"] < EPOCHS and killed_at["step"] == 0
+    assert (killed_at["epoch"], killed_at["step"]) == (1, 0), "the last.pt of epoch 1, the last one written"
     assert not (run_dir / "metrics.json").exists()
     stale = last.parent / ".last.pt.k1llwr1t.tmp"  # what a kill during a checkpoint write leaves (atomic_save's name)
     stale.write_bytes(b"partial")

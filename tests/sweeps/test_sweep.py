@@ -237,7 +237,7 @@ def test_folds_are_one_setting_ranked_by_the_cross_validation_mean(tmp_path: Pat
     assert numbers(summary.best)[:3] == pytest.approx([0.9, fmean(dice["0.9"]), stdev(dice["0.9"])], abs=1e-4)
     assert "over 3 folds" in summary.best and "data.fold" not in summary.best.partition(";")[0]
     assert "untested against model.attention.gamma=0.8: no cross-validation in crossval/" in summary.best
-    assert numeric_keys(summary.jobs, summary.swept) == ["model.attention.gamma"]
+    assert numeric_keys(summary.runs, summary.swept) == ["model.attention.gamma"]
     markdown = (sweep / "summary.md").read_text()
     assert "## Over folds (`data.fold`): mean ± std (over folds: the cross-validation mean)" in markdown
 
@@ -253,7 +253,7 @@ def test_the_best_mean_is_the_best_setting_only_when_significantly_better(tmp_pa
             for block, extra in (("none", 0.0), ("masa", shift))}
     metrics = {"model.bottleneck=none": completed(0.70), "model.bottleneck=masa": completed(0.75)}
     summary = build_summary(make_crossvalidated_sweep(tmp_path / "multirun", rows, metrics=metrics))
-    described = "model.bottleneck=masa -> best_val_dice 0.7500 ± 0.0000 over 2 folds (jobs 2, 3)"
+    described = "model.bottleneck=masa -> best_val_dice 0.7500 ± 0.0000 over 2 folds (runs 2, 3)"
     versus = "the runner-up model.bottleneck=none on 20 out-of-fold cases (Dice difference "
     if shift:
         assert summary.best.startswith(f"best setting: {described}; significantly better than {versus}+0.05")

@@ -1,47 +1,21 @@
-"""Host RAM: the estimate behind ``data.cache=auto``, the decision, and the measured peak of a run and its workers."""
+"""Host RAM of training: the ``data.cache=auto`` decision from the estimate, and the measured peak of a run and its
+workers."""
 
 from __future__ import annotations
 
 import json
-import multiprocessing
-import os
 import sys
 from pathlib import Path
 
-import numpy as np
 import pytest
 
+from medseg.planning.ram import GIB, RUNTIME_BYTES, estimate_training_ram
 from medseg.training.prepare import MEMORY_CACHE_FRACTION, choose_cache
-from medseg.training.ram import (
-    CACHING_TRANSIENT,
-    GIB,
-    RUNTIME_BYTES,
-    VALIDATION_BYTES,
-    VALIDATION_MAPS,
-    PeakRam,
-    available_ram_bytes,
-    estimate_training_ram,
-)
 from tests.helpers.configs import run_script
 from tests.helpers.realistic import write_ct_dataset
 
 MIB = 2**20
 linux_only = pytest.mark.skipif(not sys.platform.startswith("linux"), reason="the workers are read from Linux /proc")
-
-
-def test_estimate_adds_the_cache_the_larger_transient_the_step_and_the_runtime() -> None:
-    # 4 cases of 40 MiB as float32 images and label, 2 image channels: 9 of 12 bytes a voxel stay cached (int8 label)
-    case, voxels = 40 * MIB, 40 * MIB / 12
-    estimate = estimate_training_ram(4 * case, num_cases=4, cached_cases=5, channels=2, outputs=3, workers=3,
-                                     step_bytes=300 * MIB)
-    assert estimate.cache == int(5 * voxels * 9), "a case in both lists is cached twice"
-    assert estimate.transient == int(CACHING_TRANSIENT * 3 * case), "3 threads caching outweigh a validated volume"
-    assert (estimate.step, estimate.runtime) == (300 * MIB, RUNTIME_BYTES)
-    assert estimate.total == estimate.cache + estimate.transient + estimate.step + estimate.runtime
-    one_thread = estimate_training_ram(4 * case, 4, 5, 2, outputs=3, workers=0)
-    assert one_thread.transient == int(voxels * (VALIDATION_MAPS * 4 * 3 + VALIDATION_BYTES)), "validating outweighs"
-    many_classes = estimate_training_ram(4 * case, 4, 5, 2, outputs=14, workers=0)
-    assert many_classes.transient > one_thread.transient, "a probability map per output"
 
 
 @pytest.mark.parametrize(("available_gib", "expected"), [(100.0, "memory"), (1.0, "disk")])
@@ -66,39 +40,6 @@ def test_explicit_modes_are_kept_and_memory_logs_the_estimate() -> None:
     assert choose_cache("none", needed, GIB) == ("none", "data.cache=none")
     mode, reason = choose_cache("memory", needed, GIB)
     assert mode == "memory" and reason.startswith("data.cache=memory; ") and "GiB available" in reason
-
-
-def test_available_ram_is_positive_and_at_most_the_physical_ram() -> None:
-    assert 0 < available_ram_bytes() <= os.sysconf("SC_PHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
-
-
-def _grow(size: int, go: multiprocessing.Event, grown: multiprocessing.Event, done: multiprocessing.Event) -> None:
-    go.wait(10)
-    block = np.ones(size // 8)  # touched: resident
-    grown.set()
-    done.wait(10)
-    del block
-
-
-@linux_only
-def test_peak_ram_counts_what_a_worker_adds_not_the_parent_pages_it_maps() -> None:
-    held = np.ones(300 * MIB // 8)  # the parent's, resident: a forked child maps all of it too
-    context = multiprocessing.get_context("fork")
-    go, grown, done = context.Event(), context.Event(), context.Event()
-    with PeakRam(interval=0.02) as ram:
-        before = ram.peak_bytes
-        child = context.Process(target=_grow, args=(100 * MIB, go, grown, done))
-        child.start()
-        at_start = ram.peak_bytes  # sampled at its start, when it maps the parent's pages and nothing of its own
-        go.set()
-        assert grown.wait(10)
-        ram.peak_bytes  # noqa: B018 (reading samples: one while the child holds its own 100 MiB)
-        done.set()
-        child.join(10)
-    assert at_start - before < 30 * MIB, "the parent's pages the child maps are not its own"
-    added = ram.peak_bytes - before
-    assert 90 * MIB < added < 160 * MIB, f"{added / MIB:.0f} MiB; the child's own 100 MiB, not the parent's 300"
-    del held
 
 
 @linux_only

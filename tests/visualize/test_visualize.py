@@ -326,5 +326,5 @@ def test_sweep_summary_shows_each_runs_attention_distance(tmp_path: Path) -> Non
     rows = [dict(zip(summary.headers, row)) for row in summary.rows]
     assert [row[columns[0]] for row in rows[:3]] == pytest.approx([7.0, 8.0, 9.0]) and rows[3][columns[0]] is None
     assert [row[columns[1]] for row in rows[:3]] == pytest.approx([0.7, 0.8, 0.9]), "the best epoch's, not the last"
-    figure = render_plot(summary.jobs, summary.swept, "best_val_dice")
+    figure = render_plot(summary.runs, summary.swept, "best_val_dice")
     assert [ax.get_ylabel() for ax in figure.axes] == ["best_val_dice", *columns]

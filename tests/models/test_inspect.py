@@ -21,9 +21,8 @@ from medseg.models.inspect import (
     token_position,
 )
 from medseg.models.unet import SlottedUNet
-
-from . import reference
-from . import throwaway_block as throwaway
+from tests.attention import reference
+from tests.attention import throwaway_block as throwaway
 
 DIM, HEADS = 36, 6  # head_dim 6: one rotary pair per axis in 3D
 SHAPES = {2: (5, 7), 3: (3, 5, 6)}

@@ -1,0 +1,122 @@
+"""The model registry: ``model.name`` selects medseg's slotted U-Net or one of MONAI's reference networks; the checks
+of a ``model`` config and its training patch, and :func:`build_model`."""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import asdict
+from typing import Any
+
+from torch import nn
+
+from medseg.config import ModelConfig
+from medseg.errors import ConfigError, check_choice
+from medseg.models.norms import NORMS
+from medseg.models.unet import SlottedUNet, per_axis_strides, stride_to_level
+from medseg.typed_config import to_typed
+
+
+def _monai_unet(cfg: ModelConfig, in_channels: int, out_channels: int, patch_size: Sequence[int]) -> nn.Module:
+    from monai.networks.nets import UNet
+
+    return UNet(spatial_dims=cfg.spatial_dims, in_channels=in_channels, out_channels=out_channels,
+                channels=list(cfg.channels), strides=list(cfg.strides), num_res_units=2, norm="instance")
+
+
+def _monai_swinunetr(cfg: ModelConfig, in_channels: int, out_channels: int, patch_size: Sequence[int]) -> nn.Module:
+    from monai.networks.nets import SwinUNETR
+
+    return SwinUNETR(in_channels=in_channels, out_channels=out_channels, feature_size=24,
+                     spatial_dims=cfg.spatial_dims)
+
+
+def _monai_unetr(cfg: ModelConfig, in_channels: int, out_channels: int, patch_size: Sequence[int]) -> nn.Module:
+    from monai.networks.nets import UNETR
+
+    return UNETR(in_channels=in_channels, out_channels=out_channels, img_size=tuple(patch_size),
+                 spatial_dims=cfg.spatial_dims, feature_size=16)
+
+
+def _slotted_unet(cfg: ModelConfig, in_channels: int, out_channels: int, patch_size: Sequence[int]) -> nn.Module:
+    return SlottedUNet(
+        spatial_dims=cfg.spatial_dims, in_channels=in_channels, out_channels=out_channels,
+        channels=list(cfg.channels), strides=list(cfg.strides), kernel_size=cfg.kernel_size,
+        encoder_blocks=cfg.encoder_blocks, decoder_convs=cfg.decoder_convs, norm=cfg.norm,
+        dropout=cfg.dropout, deep_supervision=cfg.deep_supervision, bottleneck=cfg.bottleneck,
+        bottleneck_depth=cfg.bottleneck_depth, decoder=cfg.decoder, decoder_levels=cfg.decoder_levels,
+        attention=asdict(cfg.attention), checkpointing=cfg.checkpointing, channels_last=cfg.channels_last,
+        patch_size=patch_size,
+    )
+
+
+MODELS: dict[str, Callable[[ModelConfig, int, int, Sequence[int]], nn.Module]] = {
+    "unet": _slotted_unet,
+    "monai_unet": _monai_unet,
+    "monai_swinunetr": _monai_swinunetr,
+    "monai_unetr": _monai_unetr,
+}
+"""The values of ``model.name``: name -> ``builder(model_cfg, in_channels, out_channels, patch_size)``."""
+
+
+PATCH_DIVISORS = {"monai_swinunetr": 32, "monai_unetr": 16}
+"""The MONAI transformers, which take no ``model.strides``: what each side of their patch must be a multiple of."""
+
+
+def check_model(cfg: ModelConfig) -> None:
+    """Refuse a ``model.name`` or ``model.norm`` that no registry holds, and strides medseg's U-Net cannot pool by
+    (:func:`build_model` checks this first)."""
+    check_choice("model.name", cfg.name, MODELS)
+    check_choice("model.norm", cfg.norm, NORMS)
+    if cfg.name == "unet" and cfg.strides is not None:
+        too_large = [s for level in per_axis_strides(cfg.strides, cfg.spatial_dims) for s in level if s > 2]
+        if too_large:
+            raise ConfigError(f"model.strides={cfg.strides}: medseg's U-Net pools by 1 or 2 per axis and level (the "
+                              f"1x1 shortcut of its residual blocks), got {too_large[0]}")
+
+
+def check_patch(cfg: ModelConfig, patch_size: Sequence[int]) -> None:
+    """Refuse a training patch (one size per spatial axis) that the network of ``cfg`` cannot take: a side that is not
+    a multiple of what the MONAI transformers need (:data:`PATCH_DIVISORS`); with ``model.strides`` resolved, a side
+    not divisible by the total stride for monai_unet (which does not pad), or a bottleneck of one voxel (normalising
+    it needs more). :func:`build_model` checks this first; training checks it at start-up when both are set.
+
+    Raises:
+        ConfigError: naming ``data.patch_size`` (and ``model.strides``) and what the patch must be.
+    """
+    patch = [int(s) for s in patch_size]
+    if len(patch) != cfg.spatial_dims:
+        raise ConfigError(f"data.patch_size={patch}: the {cfg.spatial_dims}D model needs {cfg.spatial_dims} sizes")
+    divisor = PATCH_DIVISORS.get(cfg.name)
+    if divisor is not None and any(s % divisor for s in patch):
+        raise ConfigError(f"model.name={cfg.name} needs data.patch_size divisible by {divisor}, got {patch}")
+    if divisor is not None or cfg.strides is None:
+        return
+    strides = per_axis_strides(cfg.strides, cfg.spatial_dims)
+    total = list(stride_to_level(strides, len(strides)))
+    if cfg.name == "monai_unet" and any(s % t for s, t in zip(patch, total)):
+        raise ConfigError(f"model.name=monai_unet needs data.patch_size divisible by the total stride {total} of "
+                          f"model.strides={cfg.strides}, got {patch}")
+    bottleneck = [-(-s // t) for s, t in zip(patch, total)]  # medseg's U-Net pads the patch to the total stride
+    if math.prod(bottleneck) < 2:
+        raise ConfigError(f"data.patch_size={patch} pooled by model.strides={cfg.strides} (total {total}) leaves a "
+                          f"bottleneck of {bottleneck} voxels, too few to normalise: a larger patch or fewer levels")
+
+
+def build_model(model_cfg: ModelConfig | Mapping[str, Any], in_channels: int, out_channels: int,
+                patch_size: Sequence[int]) -> nn.Module:
+    """Build the network of a ``model`` config (a :class:`ModelConfig`, or a mapping of its keys).
+
+    ``model.strides`` must already be resolved (planned or set). ``patch_size`` is the network's training
+    patch, which some MONAI networks need at construction.
+
+    Raises:
+        ConfigError: an unknown ``model.name``, unresolved strides, or a patch the network cannot take.
+    """
+    cfg = to_typed(ModelConfig, model_cfg)
+    check_model(cfg)
+    if cfg.strides is None:
+        raise ConfigError("model.strides is null: plan it from the data first (medseg.planning.plan)")
+    if patch_size is not None:  # None: a network for no particular patch (the planner's memory estimate)
+        check_patch(cfg, patch_size)
+    return MODELS[cfg.name](cfg, in_channels, out_channels, patch_size)

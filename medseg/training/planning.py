@@ -1,0 +1,106 @@
+"""The plan of a training run: its config's null plannable keys filled from the dataset's fingerprint, a plan file or
+the checkpoint it starts from (``data.plan_from=init``), and the plan logged (:func:`plan_config`)."""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import replace
+from pathlib import Path
+
+from medseg.config import TrainConfig
+from medseg.data.datalist import DatasetInfo
+from medseg.errors import CheckpointError, ConfigError
+from medseg.planning.from_config import (
+    apply_plan,
+    dataset_fingerprint,
+    plan_from_config,
+    plannable_values,
+    unset_keys,
+    with_plannable,
+)
+from medseg.planning.plan import Plan
+from medseg.planning.plan_file import apply_plan_file, read_plan_file
+from medseg.planning.report import memory_text
+from medseg.runs.checkpoint import load_checkpoint
+from medseg.runtime.device import resolve_device
+
+log = logging.getLogger("medseg")
+
+
+PLAN_SOURCES = ("data", "init")
+"""The values of ``data.plan_from``: plan the null plannable keys from the dataset, or take them all from the
+checkpoint the run starts from (:func:`plan_of_checkpoint`)."""
+
+
+def plan_config(cfg: TrainConfig, info: DatasetInfo, progress: bool,
+                start: Path | None = None) -> tuple[TrainConfig, Plan]:
+    """``cfg`` with its null plannable keys filled from the dataset's (cached) fingerprint, and the plan.
+
+    Under ``data.plan_from=init`` the plannable keys are first taken from ``start``, the checkpoint the run starts
+    from (``trainer.init_from`` or the one it resumes), so none is left to plan; with ``plan.file`` from that plan
+    file (:mod:`medseg.planning.plan_file`), which must have been planned for this dataset. Logs the resolved
+    preprocessing and network, where they came from, the machine the plan is for (a warning, once, when the run
+    trains on another device) and the estimated training memory.
+
+    Raises:
+        ConfigError: ``plan.file`` with ``data.plan_from=init``, or a plan file that does not fit the data or network.
+    """
+    if cfg.plan.file and cfg.data.plan_from == "init":
+        raise ConfigError(f"plan.file={cfg.plan.file} and data.plan_from=init both give the plan: keep one")
+    if cfg.data.plan_from == "init":
+        cfg = plan_of_checkpoint(cfg, start)
+    fingerprint = dataset_fingerprint(info, cfg.data, progress)
+    plan_file = read_plan_file(cfg.plan.file, fingerprint, cfg.model.spatial_dims) if cfg.plan.file else None
+    kept = [key for key, value in plannable_values(cfg.data, cfg.model).items() if value is not None]
+    if plan_file is not None:
+        data, model, planning = apply_plan_file(cfg.data, cfg.model, cfg.plan, plan_file)
+        cfg = replace(cfg, data=data, model=model, plan=planning)
+    planned = unset_keys(cfg.data, cfg.model)
+    plan = plan_from_config(fingerprint, cfg.data, cfg.model, cfg.trainer, cfg.plan)
+    if plan_file is not None:
+        plan = replace(plan, target=plan_file.target, budget=plan_file.budget)
+    data, model = apply_plan(cfg.data, cfg.model, plan)
+    normalization = data.normalization if isinstance(data.normalization, str) else data.normalization["scheme"]
+    if cfg.data.plan_from == "init":
+        origin = f"taken from {start}"
+    elif plan_file is not None:
+        origin = f"taken from plan.file={cfg.plan.file}"
+        if kept:
+            origin += f"; kept from the config: {', '.join(kept)}"
+    else:
+        origin = f"planned: {', '.join(planned) or 'nothing, all set in the config'}"
+    spacing = ", ".join(f"{float(mm):.4g}" for mm in data.spacing)
+    log.info("preprocessing: spacing [%s] mm, patch %s, strides %s, channels %s, normalization %s (%s)", spacing,
+             data.patch_size, model.strides, model.channels, normalization, origin)
+    log.info("planned for: %s", plan.target.text())
+    trains_on = resolve_device(cfg.trainer.device).type
+    if plan.target.device != trains_on:
+        log.warning("the plan is for %s but this run trains on %s: its patch and network were sized for the other "
+                    "device (plan.device=%s)", plan.target.device, trains_on, cfg.plan.device)
+    if plan.memory is not None:
+        log.info("memory: %s%s", memory_text(plan.memory), f"; the patch fits {plan.budget}" if plan.budget else "")
+    return replace(cfg, data=data, model=model), plan
+
+
+def plan_of_checkpoint(cfg: TrainConfig, path: Path | None) -> TrainConfig:
+    """``cfg`` with the resolved ``data.spacing``, ``data.patch_size``, ``data.normalization``, ``model.strides`` and
+    ``model.channels`` of the checkpoint at ``path`` (``data.plan_from=init``).
+
+    Raises:
+        ConfigError: no checkpoint (``path`` None: a resume without ``last.pt``).
+        CheckpointError: the checkpoint is missing or foreign, or holds no resolved values for these keys.
+    """
+    if path is None:
+        raise ConfigError("data.plan_from=init: there is no checkpoint to take the plan from (trainer.resume=true "
+                          "but the run has no last.pt); set trainer.init_from=<checkpoint> or data.plan_from=data")
+    source = load_checkpoint(path, needs=("config",))["config"] or {}
+    try:
+        values = {key: source[key.split(".")[0]][key.split(".")[1]] for key in plannable_values(cfg.data, cfg.model)}
+    except (KeyError, TypeError):
+        values = {}
+    unset = [key for key in plannable_values(cfg.data, cfg.model) if values.get(key) is None]
+    if unset:
+        raise CheckpointError(f"checkpoint {path} holds no resolved {', '.join(unset)} for data.plan_from=init; "
+                              f"use data.plan_from=data")
+    data, model = with_plannable(cfg.data, cfg.model, values)
+    return replace(cfg, data=data, model=model)
