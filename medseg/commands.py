@@ -26,7 +26,7 @@ from medseg.config import (
     CrossvalConfig,
     EvaluateConfig,
     ExportConfig,
-    PlanConfig,
+    PlanCommandConfig,
     TrainConfig,
     VisualizeConfig,
 )
@@ -123,13 +123,13 @@ def visualize() -> int:
 def _plan(cfg: DictConfig) -> None:
     from medseg.planning.report import plan_report  # numpy and nibabel load only when a job runs
 
-    settings = to_typed(PlanConfig, cfg, context=DATA_EXAMPLE)
+    settings = to_typed(PlanCommandConfig, cfg, context=DATA_EXAMPLE)
     print(plan_report(settings))
 
 
 def plan() -> int:
     """Print a dataset's fingerprint and the automatic plan."""
-    return run(_plan, PlanConfig)
+    return run(_plan, PlanCommandConfig)
 
 
 @hydra_main("check_data")

@@ -478,7 +478,7 @@ class VisualizeConfig:
 
 
 @dataclass
-class PlanConfig:
+class PlanCommandConfig:
     """``scripts/plan.py``: the fingerprint and plan of ``data`` for ``model``, as ``scripts/train.py`` plans them."""
 
     model: ModelConfig = field(default_factory=ModelConfig)
@@ -509,7 +509,7 @@ class CheckDataConfig:
 
 
 SCHEMAS: dict[str, type] = {"train": TrainConfig, "evaluate": EvaluateConfig, "crossval": CrossvalConfig,
-                            "export": ExportConfig, "visualize": VisualizeConfig, "plan": PlanConfig,
+                            "export": ExportConfig, "visualize": VisualizeConfig, "plan": PlanCommandConfig,
                             "check_data": CheckDataConfig}
 """Each entry point's schema, registered in Hydra's ConfigStore as ``<name>_schema``."""
 
