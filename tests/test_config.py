@@ -13,7 +13,6 @@ import pytest
 from omegaconf import MISSING, OmegaConf
 
 from medseg.attention import available_blocks
-from medseg.cli import CONFIG_DIR
 from medseg.config import (
     SCHEMAS,
     DataConfig,
@@ -22,13 +21,11 @@ from medseg.config import (
     Range,
     TrainConfig,
     TrainerConfig,
-    config_groups_text,
-    extra_config_dirs,
-    help_line,
-    key_docs,
     key_range,
 )
+from medseg.config_docs import config_groups_text, extra_config_dirs, help_line, key_docs
 from medseg.errors import ConfigError
+from medseg.hydra_config import CONFIG_DIR
 from medseg.training.settings import check_config
 from medseg.typed_config import check_override_keys, to_typed
 from tests.helpers.configs import REPO, compose_config, run_script
@@ -297,3 +294,4 @@ def test_help_lists_the_config_groups_from_the_folders_and_those_added_on_the_co
         assert f"experiment: {', '.join(sorted([*experiments, 'mine']))}" in lines
         assert "data: demo3d, demo3d_planned, msd, nnunet" in lines
         assert not any(line.startswith("hydra") for line in lines)
+
