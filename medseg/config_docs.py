@@ -1,8 +1,9 @@
 """What each key means, as ``--help`` prints it: the docstrings under the schema's fields, every key's type and range,
 and each entry point's help text.
 
-The schemas are :mod:`medseg.config`'s dataclasses; a field's meaning is the docstring under it in the source. Like
-:mod:`medseg.config`, this module imports no torch and does nothing at import.
+The schemas are :mod:`medseg.config`'s dataclasses; a field's meaning is the docstring under it in the source, found in
+the class that declares it (a base of the schema for an inherited field). Like :mod:`medseg.config`, this module
+imports no torch and does nothing at import.
 """
 
 from __future__ import annotations
@@ -11,7 +12,7 @@ import ast
 import inspect
 import sys
 from collections.abc import Iterator, Sequence
-from dataclasses import Field
+from dataclasses import Field, is_dataclass
 from functools import cache
 from pathlib import Path
 
@@ -36,15 +37,20 @@ def _module_field_docs(module: str) -> dict[str, dict[str, str]]:
     return {node.name: _docs_under_fields(node.body) for node in ast.walk(tree) if isinstance(node, ast.ClassDef)}
 
 
-def _field_docs(cls: type) -> dict[str, str]:
-    """The docstring under each field of dataclass ``cls``."""
-    return _module_field_docs(cls.__module__).get(cls.__name__, {})
+def field_doc(cls: type, name: str) -> str:
+    """The docstring under field ``name`` of dataclass ``cls``: in ``cls`` or, for an inherited field, in the nearest
+    class of its method resolution order that documents it; "" when none does."""
+    for owner in filter(is_dataclass, cls.__mro__):
+        doc = _module_field_docs(owner.__module__).get(owner.__name__, {}).get(name)
+        if doc is not None:
+            return doc
+    return ""
 
 
 def leaf_fields(schema: type, prefix: str = "") -> Iterator[tuple[str, Field, str]]:
     """``(key, field, meaning)`` for every leaf key of ``schema``, in declaration order (nested nodes walked)."""
     for key, item, owner in leaves(schema, prefix):
-        yield key, item, _field_docs(owner).get(item.name, "")
+        yield key, item, field_doc(owner, item.name)
 
 
 def range_text(item: Field) -> str:
