@@ -4,7 +4,8 @@ The dataclasses below are both the schema and the defaults; :data:`SCHEMAS` name
 under each field documents that key, and a numeric key's :class:`Range` (given with :func:`ranged`, or
 :func:`unconstrained` with the reason) says which values it takes; :mod:`medseg.config_docs` turns both into
 ``--help`` and :mod:`medseg.config_reference` into ``docs/configuration.md``, and :func:`medseg.typed_config.to_typed`
-checks every value against its range.
+checks every value against its range. :data:`MOVED_KEYS` names the keys that moved, so that an old key is answered
+with its new name.
 
 Importing this module has no side effect: the entry points register the schemas with Hydra
 (:func:`medseg.hydra_config.register`) before Hydra composes a config. It imports no other medseg module and no torch,
@@ -519,3 +520,8 @@ SCHEMAS: dict[str, type] = {"train": TrainConfig, "evaluate": EvaluateConfig, "c
                             "check_data": CheckDataConfig}
 """Each entry point's schema, registered in Hydra's ConfigStore as ``<name>_schema``."""
 
+
+MOVED_KEYS: dict[str, str] = {}
+"""Keys that moved: old dotted key -> new dotted key. A schema that lacks the old key and has the new one answers the
+old key (on the command line, :func:`medseg.typed_config.check_override_keys`; in a config,
+:func:`medseg.typed_config.to_typed`) with one line naming the new one."""

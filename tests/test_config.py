@@ -14,7 +14,9 @@ from omegaconf import MISSING, OmegaConf
 
 from medseg.attention import available_blocks
 from medseg.config import (
+    MOVED_KEYS,
     SCHEMAS,
+    CrossvalConfig,
     DataConfig,
     EvaluateConfig,
     ModelConfig,
@@ -27,7 +29,7 @@ from medseg.config_docs import config_groups_text, extra_config_dirs, help_line,
 from medseg.errors import ConfigError
 from medseg.hydra_config import CONFIG_DIR
 from medseg.training.settings import check_config
-from medseg.typed_config import check_override_keys, to_typed
+from medseg.typed_config import check_override_keys, moved_keys, to_typed
 from tests.helpers.configs import REPO, compose_config, run_script
 
 
@@ -295,3 +297,43 @@ def test_help_lists_the_config_groups_from_the_folders_and_those_added_on_the_co
         assert "data: demo3d, demo3d_planned, msd, nnunet" in lines
         assert not any(line.startswith("hydra") for line in lines)
 
+
+@pytest.fixture
+def overlap_moved(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A temporary entry of MOVED_KEYS: ``overlap`` moved to ``trainer.sw_overlap`` (training has only the new key,
+    evaluate only the old one, crossval neither), and the ``attention`` node to ``model.attention``."""
+    monkeypatch.setitem(MOVED_KEYS, "overlap", "trainer.sw_overlap")
+    monkeypatch.setitem(MOVED_KEYS, "attention", "model.attention")
+
+
+def test_an_old_key_on_the_command_line_names_its_new_key(overlap_moved: None) -> None:
+    with pytest.raises(ConfigError) as err:
+        check_override_keys(["trainer.max_epochs=2", "overlap=0.5"], TrainConfig)
+    assert str(err.value) == "overlap was renamed to trainer.sw_overlap: use trainer.sw_overlap=0.5"
+    with pytest.raises(ConfigError, match=r"^overlap was renamed to trainer\.sw_overlap: use trainer\.sw_overlap="
+                                          r"0\.25,0\.5$"):
+        check_override_keys(["-m", "+overlap=0.25,0.5"], TrainConfig)
+    with pytest.raises(ConfigError, match=r"^attention was renamed to model\.attention: use model\.attention\.gamma="
+                                          r"0\.8$"):
+        check_override_keys(["attention.gamma=0.8"], TrainConfig)
+    check_override_keys(["overlap=0.5"], EvaluateConfig)  # the old key is still evaluate's own
+    with pytest.raises(ConfigError, match=r"^unknown config key 'overlap'"):
+        check_override_keys(["overlap=0.5"], CrossvalConfig)  # crossval has neither key
+
+
+def test_an_old_key_in_a_config_names_its_new_key(overlap_moved: None) -> None:
+    with pytest.raises(ConfigError) as err:
+        to_typed(TrainConfig, {"data": {"root": "x"}, "overlap": 0.5})
+    assert str(err.value) == "overlap was renamed to trainer.sw_overlap: use trainer.sw_overlap=0.5"
+    with pytest.raises(ConfigError, match=r"^attention was renamed to model\.attention: use model\.attention\.gamma="
+                                          r"0\.8$"):
+        to_typed(TrainConfig, OmegaConf.create({"data": {"root": "x"}, "attention": {"gamma": 0.8}}))
+    assert to_typed(EvaluateConfig, {"ckpt": "a.pt", "input": "b", "overlap": 0.4}).overlap == 0.4
+    with pytest.raises(ConfigError, match=r"^unknown config key 'overlap'"):
+        to_typed(CrossvalConfig, {"dir": "d", "overlap": 0.5})
+
+
+def test_every_moved_key_applies_to_an_entry_point() -> None:
+    """An entry of MOVED_KEYS whose new key no schema has (a typo), or whose old key every schema still has, would
+    never answer."""
+    assert [old for old in MOVED_KEYS if not any(old in moved_keys(schema) for schema in SCHEMAS.values())] == []
