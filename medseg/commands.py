@@ -4,7 +4,7 @@ Each command is one function that reads ``sys.argv`` as its script does and retu
 ``scripts/<command>.py`` calls it, and so does ``medseg <command>`` (:func:`main`, the ``medseg`` entry point of
 ``pyproject.toml``), so both take the same arguments. The Hydra commands (train, predict, evaluate, crossval,
 export, visualize, plan, check-data) take ``key=value`` overrides, ``--help``, ``--cfg job`` and ``-m`` on the configs
-of :data:`medseg.cli.CONFIG_DIR`; compare, summarize and benchmark parse their arguments with argparse.
+of :data:`medseg.hydra_config.CONFIG_DIR`; compare, summarize and benchmark parse their arguments with argparse.
 
 Nothing here loads torch or MONAI at import: each command imports its stage when it runs, so ``medseg --help``,
 ``medseg <command> --help`` and a mistyped key answer without loading them.
@@ -20,18 +20,19 @@ from collections.abc import Callable, Sequence
 import hydra
 from omegaconf import DictConfig
 
-from medseg.cli import CONFIG_DIR, one_line_errors, run
+from medseg.cli import one_line_errors, run
 from medseg.config import (
     CheckDataConfig,
     CrossvalConfig,
     EvaluateConfig,
     ExportConfig,
-    PlanConfig,
+    PlanCommandConfig,
     PredictConfig,
     TrainConfig,
     VisualizeConfig,
 )
 from medseg.errors import MedsegError
+from medseg.hydra_config import CONFIG_DIR
 from medseg.runtime.launch import hydra_rank_overrides
 from medseg.typed_config import to_typed
 from medseg.version import __version__
@@ -139,13 +140,13 @@ def visualize() -> int:
 def _plan(cfg: DictConfig) -> None:
     from medseg.planning.report import plan_report  # numpy and nibabel load only when a job runs
 
-    settings = to_typed(PlanConfig, cfg, context=DATA_EXAMPLE)
+    settings = to_typed(PlanCommandConfig, cfg, context=DATA_EXAMPLE)
     print(plan_report(settings))
 
 
 def plan() -> int:
     """Print a dataset's fingerprint and the automatic plan."""
-    return run(_plan, PlanConfig)
+    return run(_plan, PlanCommandConfig)
 
 
 @hydra_main("check_data")

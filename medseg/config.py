@@ -1,31 +1,26 @@
 """The config contract: every key users type, with its type, default and meaning, written once.
 
-The dataclasses below are both the schema and the defaults. Importing this module registers them in Hydra's
-ConfigStore, so ``medseg/configs/*.yaml`` hold only presets (``data=msd``, ``experiment=...``) and Hydra settings
-on top of them. The docstring under each field documents that key, and a numeric key's :class:`Range` (given with
-:func:`ranged`, or :func:`unconstrained` with the reason) says which values it takes; ``python scripts/train.py
---help`` prints both (:func:`key_docs`), and :func:`medseg.typed_config.to_typed` checks every value against its
-range.
+The dataclasses below are both the schema and the defaults; :data:`SCHEMAS` names each entry point's. The docstring
+under each field documents that key, and a numeric key's :class:`Range` (given with :func:`ranged`, or
+:func:`unconstrained` with the reason) says which values it takes; :mod:`medseg.config_docs` turns both into
+``--help`` and :mod:`medseg.config_reference` into ``docs/configuration.md``, and :func:`medseg.typed_config.to_typed`
+checks every value against its range. :data:`MOVED_KEYS` names the keys that moved, so that an old key is answered
+with its new name.
 
-:mod:`medseg.typed_config` turns a composed config into one of these dataclasses, naming a wrong key or type in one
-line; the checks of values against the registries they select from live in the stage that owns each entry point
-(:mod:`medseg.training.settings`, :mod:`medseg.inference.settings`). This module imports no other medseg module and
-no torch, so ``--help`` and config errors are fast.
+Importing this module has no side effect: the entry points register the schemas with Hydra
+(:func:`medseg.hydra_config.register`) before Hydra composes a config. It imports no other medseg module and no torch,
+so ``--help`` and config errors are fast; the checks of values against the registries they select from live in the
+stage that owns each entry point (:mod:`medseg.training.settings`, :mod:`medseg.inference.settings`).
 """
 
 from __future__ import annotations
 
-import ast
-import inspect
-import sys
 from collections.abc import Iterator
 from dataclasses import MISSING as NO_DEFAULT
 from dataclasses import Field, dataclass, field, fields, is_dataclass
 from functools import cache
-from pathlib import Path
 from typing import Any
 
-from hydra.core.config_store import ConfigStore
 from omegaconf import MISSING
 
 # --------------------------------------------------------------------------------------------- ranges
@@ -106,19 +101,32 @@ def key_range(item: Field) -> Range | None:
     return item.metadata.get("range")
 
 
-def range_text(item: Field) -> str:
-    """A field's range as ``--help`` shows it (``each >= 1`` for a list key); "" for a key without one."""
-    valid = key_range(item)
-    if valid is None:
-        return ""
-    return f"each {valid.text()}" if "list[" in str(item.type) and not valid.unconstrained else valid.text()
-
-
 @cache
 def value_ranges(schema: type) -> tuple[tuple[str, Range], ...]:
     """``(key, range)`` for every constrained leaf key of ``schema``, in declaration order (nested nodes walked)."""
-    return tuple((key, valid) for key, item, _ in _leaves(schema)
+    return tuple((key, valid) for key, item, _ in leaves(schema)
                  if (valid := key_range(item)) is not None and not valid.unconstrained)
+
+
+def leaves(schema: type, prefix: str = "") -> Iterator[tuple[str, Field, type]]:
+    """``(key, field, the dataclass whose fields hold it)`` for every leaf key of ``schema``, in declaration order
+    (nested nodes walked); an inherited field's dataclass is the subclass, whose bases declare it."""
+    for item in fields(schema):
+        key = f"{prefix}{item.name}"
+        default = item.default_factory() if item.default_factory is not NO_DEFAULT else None  # type: ignore[misc]
+        if is_dataclass(default):  # a nested node (its factory: the class, or a function making a preset of it)
+            yield from leaves(type(default), f"{key}.")
+        else:
+            yield key, item, schema
+
+
+def value_text(value: Any) -> str:
+    """``value`` as a user types it in an override (YAML): ``null``, ``true``, ``[16, 32]``, ``0.003``."""
+    if value is None or isinstance(value, bool):
+        return {None: "null", True: "true", False: "false"}[value]
+    if isinstance(value, list):
+        return "[" + ", ".join(value_text(entry) for entry in value) + "]"
+    return str(value)
 
 
 @dataclass
@@ -511,7 +519,7 @@ class VisualizeConfig:
 
 
 @dataclass
-class PlanConfig:
+class PlanCommandConfig:
     """``scripts/plan.py``: the fingerprint and plan of ``data`` for ``model``, as ``scripts/train.py`` plans them."""
 
     model: ModelConfig = field(default_factory=ModelConfig)
@@ -543,195 +551,22 @@ class CheckDataConfig:
 
 SCHEMAS: dict[str, type] = {"train": TrainConfig, "predict": PredictConfig, "evaluate": EvaluateConfig,
                             "crossval": CrossvalConfig, "export": ExportConfig, "visualize": VisualizeConfig,
-                            "plan": PlanConfig, "check_data": CheckDataConfig}
+                            "plan": PlanCommandConfig, "check_data": CheckDataConfig}
 """Each entry point's schema, registered in Hydra's ConfigStore as ``<name>_schema``."""
 
-
-# --------------------------------------------------------------------------------------------- docs
-
-
-def _docs_under_fields(body: list[ast.stmt]) -> dict[str, str]:
-    """The docstring under each annotated field of a class body."""
-    docs = {}
-    for node, following in zip(body, body[1:]):
-        if (isinstance(node, ast.AnnAssign) and isinstance(node.target, ast.Name)
-                and isinstance(following, ast.Expr) and isinstance(following.value, ast.Constant)):
-            docs[node.target.id] = " ".join(str(following.value.value).split())
-    return docs
-
-
-@cache
-def _module_field_docs(module: str) -> dict[str, dict[str, str]]:
-    """The field docstrings of every class of ``module``, by class name: its source parsed once (one
-    ``inspect.getsource`` per class tokenises the whole file each time, most of an import's time)."""
-    tree = ast.parse(inspect.getsource(sys.modules[module]))
-    return {node.name: _docs_under_fields(node.body) for node in ast.walk(tree) if isinstance(node, ast.ClassDef)}
-
-
-def _field_docs(cls: type) -> dict[str, str]:
-    """The docstring under each field of dataclass ``cls``."""
-    return _module_field_docs(cls.__module__).get(cls.__name__, {})
-
-
-def _leaves(schema: type, prefix: str = "") -> Iterator[tuple[str, Field, type]]:
-    """``(key, field, the dataclass declaring it)`` for every leaf key of ``schema``, in declaration order (nested
-    nodes walked)."""
-    for item in fields(schema):
-        key = f"{prefix}{item.name}"
-        default = item.default_factory() if item.default_factory is not NO_DEFAULT else None  # type: ignore[misc]
-        if is_dataclass(default):  # a nested node (its factory: the class, or a function making a preset of it)
-            yield from _leaves(type(default), f"{key}.")
-        else:
-            yield key, item, schema
-
-
-def _leaf_fields(schema: type, prefix: str = "") -> Iterator[tuple[str, Field, str]]:
-    """``(key, field, meaning)`` for every leaf key of ``schema``, in declaration order (nested nodes walked)."""
-    for key, item, owner in _leaves(schema, prefix):
-        declaring = next(cls for cls in owner.__mro__ if item.name in _field_docs(cls) or cls is object)
-        yield key, item, _field_docs(declaring).get(item.name, "") if declaring is not object else ""
-
-
-def key_docs(schema: type, prefix: str = "") -> Iterator[tuple[str, str, str, str]]:
-    """``(key, type, range, meaning)`` for every leaf key of ``schema``, in declaration order; the range as
-    :func:`range_text` writes it ("" for a key that is no number)."""
-    for key, item, doc in _leaf_fields(schema, prefix):
-        yield key, str(item.type), range_text(item), doc
-
-
-def help_line(key: str, kind: str, valid: str, doc: str) -> str:
-    """One key of ``--help``: ``key (type, range): meaning``."""
-    return f"  {key} ({kind}{f', {valid}' if valid else ''}): {doc}"
-
-
-CONFIG_DIR = Path(__file__).resolve().parent / "configs"
-"""The YAML presets and Hydra settings (``train.yaml``, ``data/``, ``experiment/``, ...): package data, so an installed
-wheel has them too."""
-
-
-def extra_config_dirs(argv: list[str]) -> list[Path]:
-    """The folders a command line adds with ``--config-dir DIR`` (``-cd DIR``, ``--config-dir=DIR``)."""
-    dirs = []
-    for flag, following in zip(argv, [*argv[1:], ""]):
-        if flag in ("--config-dir", "-cd") and following:
-            dirs.append(Path(following))
-        elif flag.startswith("--config-dir="):
-            dirs.append(Path(flag.split("=", 1)[1]))
-    return dirs
-
-
-def config_groups_text(folders: list[Path]) -> str:
-    """``--help``'s config groups: ``data: demo3d, msd, ...``, one line per group folder of ``folders`` (Hydra's own
-    ``hydra/`` groups left out). Listed from the folders, as Hydra's ``$APP_CONFIG_GROUPS`` would, without composing
-    the schemas once per group (which takes seconds)."""
-    options: dict[str, set[str]] = {}
-    for folder in folders:
-        for path in folder.rglob("*.yaml") if folder.is_dir() else []:
-            group = path.parent.relative_to(folder).as_posix()
-            if group != "." and group.split("/")[0] != "hydra":
-                options.setdefault(group, set()).add(path.stem)
-    return "\n".join(f"{group}: {', '.join(sorted(names))}" for group, names in sorted(options.items()))
-
-
-@cache
-def _command_line_groups() -> str:
-    """:func:`config_groups_text` of :data:`CONFIG_DIR` and this command line's ``--config-dir``: the same for every
-    entry point's template, listed once."""
-    return config_groups_text([CONFIG_DIR, *extra_config_dirs(sys.argv)])
-
-
-def help_template(name: str) -> str:
-    """Hydra's ``--help`` text for entry point ``name``: config groups, every key with its range and meaning, the
-    config."""
-    keys = "\n".join(help_line(*row) for row in key_docs(SCHEMAS[name]))
-    return (f"medseg {name}: key=value overrides (Hydra); -m sweeps comma-separated values.\n\n"
-            f"== Config groups ==\n{_command_line_groups()}\n\n"
-            f"== Keys ==\n{keys}\n\n"
-            "== Composed config (--cfg job prints it alone) ==\n$CONFIG\n\n"
-            "Hydra's own options: --hydra-help")
-
-
-REFERENCE_PREAMBLE = """\
-# Configuration reference
-
-<!-- Generated from medseg/config.py by `python scripts/config_reference.py`; edit the schema, not this file. -->
-
-Every key, with its type, default, valid range and meaning, is defined once: the dataclasses in
-`medseg/config.py`, which Hydra composes the YAML presets onto (`medseg/configs/data/*.yaml`,
-`medseg/configs/experiment/*.yaml` hold only what a preset changes). `python scripts/train.py --help` lists every key
-of training with its type, range and meaning (each script's `--help` its own, and `medseg <command> --help` the same
-as its script's: [the command line](cli.md)); `python scripts/train.py --cfg job` prints the whole composed config.
-Every script checks each number it is given against its range before any work starts (a list key such as
-`data.spacing`: each entry), and stops with one line that names the key, the value and the range; `any` marks a
-number whose every value is valid.
-
-The defaults below are the schema's. `python scripts/train.py` runs with the demo preset, `data=demo3d`
-([medseg/configs/data/demo3d.yaml](../medseg/configs/data/demo3d.yaml)), which sets the demo's format and folder and
-hand-set preprocessing and pooling on top of them (`data.spacing`, `data.patch_size`, `data.normalization`,
-`data.pos_fraction`, `model.strides`; and `data.num_workers=0`); `data=msd` and `data=nnunet` keep the schema's,
-so the keys left `null` are planned from the data
-([data and planning](data.md#what-is-planned-and-how-to-override-it)). The config groups are `data` (`demo3d`,
-`demo3d_planned`, `msd`, `nnunet`), `experiment` (the presets of [sweeps](sweeps.md)), `hparams_search` and
-`hydra/launcher` (`slurm`, see [performance](performance.md#slurm)).
-
-`model.bottleneck` and `model.decoder` are plain strings (a block name, or `none`) checked against the
-registry of attention blocks, and every block's hyperparameters live in the one shared node
-`model.attention.*`: each block reads the keys it uses and ignores the rest
-([attention blocks](attention.md)). A real training run needs a few hundred epochs (`trainer.max_epochs`; nnU-Net
-trains 1000 epochs of 250 steps) or a wall-clock budget (`trainer.max_minutes`).
-"""
-"""The hand-written head of ``docs/configuration.md``; the tables of :func:`reference_markdown` follow it."""
-
-ENTRY_POINTS: dict[str, str] = {"train": "scripts/train.py", "predict": "scripts/predict.py",
-                                "evaluate": "scripts/evaluate.py",
-                                "crossval": "scripts/crossval.py DIR", "export": "scripts/export.py",
-                                "visualize": "scripts/visualize.py", "plan": "scripts/plan.py",
-                                "check_data": "scripts/check_data.py"}
-"""The command behind each schema of :data:`SCHEMAS`."""
-
-
-def value_text(value: Any) -> str:
-    """``value`` as a user types it in an override (YAML): ``null``, ``true``, ``[16, 32]``, ``0.003``."""
-    if value is None or isinstance(value, bool):
-        return {None: "null", True: "true", False: "false"}[value]
-    if isinstance(value, list):
-        return "[" + ", ".join(value_text(entry) for entry in value) + "]"
-    return str(value)
-
-
-def default_text(item: Field) -> str:
-    """A schema field's default as :func:`value_text` writes it; ``required`` for a key without one (``MISSING``)."""
-    value = item.default_factory() if item.default_factory is not NO_DEFAULT else item.default
-    return "required" if value is NO_DEFAULT or value == MISSING else value_text(value)
-
-
-def _cell(text: str, code: bool = False) -> str:
-    """``text`` safe inside a markdown table cell: pipes escaped; outside a code span (``code``) also ``<``, which
-    markdown would read as the start of an HTML tag."""
-    text = text.replace("|", "\\|")
-    return f"`{text}`" if code else text.replace("<", "&lt;")
-
-
-def reference_markdown() -> str:
-    """``docs/configuration.md``: :data:`REFERENCE_PREAMBLE`, then one table per entry point of :data:`SCHEMAS`
-    (key, type, default, valid range, meaning), the same keys, ranges and meanings ``--help`` prints."""
-    parts = [REFERENCE_PREAMBLE]
-    for name, schema in SCHEMAS.items():
-        summary = " ".join((schema.__doc__ or "").split("\n\n")[0].split())
-        rows = [f"| `{key}` | {_cell(str(item.type), code=True)} | {_cell(default_text(item), code=True)} | "
-                f"{_cell(range_text(item), code=bool(range_text(item)))} | {_cell(doc)} |"
-                for key, item, doc in _leaf_fields(schema)]
-        parts.append(f"## {name}: `python {ENTRY_POINTS[name]}`\n\n{summary}\n\n"
-                     "| key | type | default | valid | meaning |\n|---|---|---|---|---|\n" + "\n".join(rows) + "\n")
-    return "\n".join(parts)
-
-
-def _register() -> None:
-    """The schemas and their ``--help`` texts in Hydra's ConfigStore."""
-    store = ConfigStore.instance()
-    for name, schema in SCHEMAS.items():
-        store.store(name=f"{name}_schema", node=schema)
-        store.store(group="hydra/help", name=f"medseg_{name}", node={"template": help_template(name)})
-
-
-_register()
+_PREDICTION_KEYS = {"device": "inference.device", "sw_device": "inference.sw_device",
+                    "precision": "inference.precision", "runtime": "inference.backend",
+                    "overlap": "inference.overlap", "sw_batch_size": "inference.sw_batch_size",
+                    "tta": "inference.tta", "progress": "inference.progress"}
+MOVED_KEYS: dict[str, dict[str, str]] = {
+    "train": {"trainer.sw_overlap": "inference.overlap", "trainer.sw_batch_size": "inference.sw_batch_size"},
+    "predict": _PREDICTION_KEYS,
+    "evaluate": _PREDICTION_KEYS,
+    "crossval": {key: _PREDICTION_KEYS[key] for key in ("device", "tta", "progress")},
+    "visualize": {"device": "inference.device"},
+}
+"""Keys that moved, per entry point of :data:`SCHEMAS`: old dotted key -> new dotted key (the ``inference`` node took
+the keys of prediction). An entry point whose schema lacks the old key and has the new one answers the old key (on the
+command line, :func:`medseg.typed_config.check_override_keys`; in a config, :func:`medseg.typed_config.to_typed`) with
+one line naming the new one. Per entry point, because an old key means another thing elsewhere (``device`` of training
+is ``trainer.device``)."""

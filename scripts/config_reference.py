@@ -1,8 +1,9 @@
 """Write the config reference from the schema: `python scripts/config_reference.py [--check] [--out FILE]`.
 
-The page (docs/configuration.md by default) is :func:`medseg.config.reference_markdown`: every key of every entry
-point with its type, default and meaning, as the dataclasses of medseg/config.py define them. ``--check`` writes
-nothing and exits with 1 when the page differs from what the schema gives now (regenerate it after a schema change).
+The page (docs/configuration.md by default) is :func:`medseg.config_reference.reference_markdown`: every key of
+every entry point with its type, default and meaning, as the dataclasses of medseg/config.py define them. ``--check``
+writes nothing and exits with 1 when the page differs from what the schema gives now (regenerate it after a schema
+change).
 """
 
 from __future__ import annotations
@@ -11,7 +12,7 @@ import argparse
 import sys
 from pathlib import Path
 
-from medseg.config import reference_markdown
+from medseg.config_reference import reference_markdown
 from medseg.io import atomic_write_text
 
 PAGE = Path(__file__).resolve().parent.parent / "docs" / "configuration.md"

@@ -10,7 +10,9 @@ from pathlib import Path
 import pytest
 from omegaconf import OmegaConf
 
-from medseg.config import SCHEMAS, key_docs, reference_markdown
+from medseg.config import SCHEMAS
+from medseg.config_docs import key_docs
+from medseg.config_reference import reference_markdown
 from tests.helpers.configs import REPO, run_script
 
 PAGES = [REPO / "README.md", *sorted((REPO / "docs").glob("*.md"))]

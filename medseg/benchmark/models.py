@@ -37,17 +37,16 @@ from pathlib import Path
 from typing import Any
 
 import torch
-from hydra import compose, initialize_config_dir
 from omegaconf import DictConfig
 from torch import nn
 
 from medseg.attention.registry import block_choices
 from medseg.benchmark import targets_markdown, write_report
 from medseg.benchmark.attention import Target, peak_bytes, ratio, time_ms
-from medseg.cli import CONFIG_DIR
 from medseg.config import ModelConfig, TrainConfig
 from medseg.data.datalist import DatasetInfo
 from medseg.data.demo import DEMO_LABELS
+from medseg.hydra_config import compose_config
 from medseg.models import MODELS, build_model
 from medseg.optim import build_optimizer
 from medseg.runtime.device import PRECISIONS, amp_dtype, autocast
@@ -105,8 +104,7 @@ class Row:
 def compose_train_config(overrides: Sequence[str] = ()) -> DictConfig:
     """``medseg/configs/train.yaml`` with ``overrides``, composed as ``scripts/train.py`` would (no Hydra run
     context)."""
-    with initialize_config_dir(config_dir=str(CONFIG_DIR), version_base="1.3"):
-        return compose(config_name="train", overrides=list(overrides))
+    return compose_config("train", overrides)
 
 
 def all_rows() -> list[str]:

@@ -7,7 +7,7 @@ from typing import Any
 
 import numpy as np
 
-from medseg.config import PlanConfig
+from medseg.config import PlanCommandConfig
 from medseg.data.datalist import dataset_from_config
 from medseg.planning.fingerprint import case_array
 from medseg.planning.from_config import apply_plan, dataset_fingerprint, plan_from_config, plannable_values
@@ -104,7 +104,7 @@ def memory_text(estimate: MemoryEstimate) -> str:
             f"{bytes_text(estimate.states)}{shared}")
 
 
-def plan_report(settings: PlanConfig) -> str:
+def plan_report(settings: PlanCommandConfig) -> str:
     """The fingerprint-and-plan report of ``scripts/plan.py``: ``settings.data`` planned for ``settings.model``, the
     training ``settings.trainer`` describes and the machine of ``settings.plan`` (:func:`plan_from_config`, as
     training plans), compared with ``settings.nnunet_plans`` when given; the plan is written to ``plan.file`` when

@@ -9,10 +9,9 @@ import sys
 from collections.abc import Sequence
 from pathlib import Path
 
-from hydra import compose, initialize_config_dir
 from omegaconf import DictConfig
 
-from medseg.cli import CONFIG_DIR  # importing medseg.cli registers the schemas the configs compose onto, and resolvers
+from medseg import hydra_config
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -32,10 +31,12 @@ MICRO_OVERRIDES = [
 ]
 
 
-def compose_config(overrides: Sequence[str] = (), config_name: str = "train") -> DictConfig:
-    """The real configs composed with Hydra's compose API (``hydra:`` interpolations are not available)."""
-    with initialize_config_dir(config_dir=str(CONFIG_DIR), version_base="1.3"):
-        return compose(config_name=config_name, overrides=list(overrides))
+def compose_config(overrides: Sequence[str] = (), config_name: str = "train",
+                   return_hydra_config: bool = False) -> DictConfig:
+    """The real configs composed with Hydra's compose API, the schemas registered first
+    (:func:`medseg.hydra_config.compose_config`; ``hydra:`` interpolations are available only with
+    ``return_hydra_config``)."""
+    return hydra_config.compose_config(config_name, overrides, return_hydra_config=return_hydra_config)
 
 
 def run_script(script: str, args: Sequence[str], cwd: Path, timeout: float = 600,

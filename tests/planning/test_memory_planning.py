@@ -11,7 +11,7 @@ import pytest
 import torch
 from monai.networks.blocks import UnetResBlock
 
-from medseg.config import DataConfig, ModelConfig, PlanConfig, PlanningConfig, TrainConfig, TrainerConfig
+from medseg.config import DataConfig, ModelConfig, PlanCommandConfig, PlanningConfig, TrainConfig, TrainerConfig
 from medseg.errors import ConfigError
 from medseg.models import build_model
 from medseg.planning.from_config import (
@@ -205,8 +205,8 @@ def test_null_channels_are_planned_filled_and_stored(tmp_path: Path) -> None:
 
 def test_report_prints_the_estimate_and_the_channels(tmp_path: Path) -> None:
     root = write_ct_dataset(tmp_path / "ct", num_cases=3, shape=(64, 64, 20))
-    text = plan_report(PlanConfig(data=DataConfig(root=str(root)), model=ModelConfig(channels=None), progress=False,
-                                  trainer=CPU_TRAINER, plan=PlanningConfig(memory_gb=1)))
+    text = plan_report(PlanCommandConfig(data=DataConfig(root=str(root)), model=ModelConfig(channels=None),
+                                         progress=False, trainer=CPU_TRAINER, plan=PlanningConfig(memory_gb=1)))
     assert "channels: [32, 64" in text and "training memory (estimate): " in text and "2 patches x" in text
     assert "planned for: cpu, fp32, 1.0 GiB of training memory (plan.memory_gb=1)" in text
     assert "fit to 1.0 GiB of training memory" in text and "plan.memory_gb=1" in text

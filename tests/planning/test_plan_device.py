@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 import torch
 
-from medseg.config import DataConfig, ModelConfig, PlanConfig, PlanningConfig, TrainerConfig
+from medseg.config import DataConfig, ModelConfig, PlanCommandConfig, PlanningConfig, TrainerConfig
 from medseg.errors import ConfigError
 from medseg.planning.from_config import GB, apply_plan, plan_from_config, plan_target, plannable_values
 from medseg.planning.nnunet_plans import read_nnunet_plans
@@ -154,8 +154,8 @@ def test_a_plan_file_refuses_other_data_another_network_and_other_files(tmp_path
 def test_the_report_compares_with_nnunet_and_writes_the_plan_file(tmp_path: Path, no_gpu: None) -> None:
     root = write_ct_dataset(tmp_path / "ct", num_cases=3, shape=(96, 96, 24))
     nnunet = nnunet_plans_json(tmp_path / "nnUNetPlans.json", {**NNUNET["ct"], "patch": [96, 96, 24]})
-    settings = PlanConfig(data=DataConfig(root=str(root)), plan=PlanningConfig(device="cuda",
-                          file=str(tmp_path / "plan.json")), nnunet_plans=str(nnunet), progress=False)
+    settings = PlanCommandConfig(data=DataConfig(root=str(root)), plan=PlanningConfig(device="cuda",
+                                 file=str(tmp_path / "plan.json")), nnunet_plans=str(nnunet), progress=False)
     text = plan_report(settings)
     assert "planned for: cuda, bf16, 8.0 GiB of training memory" in text
     assert "nnU-Net 3d_fullres" in text and "patch 24 x 96 x 96 (its axis order), 7 stages" in text

@@ -13,7 +13,7 @@ import numpy as np
 import pytest
 import torch
 
-from medseg.config import DataConfig, ModelConfig, PlanConfig, TrainerConfig
+from medseg.config import DataConfig, ModelConfig, PlanCommandConfig, TrainerConfig
 from medseg.data.datalist import load_dataset
 from medseg.data.transforms import normalization_transform, thick_axis, window
 from medseg.errors import DatasetError
@@ -341,7 +341,7 @@ def test_format_plan_reports_plan_and_fingerprint(ct_fingerprint: dict) -> None:
 
 def test_report_of_the_demo_format_generates_the_dataset(tmp_path: Path) -> None:
     data_cfg = DataConfig(root=str(tmp_path / "demo"), format="demo", num_cases=2)
-    text = plan_report(PlanConfig(data=data_cfg, model=ModelConfig(channels=[8, 16, 32]), progress=False))
+    text = plan_report(PlanCommandConfig(data=data_cfg, model=ModelConfig(channels=[8, 16, 32]), progress=False))
     assert (tmp_path / "demo" / "dataset.json").is_file() and "2 cases" in text and "patch size" in text
     assert (tmp_path / "demo" / ".medseg_cache" / "fingerprint.json").is_file()
 

@@ -13,7 +13,6 @@ import pytest
 import torch
 import torch.multiprocessing as mp
 
-from medseg.cli import CONFIG_DIR
 from medseg.errors import ConfigError
 from medseg.runtime import distributed
 from medseg.runtime.distributed import any_rank, broadcast_object, gather_objects, on_main_rank, reduce_max
@@ -172,13 +171,10 @@ def test_a_failing_rank_does_not_hang_the_others(tmp_path: Path) -> None:
 
 def test_slurm_launcher_config_composes() -> None:
     pytest.importorskip("hydra_plugins.hydra_submitit_launcher")
-    from hydra import compose, initialize_config_dir
     from hydra.utils import instantiate
 
-    with initialize_config_dir(config_dir=str(CONFIG_DIR), version_base="1.3"):
-        cfg = compose("train", overrides=["hydra/launcher=slurm", "hydra.launcher.tasks_per_node=2",
-                                          "hydra.launcher.gpus_per_node=2", "hydra.launcher.partition=gpu"],
-                      return_hydra_config=True)
+    cfg = compose_config(["hydra/launcher=slurm", "hydra.launcher.tasks_per_node=2", "hydra.launcher.gpus_per_node=2",
+                          "hydra.launcher.partition=gpu"], return_hydra_config=True)
     launcher = cfg.hydra.launcher
     assert launcher._target_.endswith("SlurmLauncher")
     assert (launcher.tasks_per_node, launcher.gpus_per_node, launcher.partition) == (2, 2, "gpu")

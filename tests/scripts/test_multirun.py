@@ -8,14 +8,13 @@ from pathlib import Path
 
 import pytest
 import yaml
-from hydra import compose, initialize_config_dir
 from omegaconf import OmegaConf
 from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 from tensorboard.plugins.hparams import metadata as hparams_metadata
 from tensorboard.plugins.hparams import plugin_data_pb2
 
 from medseg.attention import available_blocks
-from medseg.cli import CONFIG_DIR
+from medseg.hydra_config import CONFIG_DIR
 from medseg.training.settings import check_config
 from tests.helpers.configs import TINY_OVERRIDES, compose_config, run_script
 from tests.helpers.files import read_csv
@@ -124,13 +123,8 @@ def test_experiment_preset_values() -> None:
     assert compose_config(["experiment=rmt_official", "model.attention.gamma=0.8"]).model.attention.gamma == 0.8
 
 
-def compose_with_hydra(overrides: list[str]):
-    with initialize_config_dir(config_dir=str(CONFIG_DIR), version_base="1.3"):
-        return compose(config_name="train", overrides=overrides, return_hydra_config=True)
-
-
 def test_compare_blocks_is_a_multirun_over_every_block() -> None:
-    cfg = compose_with_hydra(["experiment=compare_blocks"])
+    cfg = compose_config(["experiment=compare_blocks"], return_hydra_config=True)
     assert str(cfg.hydra.mode) == "RunMode.MULTIRUN"
     blocks = cfg.hydra.sweeper.params["model.bottleneck"].split(",")
     assert blocks == ["none", *available_blocks()]
@@ -139,7 +133,7 @@ def test_compare_blocks_is_a_multirun_over_every_block() -> None:
 
 def test_optuna_search_two_trials(tmp_path: Path, tiny_demo_root: Path) -> None:
     pytest.importorskip("hydra_plugins.hydra_optuna_sweeper")
-    cfg = compose_with_hydra(["hparams_search=masa_optuna"])
+    cfg = compose_config(["hparams_search=masa_optuna"], return_hydra_config=True)
     assert check_config(compose_config(["hparams_search=masa_optuna"])).model.bottleneck == "masa"
     assert cfg.hydra.sweeper.direction == "maximize"
 

@@ -1,0 +1,65 @@
+"""medseg's configs in Hydra: the configs' folder, the schemas and ``--help`` texts registered in Hydra's ConfigStore,
+and a config composed by Hydra's compose API.
+
+The YAML files of :data:`CONFIG_DIR` (``train.yaml``, ``data/``, ``experiment/``, ...) hold only presets and Hydra
+settings: their defaults lists name ``<command>_schema`` and ``hydra/help: medseg_<command>``, which
+:func:`register` stores. Nothing is registered at import: every command registers before Hydra composes
+(:func:`medseg.cli.run`), and so does :func:`compose_config`, for the code and tests that compose outside a command.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from functools import cache
+from pathlib import Path
+
+from hydra.core.config_store import ConfigStore
+from omegaconf import DictConfig, OmegaConf
+
+from medseg.config import SCHEMAS
+from medseg.config_docs import config_groups_text, extra_config_dirs, help_template
+
+CONFIG_DIR = Path(__file__).resolve().parent / "configs"
+"""The YAML presets and Hydra settings (``train.yaml``, ``data/``, ``experiment/``, ...): package data, so an installed
+wheel has them too."""
+
+
+def block_names() -> str:
+    """``${medseg_blocks:}`` in a sweep preset (``experiment=compare_blocks``): none and every registered block."""
+    from medseg.attention.registry import block_choices  # the registry loads only when a preset asks
+
+    return ",".join(block_choices())
+
+
+@cache
+def _config_groups(argv: tuple[str, ...]) -> str:
+    """The config groups of :data:`CONFIG_DIR` and of the command line ``argv``'s ``--config-dir`` folders, listed
+    once for every entry point's help."""
+    return config_groups_text([CONFIG_DIR, *extra_config_dirs(argv)])
+
+
+def help_text(name: str, argv: Sequence[str] = ()) -> str:
+    """:func:`~medseg.config_docs.help_template` of entry point ``name``, its config groups those of
+    :data:`CONFIG_DIR` and of the command line ``argv``'s ``--config-dir`` folders."""
+    return help_template(name, _config_groups(tuple(argv)))
+
+
+def register(argv: Sequence[str] = ()) -> None:
+    """Store every schema of :data:`~medseg.config.SCHEMAS` as ``<name>_schema`` and its ``--help`` text
+    (:func:`help_text` of ``argv``, the command line) as ``hydra/help/medseg_<name>`` in Hydra's ConfigStore, and
+    the ``medseg_blocks`` resolver; again replaces them."""
+    store = ConfigStore.instance()
+    for name, schema in SCHEMAS.items():
+        store.store(name=f"{name}_schema", node=schema)
+        store.store(group="hydra/help", name=f"medseg_{name}", node={"template": help_text(name, argv)})
+    OmegaConf.register_new_resolver("medseg_blocks", block_names, replace=True)
+
+
+def compose_config(name: str, overrides: Sequence[str] = (), return_hydra_config: bool = False) -> DictConfig:
+    """``medseg/configs/<name>.yaml`` with ``overrides``, composed by Hydra's compose API after :func:`register`, as
+    ``medseg <name>`` composes it (``hydra:`` interpolations are available only with ``return_hydra_config``)."""
+    from hydra import compose, initialize_config_dir
+
+    register()
+    with initialize_config_dir(config_dir=str(CONFIG_DIR), version_base="1.3", job_name=name):
+        return compose(config_name=name, overrides=list(overrides), return_hydra_config=return_hydra_config)
