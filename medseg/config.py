@@ -16,7 +16,6 @@ stage that owns each entry point (:mod:`medseg.training.settings`, :mod:`medseg.
 from __future__ import annotations
 
 from collections.abc import Iterator
-from dataclasses import MISSING as NO_DEFAULT
 from dataclasses import Field, dataclass, field, fields, is_dataclass
 from functools import cache
 from typing import Any
@@ -113,9 +112,9 @@ def leaves(schema: type, prefix: str = "") -> Iterator[tuple[str, Field, type]]:
     (nested nodes walked); an inherited field's dataclass is the subclass, whose bases declare it."""
     for item in fields(schema):
         key = f"{prefix}{item.name}"
-        default = item.default_factory() if item.default_factory is not NO_DEFAULT else None  # type: ignore[misc]
-        if is_dataclass(default):  # a nested node (its factory: the class, or a function making a preset of it)
-            yield from leaves(type(default), f"{key}.")
+        nested = item.default_factory if is_dataclass(item.default_factory) else None  # type: ignore[misc]
+        if nested is not None:
+            yield from leaves(nested, f"{key}.")
         else:
             yield key, item, schema
 
@@ -377,7 +376,7 @@ class InferenceConfig:
     OpenVINO for this CPU, in the arithmetic of inference.precision; windows, mirroring and blending stay medseg's.
     Training validates with torch."""
     overlap: float = ranged(0.5, ge=0, lt=1)
-    """Sliding-window overlap (gaussian blending); training's validation: 0.25 unless set."""
+    """Sliding-window overlap (gaussian blending)."""
     sw_batch_size: int = ranged(4, ge=1)
     """Windows per forward pass."""
     tta: bool = False
@@ -390,10 +389,13 @@ class InferenceConfig:
     shows its own (trainer.progress)."""
 
 
-def validation_inference() -> InferenceConfig:
-    """Training's :class:`InferenceConfig`: validation's sliding window overlaps by 0.25 (faster than predict's 0.5;
-    its Dice only chooses ``best.pt``)."""
-    return InferenceConfig(overlap=0.25)
+@dataclass
+class ValidationConfig(InferenceConfig):
+    """Training's ``inference`` node: validation's sliding window."""
+
+    overlap: float = ranged(0.25, ge=0, lt=1)
+    """Sliding-window overlap of validation (gaussian blending): less than prediction's 0.5, faster, as validation's
+    Dice only chooses best.pt."""
 
 
 @dataclass
@@ -405,7 +407,7 @@ class TrainConfig:
     trainer: TrainerConfig = field(default_factory=TrainerConfig)
     plan: PlanningConfig = field(default_factory=PlanningConfig)
     """What the planned patch and network are sized for."""
-    inference: InferenceConfig = field(default_factory=validation_inference)
+    inference: ValidationConfig = field(default_factory=ValidationConfig)
     """Validation's sliding window."""
     task_name: str = "train"
     """Names the output folder outputs/<task_name>/<date>/<time>."""

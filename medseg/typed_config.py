@@ -43,7 +43,8 @@ def _has_key(schema: type, key: str) -> bool:
 def moved_keys(schema: type) -> dict[str, str]:
     """The entries of :data:`~medseg.config.MOVED_KEYS` that apply to ``schema`` (those of its entry point in
     :data:`~medseg.config.SCHEMAS`): old key -> new key, where the old key is not in ``schema`` and the new one is."""
-    entries = {old: new for name, owner in SCHEMAS.items() if owner is schema for old, new in MOVED_KEYS[name].items()}
+    names = [name for name, owner in SCHEMAS.items() if owner is schema]
+    entries = {old: new for name in names for old, new in MOVED_KEYS.get(name, {}).items()}
     return {old: new for old, new in entries.items() if not _has_key(schema, old) and _has_key(schema, new)}
 
 
