@@ -32,7 +32,7 @@ from medseg.config import (
 from medseg.config_docs import config_groups_text, extra_config_dirs, help_line, key_docs
 from medseg.errors import ConfigError
 from medseg.hydra_config import CONFIG_DIR
-from medseg.training.settings import check_config
+from medseg.training.checks import check_config
 from medseg.typed_config import check_override_keys, moved_keys, to_typed
 from tests.helpers.configs import REPO, compose_config, run_script
 

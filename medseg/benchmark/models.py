@@ -54,7 +54,7 @@ from medseg.runtime.launch import SINGLE_PROCESS
 from medseg.tables import CellFormat, markdown_table, text_table
 from medseg.training.losses import build_loss
 from medseg.training.run import wrap_model
-from medseg.training.settings import check_config
+from medseg.training.checks import check_config
 from medseg.training.trainer import TrainStep
 
 UNET_ROW = f"{ModelConfig.name}+"

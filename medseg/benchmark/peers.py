@@ -481,7 +481,7 @@ def run(args: argparse.Namespace) -> int:
 
     from medseg.benchmark.models import compose_train_config, machine
     from medseg.data.datalist import dataset_cache_dir, dataset_from_config, split_cases, splits_path
-    from medseg.training.settings import check_config
+    from medseg.training.checks import check_config
 
     data_format = next((o.split("=", 1)[1] for o in data_overrides if o.startswith("data.format=")), "msd")
     data_overrides = [f"data={data_format}", *(o for o in data_overrides if not o.startswith("data.format="))]

@@ -42,7 +42,7 @@ from medseg.runtime.launch import DistInfo, env_rank
 from medseg.training.losses import resolve_class_weights
 from medseg.training.planning import plan_config
 from medseg.training.prepare import prepare_data
-from medseg.training.settings import check_config
+from medseg.training.checks import check_config
 from medseg.training.trainer import Trainer, seed_everything
 
 log = logging.getLogger("medseg")

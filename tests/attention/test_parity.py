@@ -15,7 +15,7 @@ from medseg.attention.cswin import _warn_uneven_split
 from medseg.attention.position import axial_rope
 from medseg.config import TrainConfig
 from medseg.models import build_model
-from medseg.training.settings import check_config
+from medseg.training.checks import check_config
 from tests.helpers.configs import compose_config
 
 from . import reference

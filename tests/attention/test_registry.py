@@ -26,7 +26,7 @@ from medseg.attention import (
 from medseg.benchmark import build_parser, main
 from medseg.benchmark.models import Sizes, prepare, train_config
 from medseg.config import AttentionConfig
-from medseg.training.settings import check_config
+from medseg.training.checks import check_config
 from tests.helpers.configs import REPO, compose_config
 
 from . import throwaway_block as throwaway

@@ -14,7 +14,7 @@ from medseg.benchmark import main
 from medseg.benchmark.models import QUICK_SIZES, Row, Sizes, all_rows, prepare, table, targets, train_config
 from medseg.benchmark.quality import MODELS
 from medseg.models import MODELS as NETWORKS
-from medseg.training.settings import check_config
+from medseg.training.checks import check_config
 from medseg.training.trainer import TrainStep
 
 from ..helpers.configs import compose_config

@@ -32,7 +32,7 @@ from medseg.training import validation as validation_module
 from medseg.training.planning import plan_config
 from medseg.training.prepare import PreparedData, prepare_data
 from medseg.training.run import train
-from medseg.training.settings import check_config
+from medseg.training.checks import check_config
 from tests.helpers.configs import compose_config
 from tests.helpers.realistic import (
     SAGITTAL_SHAPE,

@@ -26,7 +26,7 @@ from medseg.export.formats import EXPORT_FORMATS, INPUT, ExportError, check_expo
 from medseg.models import build_model
 from medseg.runs.checkpoint import load_checkpoint, save_checkpoint
 from medseg.training.run import train
-from medseg.training.settings import check_config
+from medseg.training.checks import check_config
 from tests.helpers.configs import MICRO_OVERRIDES, compose_config, run_script
 
 UNEXPORTABLE = "data_dependent"

@@ -13,7 +13,7 @@ from medseg.config import DataConfig
 from medseg.data.transforms import window
 from medseg.models import build_model
 from medseg.runs.checkpoint import save_checkpoint
-from medseg.training.settings import check_config
+from medseg.training.checks import check_config
 from tests.helpers.configs import compose_config
 from tests.helpers.volumes import LABELS
 

@@ -14,7 +14,7 @@ from medseg.attention import available_blocks
 from medseg.models import NORMS, SlottedUNet, build_model
 from medseg.models.norms import GROUP_NORM_GROUPS
 from medseg.models.unet import level_spacing, per_axis_strides
-from medseg.training.settings import check_config
+from medseg.training.checks import check_config
 
 from ..helpers.configs import compose_config
 

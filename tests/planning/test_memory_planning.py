@@ -26,7 +26,7 @@ from medseg.planning.plan import make_plan, planned_channels
 from medseg.planning.report import plan_report
 from medseg.runs.checkpoint import save_checkpoint
 from medseg.training.planning import plan_of_checkpoint
-from medseg.training.settings import check_config
+from medseg.training.checks import check_config
 from tests.helpers.configs import compose_config
 from tests.helpers.realistic import write_ct_dataset
 

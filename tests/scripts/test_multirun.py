@@ -15,7 +15,7 @@ from tensorboard.plugins.hparams import plugin_data_pb2
 
 from medseg.attention import available_blocks
 from medseg.hydra_config import CONFIG_DIR
-from medseg.training.settings import check_config
+from medseg.training.checks import check_config
 from tests.helpers.configs import TINY_OVERRIDES, compose_config, run_script
 from tests.helpers.files import read_csv
 

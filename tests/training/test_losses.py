@@ -30,7 +30,7 @@ from medseg.training.losses import (
     resolve_class_weights,
 )
 from medseg.training.run import train, train_cli
-from medseg.training.settings import check_config
+from medseg.training.checks import check_config
 from tests.helpers.configs import compose_config
 from tests.helpers.runs import micro_config
 
