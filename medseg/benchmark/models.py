@@ -52,9 +52,9 @@ from medseg.optim import build_optimizer
 from medseg.runtime.device import PRECISIONS, amp_dtype, autocast
 from medseg.runtime.launch import SINGLE_PROCESS
 from medseg.tables import CellFormat, markdown_table, text_table
+from medseg.training.checks import check_config
 from medseg.training.losses import build_loss
 from medseg.training.run import wrap_model
-from medseg.training.checks import check_config
 from medseg.training.trainer import TrainStep
 
 UNET_ROW = f"{ModelConfig.name}+"

@@ -39,10 +39,10 @@ from medseg.runtime.device import resolve_device
 from medseg.runtime.distributed import broadcast_object, on_main_rank, process_group
 from medseg.runtime.host_memory import PeakRam
 from medseg.runtime.launch import DistInfo, env_rank
+from medseg.training.checks import check_config
 from medseg.training.losses import resolve_class_weights
 from medseg.training.planning import plan_config
 from medseg.training.prepare import prepare_data
-from medseg.training.checks import check_config
 from medseg.training.trainer import Trainer, seed_everything
 
 log = logging.getLogger("medseg")

@@ -13,9 +13,9 @@ from medseg.data.datalist import dataset_from_config
 from medseg.data.transforms import IMAGE, LABEL, CompactLabeld
 from medseg.runtime.launch import SINGLE_PROCESS
 from medseg.training import prepare as engine_data
+from medseg.training.checks import check_config
 from medseg.training.planning import plan_config
 from medseg.training.prepare import PreparedData, prepare_data
-from medseg.training.checks import check_config
 from tests.helpers.configs import compose_config
 from tests.helpers.realistic import write_ct_dataset
 

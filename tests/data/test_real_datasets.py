@@ -29,10 +29,10 @@ from medseg.runtime.launch import SINGLE_PROCESS
 from medseg.training import prepare as engine_data
 from medseg.training import run as run_module
 from medseg.training import validation as validation_module
+from medseg.training.checks import check_config
 from medseg.training.planning import plan_config
 from medseg.training.prepare import PreparedData, prepare_data
 from medseg.training.run import train
-from medseg.training.checks import check_config
 from tests.helpers.configs import compose_config
 from tests.helpers.realistic import (
     SAGITTAL_SHAPE,

@@ -33,9 +33,9 @@ from medseg.models import build_model
 from medseg.postprocessing.components import ClassStep, Postprocessing, load
 from medseg.runs.checkpoint import load_checkpoint, save_checkpoint
 from medseg.training import trainer as trainer_module
+from medseg.training.checks import check_config
 from medseg.training.losses import build_loss
 from medseg.training.run import train
-from medseg.training.checks import check_config
 from tests.helpers.checkpoints import TINY_MODEL
 from tests.helpers.configs import compose_config
 from tests.helpers.files import read_csv

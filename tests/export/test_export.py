@@ -25,8 +25,8 @@ from medseg.export import PREPROCESSING_FILE, export, load_exported
 from medseg.export.formats import EXPORT_FORMATS, INPUT, ExportError, check_export, write_network
 from medseg.models import build_model
 from medseg.runs.checkpoint import load_checkpoint, save_checkpoint
-from medseg.training.run import train
 from medseg.training.checks import check_config
+from medseg.training.run import train
 from tests.helpers.configs import MICRO_OVERRIDES, compose_config, run_script
 
 UNEXPORTABLE = "data_dependent"

@@ -25,8 +25,8 @@ from medseg.planning.from_config import (
 from medseg.planning.plan import make_plan, planned_channels
 from medseg.planning.report import plan_report
 from medseg.runs.checkpoint import save_checkpoint
-from medseg.training.planning import plan_of_checkpoint
 from medseg.training.checks import check_config
+from medseg.training.planning import plan_of_checkpoint
 from tests.helpers.configs import compose_config
 from tests.helpers.realistic import write_ct_dataset
 

@@ -12,8 +12,8 @@ from medseg.errors import ConfigError
 from medseg.runs.checkpoint import load_checkpoint
 from medseg.training import trainer as trainer_module
 from medseg.training.budget import TimeBudget
-from medseg.training.run import train
 from medseg.training.checks import check_config
+from medseg.training.run import train
 from tests.helpers.runs import micro_config
 
 

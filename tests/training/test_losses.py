@@ -20,6 +20,7 @@ from medseg.data.labels import IGNORE_INDEX
 from medseg.errors import ConfigError
 from medseg.planning.fingerprint import FINGERPRINT_FILE
 from medseg.runs.checkpoint import load_checkpoint, save_checkpoint
+from medseg.training.checks import check_config
 from medseg.training.losses import (
     AUTO_WEIGHT_RATIO,
     LOSSES,
@@ -30,7 +31,6 @@ from medseg.training.losses import (
     resolve_class_weights,
 )
 from medseg.training.run import train, train_cli
-from medseg.training.checks import check_config
 from tests.helpers.configs import compose_config
 from tests.helpers.runs import micro_config
 

@@ -16,8 +16,8 @@ import torch
 
 from medseg.models import NORMS
 from medseg.runs.checkpoint import load_checkpoint
-from medseg.training.run import train
 from medseg.training.checks import check_config
+from medseg.training.run import train
 from tests.helpers.runs import micro_config, record_forwards, record_step
 
 pytestmark = pytest.mark.usefixtures("one_thread")
