@@ -10,7 +10,8 @@ with its new name.
 Importing this module has no side effect: the entry points register the schemas with Hydra
 (:func:`medseg.hydra_config.register`) before Hydra composes a config. It imports no other medseg module and no torch,
 so ``--help`` and config errors are fast; the checks of values against the registries they select from live in the
-stage that owns each entry point (:mod:`medseg.training.checks`, :mod:`medseg.inference.checks`, :mod:`medseg.evaluation.evaluate`).
+stage that owns each entry point (:mod:`medseg.training.checks`, :mod:`medseg.inference.checks`,
+:mod:`medseg.evaluation.evaluate`).
 """
 
 from __future__ import annotations
