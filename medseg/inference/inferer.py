@@ -63,23 +63,25 @@ class Inferer:
 
     ``transform``: the chain of another inferer with the same preprocessing (:attr:`EvalModel.preprocessing_key`),
     so that a case it preprocessed can be predicted here too (MONAI inverts only with the chain that applied it).
+    ``network``: run on the ``(B, C, *window)`` windows instead of the checkpoint's network for ``settings.runtime``
+    (e.g. that network wrapped to count or time its calls). ``skip_constant``: see :attr:`skip_constant`.
     """
 
-    def __init__(self, net: EvalModel, settings: EvaluateConfig, transform: Compose | None = None) -> None:
+    def __init__(self, net: EvalModel, settings: EvaluateConfig, transform: Compose | None = None, *,
+                 network: torch.nn.Module | None = None, skip_constant: bool = True) -> None:
         self.net, self.settings = net, settings
         self.device = resolve_device(settings.device, "device")
         net.model.to(self.device)
         self.sw_device = resolve_device(settings.sw_device, "sw_device") if settings.sw_device else self.device
         check_runtime(settings.runtime, self.device)
         self.network = window_network(net.model, settings.runtime, [net.in_channels, *net.window.net_patch],
-                                      settings.precision)
+                                      settings.precision) if network is None else network
         self.amp_dtype = amp_dtype(settings.precision, self.device) if settings.runtime == "torch" else None
         self.transform: Compose = transform or net.preprocessing
         self.inverter = Invertd(keys=PRED, transform=self.transform, orig_keys=IMAGE, nearest_interp=False)
         self.mirror_axes = mirror_axes(net.spatial_dims, net.window.slice_axis) if settings.tta else ()
-        self.skip_constant = True
-        """Answer the windows that hold one value per channel from one run (False: every window run, the dense
-        reference of ``benchmark.py scan_prediction``)."""
+        self.skip_constant = skip_constant
+        """Answer the windows that hold one value per channel from one run (False: every window run)."""
 
     def preprocess(self, case: Case) -> dict[str, Any]:
         """The case through the eval chain: ``image`` is a ``(C, X', Y', Z')`` MetaTensor on the target grid.
