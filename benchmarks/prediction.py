@@ -24,8 +24,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from medseg.benchmark import targets_markdown, write_report
-from medseg.benchmark.models import machine
+from benchmarks.common import TimedNetwork, machine, targets_markdown, write_report
 from medseg.config import ModelConfig
 from medseg.inference.runtimes import RUNTIMES, window_network
 from medseg.inference.sliding_window import infer_volume
@@ -51,21 +50,6 @@ def body_in_air(shape: tuple[int, int, int], seed: int = 0) -> torch.Tensor:
     volume = np.full(shape, AIR, np.float32)
     volume[body] = rng.standard_normal((int(body.sum()), shape[2])).astype(np.float32)
     return torch.from_numpy(volume)[None, None]
-
-
-class TimedNetwork(torch.nn.Module):
-    """``network`` with the seconds it runs (``seconds``) and the windows it is given (``windows``) counted."""
-
-    def __init__(self, network: torch.nn.Module) -> None:
-        super().__init__()
-        self.network, self.seconds, self.windows = network, 0.0, 0
-
-    def forward(self, batch: torch.Tensor) -> torch.Tensor:
-        started = time.perf_counter()
-        output = self.network(batch)
-        self.seconds += time.perf_counter() - started
-        self.windows += len(batch)
-        return output
 
 
 def run(args: argparse.Namespace) -> int:
@@ -130,10 +114,8 @@ def to_markdown(report: dict[str, Any]) -> str:
         "## targets", "", targets_markdown(report["targets"], ".5f"), ""])
 
 
-def add_subcommand(subparsers: argparse._SubParsersAction) -> None:
-    """Register ``prediction`` with :func:`medseg.benchmark.build_parser`."""
-    parser = subparsers.add_parser("prediction", help="whole-volume CPU prediction of a large CT, dense vs fast",
-                                   description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    """``benchmark.py prediction``'s arguments."""
     parser.add_argument("--shape", type=int, nargs=3, default=[512, 512, 60], help="the preprocessed volume")
     parser.add_argument("--channels", type=int, nargs="+", default=[16, 32, 64, 128], help="the U-Net's widths")
     parser.add_argument("--strides", nargs="+", default=["2,2,1", "2,2,2", "2,2,2"],
@@ -148,4 +130,3 @@ def add_subcommand(subparsers: argparse._SubParsersAction) -> None:
     parser.add_argument("--reps", type=int, default=1, help="rounds of both paths, alternating their order")
     parser.add_argument("--progress", action="store_true", help="a progress bar over the windows")
     parser.add_argument("--out", type=Path, default=None, help="write prediction.md and prediction.json here")
-    parser.set_defaults(func=run)

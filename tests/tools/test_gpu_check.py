@@ -1,4 +1,5 @@
-"""``benchmark.py gpu``: the dry run end to end on the CPU, the part runner's isolation, the readers."""
+"""The GPU check (``scripts/gpu_check.py``, ``benchmark.py gpu``): the dry run end to end on the CPU, the part
+runner's isolation, the readers."""
 
 from __future__ import annotations
 
@@ -9,8 +10,9 @@ from pathlib import Path
 import pytest
 import torch
 
-from medseg.benchmark import gpu, main
-from medseg.benchmark.gpu import DEFAULT_BUDGET_S, Outcome, Part, plan, read_attention, read_pytest
+from benchmarks.cli import main
+from tools import gpu_check as gpu
+from tools.gpu_check import DEFAULT_BUDGET_S, Outcome, Part, read_attention, read_pytest, schedule
 
 STATUSES = {"passed", "failed", "skipped", "timed out"}
 
@@ -22,7 +24,7 @@ def test_dry_run_records_every_part(tmp_path: Path) -> None:
     assert main(["gpu", "--dry-run", "--out", str(out), "--work", str(work), "--budget", "3600"]) == 0
     report = json.loads((out / "results.json").read_text())
     parts = {p["name"]: p for p in report["parts"]}
-    assert list(parts) == [p.name for p in plan(work, dry_run=True)]
+    assert list(parts) == [p.name for p in schedule(work, dry_run=True)]
     assert {p["status"] for p in parts.values()} <= STATUSES - {"failed", "timed out"}
     markdown = (out / "results.md").read_text()
     assert all(f"## {name}" in markdown for name in parts)
@@ -90,8 +92,8 @@ def test_a_failing_or_hanging_part_loses_only_itself(tmp_path: Path) -> None:
     assert off["status"] == "skipped" and off["note"] == "why"
 
 
-def test_the_plan_fits_eight_minutes_and_the_dry_run_rehearses_it(tmp_path: Path) -> None:
-    gpu_plan, dry_plan = plan(tmp_path, dry_run=False), plan(tmp_path, dry_run=True)
+def test_the_schedule_fits_eight_minutes_and_the_dry_run_rehearses_it(tmp_path: Path) -> None:
+    gpu_plan, dry_plan = schedule(tmp_path, dry_run=False), schedule(tmp_path, dry_run=True)
     assert sum(p.share_s for p in gpu_plan) == DEFAULT_BUDGET_S <= 8 * 60
     assert [p.name for p in gpu_plan] == [p.name for p in dry_plan]
     assert all(p.command is not None for p in gpu_plan)
