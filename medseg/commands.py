@@ -4,7 +4,9 @@ Each command is one function that reads ``sys.argv`` as its script does and retu
 ``scripts/<command>.py`` calls it, and so does ``medseg <command>`` (:func:`main`, the ``medseg`` entry point of
 ``pyproject.toml``), so both take the same arguments. The Hydra commands (train, predict, evaluate, crossval,
 export, visualize, plan, check-data) take ``key=value`` overrides, ``--help``, ``--cfg job`` and ``-m`` on the configs
-of :data:`medseg.hydra_config.CONFIG_DIR`; compare, summarize and benchmark parse their arguments with argparse.
+of :data:`medseg.hydra_config.CONFIG_DIR`; compare and summarize parse their arguments with argparse. (The benchmarks
+and the GPU check are no commands of the package: they run from a clone, ``scripts/benchmark.py`` and
+``scripts/gpu_check.py``.)
 
 Nothing here loads torch or MONAI at import: each command imports its stage when it runs, so ``medseg --help``,
 ``medseg <command> --help`` and a mistyped key answer without loading them.
@@ -227,19 +229,11 @@ def summarize(argv: Sequence[str] | None = None) -> int:
     return 0
 
 
-def benchmark(argv: Sequence[str] | None = None) -> int:
-    """Benchmarks: attention, models, quality, peers (nnU-Net v2), gpu."""
-    from medseg.benchmark import main as benchmark_main
-
-    return benchmark_main(argv)
-
-
 # --------------------------------------------------------------------------------------------- medseg <command>
 
 COMMANDS: dict[str, Callable[[], int]] = {
     "train": train, "predict": predict, "evaluate": evaluate, "crossval": crossval, "compare": compare,
-    "export": export,
-    "visualize": visualize, "plan": plan, "check-data": check_data, "summarize": summarize, "benchmark": benchmark,
+    "export": export, "visualize": visualize, "plan": plan, "check-data": check_data, "summarize": summarize,
 }
 """``medseg <name>`` -> its command; ``scripts/<name with _ for ->.py`` runs the same one."""
 

@@ -2,8 +2,11 @@
 [--provided FILE]` saves the wheels medseg needs for a machine without network (see docs/offline-install.md)."""
 
 import sys
+from pathlib import Path
 
-from medseg.benchmark.offline_bundle import main
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # the clone's root: tools/
+
+from tools.offline_bundle import main  # noqa: E402
 
 if __name__ == "__main__":
     sys.exit(main())

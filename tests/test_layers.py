@@ -59,6 +59,13 @@ def test_the_contract_rejects_the_old_upward_import_of_the_schema(tmp_path: Path
     assert "medseg.config -> medseg.training.prepare" in result.stdout
 
 
+def test_the_package_imports_none_of_the_clones_benchmarks_or_tools() -> None:
+    """``benchmarks/`` and ``tools/`` live beside the package, not in its wheel: no module of it may import them."""
+    graph = grimp.build_graph("medseg", include_external_packages=True, cache_dir=None)
+    assert "numpy" in graph.modules  # the graph holds what the package imports from outside it
+    assert not {"benchmarks", "tools"} & graph.modules
+
+
 def test_no_module_imports_in_a_circle() -> None:
     graph = grimp.build_graph("medseg", cache_dir=None)
     assert cycles(graph) == []

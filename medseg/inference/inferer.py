@@ -68,7 +68,7 @@ class Inferer:
     ``inference.backend`` (:func:`~medseg.inference.backends.window_network`), e.g. that network wrapped to time it.
     """
 
-    def __init__(self, net: EvalModel, inference: InferenceConfig, transform: Compose | None = None,
+    def __init__(self, net: EvalModel, inference: InferenceConfig, transform: Compose | None = None, *,
                  network: nn.Module | None = None) -> None:
         self.net, self.inference = net, inference
         self.device = resolve_device(inference.device, "inference.device")

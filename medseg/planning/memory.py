@@ -21,7 +21,7 @@ holding:
 
 The activations get :data:`ACTIVATION_FACTOR` on top of this count, for what the count leaves out (temporaries,
 norm statistics, the backward pass's first gradients); the factor and the bytes per element under autocast are
-fitted to measured peaks (:mod:`medseg.benchmark.models`, which counts every tensor alive at the high-water
+fitted to measured peaks (`benchmarks/models.py` in the clone, which counts every tensor alive at the high-water
 mark). The network is built on the ``meta`` device (no memory) for its parameters and attention slots.
 """
 

@@ -4,7 +4,7 @@ The schedule (cosine or poly over epochs) must know its length, so the first epo
 and sets it: ``1 + floor((budget - first) / per_epoch)`` epochs, where ``per_epoch`` is the training time of an
 epoch plus a validation's time shared over ``val_every`` epochs. From then on, training ends after the first epoch
 that leaves less than one mean epoch of the budget (that epoch validates, so ``best.pt`` is up to date). The same
-rule drives both systems of the nnU-Net comparison (:mod:`medseg.benchmark.peers`).
+rule drives both systems of the nnU-Net comparison (:mod:`benchmarks/peers.py`).
 """
 
 from __future__ import annotations

@@ -15,6 +15,8 @@ import pytest
 import torch
 from omegaconf import OmegaConf
 
+from benchmarks.cli import command_parser, main
+from benchmarks.models import Sizes, prepare, train_config
 from medseg.attention import (
     ATTENTION_BLOCKS,
     SpatialAttention,
@@ -23,8 +25,6 @@ from medseg.attention import (
     build_transformer_block,
     register_attention,
 )
-from medseg.benchmark import build_parser, main
-from medseg.benchmark.models import Sizes, prepare, train_config
 from medseg.config import AttentionConfig
 from medseg.training.checks import check_config
 from tests.helpers.configs import REPO, compose_config
@@ -122,8 +122,8 @@ def test_a_new_block_needs_no_other_edit(throwaway_block: str, tmp_path: Path) -
     cfg = check_config(compose_config([f"model.bottleneck={name}", f"model.decoder={name}", "output_dir=x"]))
     assert (cfg.model.bottleneck, cfg.model.decoder) == (name, name)
 
-    parser = build_parser()
-    assert name in parser.parse_args(["attention"]).blocks and row in parser.parse_args(["models"]).models
+    assert name in command_parser("benchmarks.attention", "attention").parse_args([]).blocks
+    assert row in command_parser("benchmarks.models", "models").parse_args([]).models
     assert main(["attention", "--quick", "--blocks", name, "--out", str(tmp_path)]) == 0
     assert all(cell["status"] == "ok" for cell in json.loads((tmp_path / "attention.json").read_text())["results"])
 

@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from medseg.benchmark.prediction import TimedNetwork
+from benchmarks.common import TimedNetwork
 from medseg.inference.sliding_window import ConstantWindows, infer_volume, window_count
 from medseg.models import SlottedUNet
 

@@ -8,8 +8,9 @@ from dataclasses import replace
 import pytest
 import torch
 
+from benchmarks.common import MIB
+from benchmarks.models import IN_CHANNELS, NUM_CLASSES, Sizes, prepare
 from medseg.attention.common import FLOAT32_BYTES, dense_bias_bytes
-from medseg.benchmark.models import IN_CHANNELS, MIB, NUM_CLASSES, Sizes, prepare
 from medseg.config import AttentionConfig, DataConfig, ModelConfig, TrainConfig, TrainerConfig
 from medseg.models import build_model
 from medseg.optim import OPTIMIZERS

@@ -12,7 +12,7 @@ import nibabel as nib
 import numpy as np
 import pytest
 
-from medseg.benchmark.peers import score_folder
+from benchmarks.peers import score_folder
 from medseg.data.datalist import load_dataset
 from medseg.scoring.detection import Detection, detect_lesions, detection_summary
 

@@ -13,9 +13,9 @@ import pytest
 from medseg.commands import COMMANDS, main
 from tests.helpers.configs import REPO, run_script
 
-UPKEEP = {"config_reference.py", "offline_bundle.py", "prepare_demo_data.py"}
-"""The scripts that are no command: the docs' reference page, the offline bundle and the demo data, made from a
-clone."""
+UPKEEP = {"benchmark.py", "config_reference.py", "gpu_check.py", "offline_bundle.py", "prepare_demo_data.py"}
+"""The scripts that are no command, run from a clone: the benchmarks, the docs' reference page, the GPU check, the
+offline bundle and the demo data."""
 
 
 def entry_point(*args: str, importtime: bool = False) -> subprocess.CompletedProcess:

@@ -16,7 +16,7 @@ users run. Every row gets the same input: ``(batch, 1, *patch)`` float32 images,
   change in machine load during the benchmark (shared machines) hits all rows alike and their ratios stay fair.
 * **Peak memory** (MiB, all tensors alive at the high-water mark): on CUDA ``torch.cuda.max_memory_allocated``
   during one step. On the CPU the same quantity from the allocator events ``torch.profiler`` records
-  (``profile_memory=True``, :func:`medseg.benchmark.attention.peak_bytes`) during one step, plus the tensors
+  (``profile_memory=True``, :func:`benchmarks.common.peak_bytes`) during one step, plus the tensors
   alive before it (parameters, gradients, optimizer state, batch). Memory that libraries allocate outside
   PyTorch's allocator (oneDNN scratch, the Python heap) is not included. Training is measured in steady
   state (after warm-up, so the optimizer state exists); inference before any training (no gradients, no
@@ -27,7 +27,6 @@ from __future__ import annotations
 
 import argparse
 import gc
-import re
 import statistics
 import sys
 import time
@@ -37,16 +36,23 @@ from pathlib import Path
 from typing import Any
 
 import torch
-from omegaconf import DictConfig
 from torch import nn
 
+from benchmarks.common import (
+    MIB,
+    Target,
+    compose_train_config,
+    machine,
+    peak_bytes,
+    ratio,
+    targets_markdown,
+    time_ms,
+    write_report,
+)
 from medseg.attention.registry import block_choices
-from medseg.benchmark import targets_markdown, write_report
-from medseg.benchmark.attention import Target, peak_bytes, ratio, time_ms
 from medseg.config import ModelConfig, TrainConfig
 from medseg.data.datalist import DatasetInfo
 from medseg.data.demo import DEMO_LABELS
-from medseg.hydra_config import compose_config
 from medseg.models import MODELS, build_model
 from medseg.optim import build_optimizer
 from medseg.runtime.device import PRECISIONS, amp_dtype, autocast
@@ -66,7 +72,6 @@ DATASET = DatasetInfo(root=Path(), format="demo", name="benchmark", labels={int(
                       channel_names=["image"], training=[])
 """What every network is built and trained for: the demo task's classes and its one input channel."""
 IN_CHANNELS, NUM_CLASSES = DATASET.in_channels, DATASET.num_classes
-MIB = 2**20
 
 
 @dataclass(frozen=True)
@@ -99,12 +104,6 @@ class Row:
     infer_s: float | None = None
     train_peak_mib: float | None = None
     infer_peak_mib: float | None = None
-
-
-def compose_train_config(overrides: Sequence[str] = ()) -> DictConfig:
-    """``medseg/configs/train.yaml`` with ``overrides``, composed as ``scripts/train.py`` would (no Hydra run
-    context)."""
-    return compose_config("train", overrides)
 
 
 def all_rows() -> list[str]:
@@ -295,25 +294,6 @@ def table(rows: Sequence[Row]) -> tuple[list[str], list[list[Any]]]:
     return headers, cells
 
 
-def machine(device: torch.device) -> str:
-    """The device in words: GPU name, or the CPU's model (Linux) and threads."""
-    if device.type == "cuda":
-        return torch.cuda.get_device_name(device)
-    return f"CPU{cpu_model()}, {torch.get_num_threads()} threads"
-
-
-def cpu_model() -> str:
-    """`` (<model name>)`` of the CPU as ``/proc/cpuinfo`` gives it, with ``bf16`` where it computes bf16 natively
-    (AMX or AVX512-BF16); empty where there is no such file."""
-    try:
-        info = Path("/proc/cpuinfo").read_text()
-    except OSError:
-        return ""
-    name = next((line.split(":", 1)[1].strip() for line in info.splitlines() if line.startswith("model name")), "")
-    bf16 = ", native bf16" if re.search(r"\b(amx_bf16|avx512_bf16)\b", info) else ""
-    return f" ({name}{bf16})" if name else ""
-
-
 def to_markdown(report: dict[str, Any], rows: Sequence[Row]) -> str:
     meta = report["meta"]
     lines = [
@@ -384,14 +364,8 @@ def run(args: argparse.Namespace) -> int:
     return 0
 
 
-def add_subcommand(subparsers: argparse._SubParsersAction) -> None:
-    """Register ``models`` with :func:`medseg.benchmark.build_parser`."""
-    parser = subparsers.add_parser(
-        "models",
-        help="train/inference time and memory of whole networks",
-        description=__doc__,
-        formatter_class=argparse.RawDescriptionHelpFormatter,
-    )
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    """``benchmark.py models``' arguments."""
     parser.add_argument("--models", nargs="+", default=all_rows(), choices=all_rows(), help="rows to measure")
     parser.add_argument(
         "--gpu-sizes",
@@ -409,4 +383,3 @@ def add_subcommand(subparsers: argparse._SubParsersAction) -> None:
     parser.add_argument("--override", nargs="*", default=[], help="extra config overrides, e.g. model.channels=[...]")
     parser.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
     parser.add_argument("--out", type=Path, default=None, help="write models.md and models.json here")
-    parser.set_defaults(func=run)

@@ -24,9 +24,7 @@ from typing import Any
 
 import torch
 
-from medseg.benchmark import targets_markdown, write_report
-from medseg.benchmark.attention import Target
-from medseg.benchmark.models import compose_train_config, machine
+from benchmarks.common import Target, compose_train_config, machine, targets_markdown, write_report
 from medseg.tables import CellFormat, markdown_table, text_table
 
 MODELS: dict[str, tuple[str, ...]] = {
@@ -165,14 +163,8 @@ def run(args: argparse.Namespace) -> int:
     return 0
 
 
-def add_subcommand(subparsers: argparse._SubParsersAction) -> None:
-    """Register ``quality`` with :func:`medseg.benchmark.build_parser`."""
-    parser = subparsers.add_parser(
-        "quality",
-        help="Dice of medseg vs MONAI UNet / SwinUNETR at the same budget",
-        description=__doc__,
-        formatter_class=argparse.RawDescriptionHelpFormatter,
-    )
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    """``benchmark.py quality``'s arguments."""
     parser.add_argument("--models", nargs="+", default=list(MODELS), choices=list(MODELS))
     budget = parser.add_mutually_exclusive_group()
     budget.add_argument("--seconds", type=float, default=300.0, help="training seconds per model (default)")
@@ -186,4 +178,3 @@ def add_subcommand(subparsers: argparse._SubParsersAction) -> None:
         default=Path("outputs/benchmark/quality"),
         help="run directories, quality.md and quality.json go here",
     )
-    parser.set_defaults(func=run)

@@ -7,7 +7,7 @@ tissue-like noise inside, air outside at the one value CT normalisation clips it
 strides (untrained: the time does not depend on the weights) predicts it twice with gaussian sliding windows,
 densely (every window run, torch, fp32) and with the windows that hold one value answered from one run
 (:class:`medseg.inference.sliding_window.ConstantWindows`) on ``--runtime`` in ``--precision`` (torch or openvino,
-fp32 or bf16: :mod:`medseg.inference.runtimes`), in alternating order over ``--reps`` rounds. The report
+fp32 or bf16: :mod:`medseg.inference.backends`), in alternating order over ``--reps`` rounds. The report
 gives the median seconds of each, the windows run, the peak RSS of the process, the Dice per class of the fast
 segmentation against the dense one (target >= 0.999) and the speed-up. ``--out`` writes ``prediction.md`` and
 ``prediction.json``.
@@ -24,16 +24,15 @@ from typing import Any
 import numpy as np
 import torch
 
-from medseg.benchmark import targets_markdown, write_report
-from medseg.benchmark.models import machine
+from benchmarks.common import TimedNetwork, machine, targets_markdown, write_report
 from medseg.config import ModelConfig
-from medseg.inference.runtimes import RUNTIMES, window_network
+from medseg.inference.backends import BACKENDS, window_network
 from medseg.inference.sliding_window import infer_volume
 from medseg.models import build_model
 from medseg.runtime.device import amp_dtype
+from medseg.runtime.host_memory import PeakRam
 from medseg.scoring.metrics import dice
 from medseg.tables import markdown_table
-from medseg.training.ram import PeakRam
 
 AIR = -2.0
 """The normalised value of air: CT normalisation clips everything below the foreground's 0.5 percentile to one
@@ -51,21 +50,6 @@ def body_in_air(shape: tuple[int, int, int], seed: int = 0) -> torch.Tensor:
     volume = np.full(shape, AIR, np.float32)
     volume[body] = rng.standard_normal((int(body.sum()), shape[2])).astype(np.float32)
     return torch.from_numpy(volume)[None, None]
-
-
-class TimedNetwork(torch.nn.Module):
-    """``network`` with the seconds it runs (``seconds``) and the windows it is given (``windows``) counted."""
-
-    def __init__(self, network: torch.nn.Module) -> None:
-        super().__init__()
-        self.network, self.seconds, self.windows = network, 0.0, 0
-
-    def forward(self, batch: torch.Tensor) -> torch.Tensor:
-        started = time.perf_counter()
-        output = self.network(batch)
-        self.seconds += time.perf_counter() - started
-        self.windows += len(batch)
-        return output
 
 
 def run(args: argparse.Namespace) -> int:
@@ -130,10 +114,8 @@ def to_markdown(report: dict[str, Any]) -> str:
         "## targets", "", targets_markdown(report["targets"], ".5f"), ""])
 
 
-def add_subcommand(subparsers: argparse._SubParsersAction) -> None:
-    """Register ``prediction`` with :func:`medseg.benchmark.build_parser`."""
-    parser = subparsers.add_parser("prediction", help="whole-volume CPU prediction of a large CT, dense vs fast",
-                                   description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    """``benchmark.py prediction``'s arguments."""
     parser.add_argument("--shape", type=int, nargs=3, default=[512, 512, 60], help="the preprocessed volume")
     parser.add_argument("--channels", type=int, nargs="+", default=[16, 32, 64, 128], help="the U-Net's widths")
     parser.add_argument("--strides", nargs="+", default=["2,2,1", "2,2,2", "2,2,2"],
@@ -143,9 +125,8 @@ def add_subcommand(subparsers: argparse._SubParsersAction) -> None:
     parser.add_argument("--overlap", type=float, default=0.5, help="sliding-window overlap (nnU-Net's 0.5)")
     parser.add_argument("--sw-batch-size", type=int, default=1, help="windows per forward pass")
     parser.add_argument("--mirror", action="store_true", help="mirroring over the 3 axes (8 passes)")
-    parser.add_argument("--runtime", choices=RUNTIMES, default="torch", help="the fast path's runtime")
+    parser.add_argument("--runtime", choices=BACKENDS, default="torch", help="the fast path's backend")
     parser.add_argument("--precision", choices=("fp32", "bf16"), default="fp32", help="the fast path's arithmetic")
     parser.add_argument("--reps", type=int, default=1, help="rounds of both paths, alternating their order")
     parser.add_argument("--progress", action="store_true", help="a progress bar over the windows")
     parser.add_argument("--out", type=Path, default=None, help="write prediction.md and prediction.json here")
-    parser.set_defaults(func=run)

@@ -12,12 +12,9 @@ the reference its FlexAttention output is compared with (``max_abs_diff_masa_vs_
 * Time: one warm-up (the memory run below), then the median of up to ``--reps`` timed runs; a cell stops
   early when the next run would take it past ``--max-seconds``. When the warm-up alone exceeds
   ``--max-seconds`` its own time is reported (``reps = 0``, marked ``*``).
-* Peak memory: on CUDA ``torch.cuda.max_memory_allocated`` above the allocation before the run. On CPU,
-  every allocation and free that PyTorch's CPU allocator reports to ``torch.profiler``
-  (``profile_memory=True``, read from its Chrome trace) during one fwd+bwd, summed in time order; the peak
-  of that running sum.
-  Parameters and the input exist beforehand and are not counted; MaSA's bias cache is cleared first, so
-  the bias it builds is.
+* Peak memory (:func:`benchmarks.common.peak_bytes`) during one fwd+bwd: on CUDA the allocator's high-water mark
+  above the allocation before the run, on the CPU the allocator events ``torch.profiler`` records. Parameters and
+  the input exist beforehand and are not counted; MaSA's bias cache is cleared first, so the bias it builds is.
 * A cell whose analytic estimate (:func:`estimate_bytes`) exceeds ``--max-memory-gb`` is not run and
   reads ``OOM (est. X GB)``; a real out-of-memory ``RuntimeError`` is reported the same way.
 
@@ -30,37 +27,29 @@ the tensors the forward pass hands to the hook anyway; it writes ``attention_map
 from __future__ import annotations
 
 import argparse
-import itertools
-import json
 import math
-import operator
-import statistics
 import sys
-import tempfile
 import time
-from collections.abc import Callable, Sequence
-from dataclasses import asdict, dataclass, field
+from collections.abc import Sequence
+from dataclasses import asdict, dataclass
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import Any
 
 import torch
 import torch.nn.functional as F
 from torch import nn
-from torch.profiler import ProfilerActivity, profile
 
+from benchmarks.common import MIB, Target, peak_bytes, ratio, size_label, targets_markdown, time_ms, write_report
 from medseg.attention import available_blocks, build_attention, functional
 from medseg.attention.common import dense_bias_bytes
 from medseg.attention.masa import MaSA
 from medseg.attention.position import axis_scales
-from medseg.benchmark import targets_markdown, write_report
 from medseg.runtime.device import PRECISIONS, amp_dtype, autocast
 from medseg.tables import markdown_table
 
 DEFAULT_SIZES = ("8^3", "16^3", "24^3", "32^3", "32^2", "64^2", "128^2")
 QUICK_SIZES = ("4^3", "6^2")
 GIB = 2**30
-MIB = 2**20
-Result = TypeVar("Result")
 
 LINEAR_COPIES = 40
 """Estimate: float32 copies of a ``(batch, N, dim)`` activation alive at the peak of any block's fwd+bwd."""
@@ -170,12 +159,6 @@ def parse_size(text: str) -> tuple[int, ...]:
     return shape
 
 
-def size_label(shape: tuple[int, ...]) -> str:
-    if len(set(shape)) == 1:
-        return f"{shape[0]}{'²' if len(shape) == 2 else '³'}"
-    return "×".join(map(str, shape))
-
-
 def estimate_bytes(name: str, shape: tuple[int, ...], batch: int, dim: int, heads: int, bias_heads: int) -> int:
     """Rough float32 peak of one fwd+bwd: linear activations, the block's dense bias (``bias_heads`` planes,
     :func:`~medseg.attention.common.dense_bias_bytes`, the U-Net's build check) and the naive form's matrices."""
@@ -200,26 +183,6 @@ class Cell:
     detail: str = ""
 
 
-@dataclass
-class Target:
-    """A figure the design asks for; ``value`` is None when the run did not cover it."""
-
-    label: str
-    value: float | None
-    relation: str
-    goal: float
-    met: bool | None = field(init=False)
-
-    def __post_init__(self) -> None:
-        compare = {">=": operator.ge, "<=": operator.le, "<": operator.lt}[self.relation]
-        self.met = None if self.value is None else bool(compare(self.value, self.goal))
-
-
-def _synchronize(device: torch.device) -> None:
-    if device.type == "cuda":
-        torch.cuda.synchronize(device)
-
-
 def _fwd_bwd(block: nn.Module, x: torch.Tensor, amp: torch.dtype | None) -> torch.Tensor:
     block.zero_grad(set_to_none=True)
     with autocast(x.device, amp):
@@ -227,49 +190,6 @@ def _fwd_bwd(block: nn.Module, x: torch.Tensor, amp: torch.dtype | None) -> torc
     if out.requires_grad:  # a block without parameters (identity) has no backward pass of its own
         out.sum().backward()
     return out.detach()
-
-
-def cpu_allocations(prof: profile) -> list[int]:
-    """The bytes of every allocation (> 0) and free (< 0) by PyTorch's CPU allocator in ``prof``, in time order.
-
-    ``prof`` must have run with ``profile_memory=True``. Read from its Chrome trace (``export_chrome_trace``,
-    public and documented), where each allocation and free is a ``[memory]`` event with its ``Bytes``. The
-    ``[memory]`` entries of ``prof.events()`` do not serve: most allocations there are folded into the ops
-    that made them, as net totals, and a net total hides the peak inside an op.
-    """
-    with tempfile.TemporaryDirectory() as folder:
-        path = Path(folder) / "trace.json"
-        prof.export_chrome_trace(str(path))
-        events = json.loads(path.read_text())["traceEvents"]
-    memory = sorted((event for event in events if event.get("name") == "[memory]"), key=lambda event: event["ts"])
-    return [event["args"]["Bytes"] for event in memory]
-
-
-def peak_bytes(fn: Callable[[], Result], device: torch.device) -> tuple[int, Result]:
-    """Peak bytes allocated while ``fn`` runs, above what was allocated before (see the module docstring),
-    and ``fn``'s result."""
-    if device.type == "cuda":
-        torch.cuda.synchronize(device)
-        torch.cuda.reset_peak_memory_stats(device)
-        base = torch.cuda.memory_allocated(device)
-        out = fn()
-        torch.cuda.synchronize(device)
-        return torch.cuda.max_memory_allocated(device) - base, out
-    with profile(activities=[ProfilerActivity.CPU], profile_memory=True) as prof:
-        out = fn()
-    return max(itertools.accumulate(cpu_allocations(prof), initial=0)), out
-
-
-def time_ms(fn: Callable[[], object], device: torch.device, reps: int, max_seconds: float) -> tuple[float, int]:
-    """Median wall time of up to ``reps`` runs, stopping when the next one would pass ``max_seconds``."""
-    times: list[float] = []
-    while len(times) < reps and sum(times) + (times[-1] if times else 0.0) <= max_seconds:
-        _synchronize(device)
-        start = time.perf_counter()
-        fn()
-        _synchronize(device)
-        times.append(time.perf_counter() - start)
-    return 1000 * statistics.median(times), len(times)
 
 
 def measure(
@@ -309,10 +229,6 @@ def measure(
 
 def find(cells: Sequence[Cell], block: str, shape: tuple[int, ...]) -> Cell | None:
     return next((c for c in cells if c.block == block and c.shape == shape and c.status == "ok"), None)
-
-
-def ratio(numerator: float | None, denominator: float | None) -> float | None:
-    return None if numerator is None or denominator is None else numerator / denominator
 
 
 def targets(cells: Sequence[Cell], max_diff: dict[tuple[int, ...], float]) -> list[Target]:
@@ -495,14 +411,8 @@ def run(args: argparse.Namespace) -> int:
     return 0
 
 
-def add_subcommand(subparsers: argparse._SubParsersAction) -> None:
-    """Register ``attention`` with :func:`medseg.benchmark.build_parser`."""
-    parser = subparsers.add_parser(
-        "attention",
-        help="time and memory of every attention block",
-        description=__doc__,
-        formatter_class=argparse.RawDescriptionHelpFormatter,
-    )
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    """``benchmark.py attention``'s arguments."""
     parser.add_argument(
         "--sizes", nargs="+", default=list(DEFAULT_SIZES), help="grids, e.g. 16^3 64^2 5x7 (or comma-separated)"
     )
@@ -520,4 +430,3 @@ def add_subcommand(subparsers: argparse._SubParsersAction) -> None:
                         help="autocast of the forward pass (bf16, fp16) or none (fp32)")
     parser.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
     parser.add_argument("--out", type=Path, default=None, help="write attention.md and attention.json here")
-    parser.set_defaults(func=run)

@@ -13,8 +13,9 @@ import pytest
 from packaging.tags import Tag
 from packaging.utils import canonicalize_name
 
-from medseg.benchmark import offline_bundle
-from medseg.benchmark.offline_bundle import (
+from tests.helpers.configs import REPO
+from tools import offline_bundle
+from tools.offline_bundle import (
     BundleTarget,
     WheelError,
     check_wheels,
@@ -26,7 +27,6 @@ from medseg.benchmark.offline_bundle import (
     platform_markers,
 )
 
-REPO = Path(__file__).resolve().parents[2]
 LINUX_312 = BundleTarget((3, 12), ("manylinux_2_28_x86_64", "manylinux_2_17_x86_64"))
 GRAPH = {
     "app": ["lib>=1", "torch>=2", "old ; python_version < '3.12'", "new ; python_version >= '3.12'",

@@ -5,7 +5,7 @@
 Systems (``systems=nnunet,medseg,medseg_masa`` by default; each in its own process, one after the other):
 
 * ``nnunet``: nnU-Net v2 in its default configuration (``3d_fullres``): fingerprint, plan, preprocess, train for the
-  budget (:mod:`medseg.benchmark.nnunet_peer`), predict the validation cases with its own inferer (mirroring,
+  budget (:mod:`benchmarks.nnunet_peer`), predict the validation cases with its own inferer (mirroring,
   Gaussian tiles), score them with its own evaluator; ``nnunet_2d``: the same with nnU-Net's ``2d`` configuration,
   which nnU-Net also trains and which can win on strongly anisotropic data (on request: ``systems=...,nnunet_2d``);
 * ``medseg``: ``scripts/train.py`` with the planned defaults of ``data=msd|nnunet`` and ``trainer.max_minutes``,
@@ -40,14 +40,16 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
+import torch
 
-from medseg.benchmark import write_report
+from benchmarks import REPO
+from benchmarks.common import compose_train_config, machine, write_report
 from medseg.io import atomic_write_json
+from medseg.runs.layout import RunLayout
 from medseg.tables import markdown_table, text_table
 
 log = logging.getLogger("medseg")
 
-REPO = Path(__file__).resolve().parents[2]
 NNUNET_DATASET_ID = 990
 """The id of the nnU-Net dataset the benchmark writes (inside its own nnU-Net folders under ``--out``)."""
 NNUNET_SYSTEMS = {"nnunet": "3d_fullres", "nnunet_2d": "2d"}
@@ -70,10 +72,10 @@ def tree_rss_bytes(pid: int) -> int:
     """Resident memory of ``pid`` and all its descendants, summed (Linux ``/proc``; 0 where it is not readable).
 
     An upper bound: a forked worker's resident set counts the pages it shares with its parent again (training's
-    own ``peak_ram_mb``, :class:`medseg.training.ram.PeakRam`, counts only what a worker adds). It is the one measure
+    own ``peak_ram_mb``, :class:`medseg.runtime.host_memory.PeakRam`, counts only what a worker adds). It is the one measure
     that applies to any system's process tree alike, so the comparison uses it for all.
     """
-    from medseg.training.ram import child_pids
+    from medseg.runtime.host_memory import child_pids
 
     total = 0
     for process in (pid, *child_pids(pid)):
@@ -260,14 +262,14 @@ def _measured(folder: Path) -> dict[str, dict[str, float]]:
 
 
 def train_nnunet(system: str, info: Any, train_ids: list[str], val_ids: list[str], out: Path, budget_s: float) -> None:
-    """nnU-Net v2 in its own folders under ``out/<system>`` (see :mod:`medseg.benchmark.nnunet_peer`)."""
+    """nnU-Net v2 in its own folders under ``out/<system>`` (see :mod:`benchmarks.nnunet_peer`)."""
     base = out / system
     folders = {name: base / name for name in ("nnUNet_raw", "nnUNet_preprocessed", "nnUNet_results")}
     raw = write_nnunet_raw(info, folders["nnUNet_raw"])
     splits = folders["nnUNet_preprocessed"] / raw.name / "splits_final.json"
     splits.parent.mkdir(parents=True, exist_ok=True)
     atomic_write_json(splits, [{"train": train_ids, "val": val_ids}])  # fold 0 = medseg's fold
-    command = Command([sys.executable, "-m", "medseg.benchmark.nnunet_peer", str(NNUNET_DATASET_ID),
+    command = Command([sys.executable, "-m", "benchmarks.nnunet_peer", str(NNUNET_DATASET_ID),
                        NNUNET_SYSTEMS[system], "0", str(budget_s), str(base / "result.json")], base / "nnunet.log",
                       {name: str(path) for name, path in folders.items()})
     command.run()
@@ -315,9 +317,9 @@ def train_medseg(system: str, overrides: Sequence[str], data_overrides: Sequence
                      f"trainer.max_minutes={budget_s / 60.0}", f"hydra.run.dir={run_dir}"], run_dir / "train.log")
     train.run()
     root = next(o.split("=", 1)[1] for o in data_overrides if o.startswith("data.root="))
-    evaluate = Command([sys.executable, "scripts/evaluate.py", f"ckpt={run_dir / 'checkpoints' / 'best.pt'}",
+    evaluate = Command([sys.executable, "scripts/evaluate.py", f"ckpt={RunLayout(run_dir).best_checkpoint}",
                         f"input={Path(root) / 'dataset.json'}", "split=validation", f"output={run_dir / 'predictions'}",
-                        "progress=false"], run_dir / "evaluate.log")
+                        "inference.progress=false"], run_dir / "evaluate.log")
     evaluate.run()
     _record(run_dir, train=train, evaluate=evaluate)
 
@@ -353,7 +355,7 @@ def collect_medseg(system: str, info: Any, val_cases: Sequence[Mapping[str, Any]
                  "prediction": evaluate_s, "total": train_s + evaluate_s},
         steps=steps, step_seconds=metrics["train_seconds"] / max(steps, 1),
         peak_ram_gb=measured["train"]["peak_rss_bytes"] / 2**30,
-        plan=medseg_plan(load_checkpoint(run_dir / "checkpoints" / "best.pt")["config"], metrics),
+        plan=medseg_plan(load_checkpoint(RunLayout(run_dir).best_checkpoint)["config"], metrics),
         curve=[(r["train_seconds"], r["val_dice"]) for r in metrics["history"] if "val_dice" in r],
     )
 
@@ -477,9 +479,6 @@ def run(args: argparse.Namespace) -> int:
         raise SystemExit("error: data.root=<MSD or nnU-Net v2 folder> is required")
     budget_s = 60.0 * float(own.get("budget_minutes", "10"))
 
-    import torch
-
-    from medseg.benchmark.models import compose_train_config, machine
     from medseg.data.datalist import dataset_cache_dir, dataset_from_config, split_cases, splits_path
     from medseg.training.checks import check_config
 
@@ -513,10 +512,8 @@ def run(args: argparse.Namespace) -> int:
     return 0
 
 
-def add_subcommand(subparsers: argparse._SubParsersAction) -> None:
-    """Register ``peers`` with :func:`medseg.benchmark.build_parser`."""
-    parser = subparsers.add_parser("peers", help="medseg vs nnU-Net v2 on the same data, cases and budget",
-                                   description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    """``benchmark.py peers``' arguments."""
     parser.add_argument("overrides", nargs="*", help="data.root=..., data.format=msd|nnunet, data.fold=0, "
                                                      f"budget_minutes=10, systems={','.join(DEFAULT_SYSTEMS)} "
                                                      f"(or any of {','.join(SYSTEMS)})")
@@ -524,4 +521,3 @@ def add_subcommand(subparsers: argparse._SubParsersAction) -> None:
                         help="runs, nnU-Net's folders, peers.md and peers.json go here")
     parser.add_argument("--collect", action="store_true",
                         help="train nothing: rebuild the report from the runs already under --out")
-    parser.set_defaults(func=run)

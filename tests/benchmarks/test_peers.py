@@ -14,8 +14,8 @@ import nibabel as nib
 import numpy as np
 import pytest
 
-from medseg.benchmark import main
-from medseg.benchmark.peers import (
+from benchmarks.cli import main
+from benchmarks.peers import (
     SystemResult,
     nnunet_plan,
     plan_differences,

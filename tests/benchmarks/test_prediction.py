@@ -5,7 +5,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from medseg.benchmark import main
+from benchmarks.cli import main
 
 
 def test_the_prediction_benchmark_reports_both_paths_and_the_dice_between_them(tmp_path: Path) -> None:

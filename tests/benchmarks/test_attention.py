@@ -7,9 +7,9 @@ from pathlib import Path
 
 import torch
 
+from benchmarks.cli import main
+from benchmarks.common import peak_bytes
 from medseg.attention import ATTENTION_BLOCKS, available_blocks
-from medseg.benchmark import main
-from medseg.benchmark.attention import peak_bytes
 from medseg.models.inspect import has_attention_rows
 
 

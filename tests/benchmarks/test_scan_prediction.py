@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from medseg.benchmark import main
+from benchmarks.cli import main
 from tests.helpers.checkpoints import save_test_checkpoint
 from tests.helpers.realistic import write_ct_mosaic
 

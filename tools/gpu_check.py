@@ -1,4 +1,4 @@
-"""``benchmark.py gpu``: medseg's check on one CUDA GPU, in one command and at most 8 minutes, into one folder.
+"""``scripts/gpu_check.py``: medseg's check on one CUDA GPU, in one command and at most 8 minutes, into one folder.
 
 Every part runs the project's own command line (the tests, ``benchmark.py attention`` / ``models``,
 ``train.py``, ``evaluate.py``) in its own subprocess, with its own time limit, and reads its figures from the
@@ -9,7 +9,7 @@ as ``failed`` or ``timed out`` with the tail of its output, and the next part ru
 still shows what finished (``pending``: not reached). Outputs of the parts go to ``--work`` (default
 ``OUT/work``). The exit code is 1 when any part failed or timed out.
 
-Plan (seconds of the default 480 s budget; ``--budget`` scales them). A part's limit runs to the end of its
+Schedule (seconds of the default 480 s budget; ``--budget`` scales them). A part's limit runs to the end of its
 own share counted from the start of the check, so time an earlier part leaves unused goes to the later ones:
 
 ==========================  =====  =================================================================
@@ -39,7 +39,9 @@ on a CPU takes minutes), CUDA-only targets ``n/a``. The default test suite runs 
 On any machine with a CUDA GPU and medseg's requirements (``pip install -e .``, or, without network, the wheels
 of an offline bundle: ``scripts/offline_bundle.py`` and ``docs/offline-install.md``), from the repository root::
 
-    python scripts/benchmark.py gpu --out outputs/gpu_check
+    python scripts/gpu_check.py --out outputs/gpu_check
+
+(``python scripts/benchmark.py gpu --out outputs/gpu_check``, its older name, runs the same.)
 
 ``results.md`` is printed at the end; ``--budget`` gives the check more (or less) time.
 """
@@ -64,14 +66,13 @@ from typing import Any
 
 import torch
 
-from medseg.benchmark import targets_markdown, write_report
-from medseg.benchmark.attention import Target, ratio, size_label
-from medseg.cli import one_line_errors
+from benchmarks import REPO
+from benchmarks.common import Target, machine, ratio, size_label, targets_markdown, write_report
 from medseg.errors import MedsegError
 from medseg.runs.checkpoint import load_checkpoint
+from medseg.runs.layout import RunLayout
 from medseg.tables import markdown_table
 
-REPO = Path(__file__).resolve().parents[2]
 DEFAULT_BUDGET_S = 480.0
 TAIL_CHARS = 3000
 """Characters of a part's output kept in ``results.json``."""
@@ -247,7 +248,7 @@ def read_evaluation(summary: Mapping[str, Any], reference: Mapping[str, Any] | N
     evaluation of the same checkpoint, whose ``summary.json`` is ``reference``: None when it wrote none), the
     largest per-class Dice difference and its target (<= 1e-3)."""
     dice = class_dice(summary)
-    figures: dict[str, Any] = {"device": summary.get("settings", {}).get("device"),
+    figures: dict[str, Any] = {"device": summary.get("config", {}).get("inference", {}).get("device"),
                                "mean_dice": summary.get("foreground_mean", {}).get("dice"), "dice_per_class": dice,
                                "num_scored": summary.get("num_scored"), "seconds": summary.get("seconds")}
     outcome = Outcome(figures)
@@ -280,7 +281,7 @@ def read_written(path: Path, reader: Callable[[Any], Outcome],
     return read
 
 
-# ------------------------------------------------------------------------------------------- plan
+# ------------------------------------------------------------------------------------------- schedule
 
 
 @dataclass(frozen=True)
@@ -383,7 +384,7 @@ class PartMaker:
         memory_gb = self.scale.memory_gb
 
         def read(metrics: dict[str, Any]) -> Outcome:
-            config = load_checkpoint(self.work / "planner" / "checkpoints" / "last.pt")["config"]
+            config = load_checkpoint(RunLayout(self.work / "planner").last_checkpoint)["config"]
             return read_planner(metrics, config, memory_gb * 1024)
 
         return self.train("planner", "train.py on the demo, network and patch planned for a memory budget: estimate "
@@ -395,9 +396,9 @@ class PartMaker:
     def evaluation(self, name: str, on: str, share_s: float, reference: str | None = None) -> Part:
         """``evaluate.py`` of the demo training's best checkpoint on ``on``; with ``reference``, the Dice difference
         from that part's evaluation."""
-        out, checkpoint = self.work / name, self.work / "demo_train" / "checkpoints" / "best.pt"
+        out, checkpoint = self.work / name, RunLayout(self.work / "demo_train").best_checkpoint
         command = [sys.executable, _script("evaluate.py"), f"ckpt={checkpoint}", f"input={self.data_root}",
-                   "split=validation", f"output={out}", f"device={on}", "progress=false"]
+                   "split=validation", f"output={out}", f"inference.device={on}", "inference.progress=false"]
         reference_summary = None if reference is None else self.work / reference / "summary.json"
 
         def read(summary: dict[str, Any]) -> Outcome:
@@ -408,7 +409,7 @@ class PartMaker:
                     command, read_written(out / "summary.json", read), requires=checkpoint)
 
 
-def plan(work: Path, dry_run: bool) -> list[Part]:
+def schedule(work: Path, dry_run: bool) -> list[Part]:
     """The parts of the check (see the module docstring), their commands writing under ``work``."""
     make = PartMaker(work, DRY_RUN if dry_run else ON_CUDA)
     networks, compiled = make.scale.networks, "U-Net+MaSA vs SwinUNETR training step, trainer.compile=true"
@@ -582,8 +583,6 @@ def run_check(parts: Sequence[Part], budget_s: float, out: Path, work: Path, met
 
 def check_meta(dry_run: bool, budget_s: float, work: Path) -> dict[str, Any]:
     """The head of ``results.json``: the machine the parts run on, torch, CUDA, the settings, the start time."""
-    from medseg.benchmark.models import machine
-
     device = torch.device("cuda" if torch.cuda.is_available() and not dry_run else "cpu")
     return {"machine": machine(device), "torch": torch.__version__, "cuda": torch.cuda.is_available(),
             "dry_run": dry_run, "budget_s": budget_s,
@@ -597,19 +596,13 @@ def run(args: argparse.Namespace) -> int:
                             "CPU")
     out = args.out.resolve()
     work = (args.work or out / "work").resolve()
-    code = run_check(plan(work, args.dry_run), args.budget, out, work, check_meta(args.dry_run, args.budget, work))
+    code = run_check(schedule(work, args.dry_run), args.budget, out, work, check_meta(args.dry_run, args.budget, work))
     print((out / "results.md").read_text())
     return code
 
 
-def add_subcommand(subparsers: argparse._SubParsersAction) -> None:
-    """Register ``gpu`` with :func:`medseg.benchmark.build_parser`."""
-    parser = subparsers.add_parser(
-        "gpu",
-        help="the GPU check: CUDA tests, attention and network benchmarks, demo training and evaluation",
-        description=__doc__,
-        formatter_class=argparse.RawDescriptionHelpFormatter,
-    )
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    """The GPU check's arguments (``scripts/gpu_check.py``, ``benchmark.py gpu``)."""
     parser.add_argument("--out", type=Path, default=Path("outputs/gpu_check"),
                         help="results.json and results.md go here")
     parser.add_argument("--work", type=Path, default=None, help="the parts' outputs and logs (default OUT/work)")
@@ -617,4 +610,3 @@ def add_subcommand(subparsers: argparse._SubParsersAction) -> None:
                         help="seconds for the whole check, split over the parts")
     parser.add_argument("--dry-run", action="store_true",
                         help="rehearse on the CPU: tiny sizes, a few minutes (each part starts its own process)")
-    parser.set_defaults(func=one_line_errors(run))

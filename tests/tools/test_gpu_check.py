@@ -1,28 +1,31 @@
-"""``benchmark.py gpu``: the dry run end to end on the CPU, the part runner's isolation, the readers."""
+"""The GPU check (``scripts/gpu_check.py``, ``benchmark.py gpu``): the dry run end to end on the CPU, the part
+runner's isolation and limits (with the runner and the clock replaced), the readers."""
 
 from __future__ import annotations
 
 import json
 import sys
 from pathlib import Path
+from types import SimpleNamespace
 
 import pytest
 import torch
 
-from medseg.benchmark import gpu, main
-from medseg.benchmark.gpu import DEFAULT_BUDGET_S, Outcome, Part, plan, read_attention, read_pytest
+from benchmarks.cli import main
+from tools import gpu_check
+from tools.gpu_check import DEFAULT_BUDGET_S, Outcome, Part, read_attention, read_pytest, schedule
 
 STATUSES = {"passed", "failed", "skipped", "timed out"}
 
 
 def test_dry_run_records_every_part(tmp_path: Path) -> None:
-    # Not timed: a budget no part comes near (the parts' limits are tested with a hanging part below); what keeps
-    # the dry run short is its tiny sizes.
+    # Not timed: a budget no part comes near (the parts' limits are tested with the runner replaced below); what
+    # keeps the dry run short is its tiny sizes. `benchmark.py gpu`, the older name, runs it.
     out, work = tmp_path / "out", tmp_path / "work"
     assert main(["gpu", "--dry-run", "--out", str(out), "--work", str(work), "--budget", "3600"]) == 0
     report = json.loads((out / "results.json").read_text())
     parts = {p["name"]: p for p in report["parts"]}
-    assert list(parts) == [p.name for p in plan(work, dry_run=True)]
+    assert list(parts) == [p.name for p in schedule(work, dry_run=True)]
     assert {p["status"] for p in parts.values()} <= STATUSES - {"failed", "timed out"}
     markdown = (out / "results.md").read_text()
     assert all(f"## {name}" in markdown for name in parts)
@@ -61,40 +64,81 @@ def test_dry_run_records_every_part(tmp_path: Path) -> None:
     assert parts["models_compiled"]["status"] == "skipped" and parts["models_compiled"]["note"]
 
 
-def test_a_failing_or_hanging_part_loses_only_itself(tmp_path: Path) -> None:
+class FakeRunner:
+    """``run_command`` replaced: each part's scripted exit code (None: stopped at its limit), the limits it was
+    given, and a clock that each part advances by its scripted seconds; what the part prints goes to its log."""
+
+    def __init__(self, out: Path, script: dict[str, tuple[int | None, float]]) -> None:
+        self.out, self.script, self.now, self.limits = out, script, 100.0, {}
+
+    def clock(self) -> float:
+        return self.now
+
+    def __call__(self, command: list[str], limit_s: float, log: Path) -> int | None:
+        name = log.stem
+        code, seconds = self.script[name]
+        self.limits[name] = limit_s
+        self.now += seconds
+        log.parent.mkdir(parents=True, exist_ok=True)
+        # "reads" logs results.json as it was when it started
+        log.write_text((self.out / "results.json").read_text() if name == "reads" else f"{name} ran\n")
+        return code
+
+
+def test_a_failing_or_stopped_part_loses_only_itself(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     out, work = tmp_path / "out", tmp_path / "work"
-    python = sys.executable
 
     def broken_reader() -> Outcome:
         raise KeyError("results")
 
     parts = [
-        Part("hangs", "sleeps past its limit", 1, [python, "-c", "import time; time.sleep(120); print('woke')"]),
-        Part("crashes", "exits with 3", 1, [python, "-c", "raise SystemExit(3)"]),
-        Part("reads", "prints results.json as it is before it ran", 2,
-             [python, "-c", f"print(open({str(out / 'results.json')!r}).read())"], lambda: Outcome({"x": 1})),
-        Part("unreadable", "its outputs cannot be read", 2, [python, "-c", "pass"], broken_reader),
-        Part("waits", "needs a file nobody made", 1, [python, "-c", "pass"], requires=tmp_path / "missing.pt"),
+        Part("hangs", "stopped at its limit", 60, ["hangs"]),
+        Part("crashes", "exits with 3", 60, ["crashes"]),
+        Part("reads", "logs results.json as it is before it ran", 120, ["reads"], lambda: Outcome({"x": 1})),
+        Part("unreadable", "its outputs cannot be read", 120, ["unreadable"], broken_reader),
+        Part("waits", "needs a file nobody made", 60, ["waits"], requires=tmp_path / "missing.pt"),
         Part("off", "not run", 0, None, note="why"),
     ]
-    assert gpu.run_check(parts, DEFAULT_BUDGET_S, out, work, gpu.check_meta(True, DEFAULT_BUDGET_S, work)) == 1
+    runner = FakeRunner(out, {"hangs": (None, 60.0), "crashes": (3, 10.0), "reads": (0, 5.0),
+                              "unreadable": (0, 5.0)})
+    monkeypatch.setattr(gpu_check, "run_command", runner)
+    monkeypatch.setattr(gpu_check, "time", SimpleNamespace(monotonic=runner.clock, perf_counter=runner.clock))
+    assert gpu_check.run_check(parts, 2 * DEFAULT_BUDGET_S, out, work,
+                               gpu_check.check_meta(True, DEFAULT_BUDGET_S, work)) == 1
+
+    # each limit runs to the end of the part's share (doubled with the budget) counted from the start
+    assert runner.limits == {"hangs": 120.0, "crashes": 240.0 - 60.0, "reads": 480.0 - 70.0,
+                             "unreadable": 720.0 - 75.0}
     report = json.loads((out / "results.json").read_text())
     hangs, crashes, reads, unreadable, waits, off = report["parts"]
-    assert hangs["status"] == "timed out" and hangs["returncode"] is None and "woke" not in hangs["output_tail"]
-    assert crashes["status"] == "failed" and crashes["returncode"] == 3
+    assert hangs["status"] == "timed out" and hangs["returncode"] is None and hangs["seconds"] == 60.0
+    assert hangs["note"] == "stopped after its 120 s limit" and hangs["output_tail"] == "hangs ran\n"
+    assert crashes["status"] == "failed" and crashes["returncode"] == 3 and crashes["note"] == "exit code 3"
     assert reads["status"] == "passed" and reads["figures"] == {"x": 1}
     seen = json.loads(reads["output_tail"])  # results.json as written before "reads" started
     assert [p["status"] for p in seen["parts"]] == ["timed out", "failed", "pending", "pending", "pending", "pending"]
     assert unreadable["status"] == "failed" and "KeyError" in unreadable["note"]
-    assert waits["status"] == "skipped" and waits["returncode"] is None
+    assert waits["status"] == "skipped" and waits["returncode"] is None and "waits" not in runner.limits
     assert off["status"] == "skipped" and off["note"] == "why"
+    assert "## hangs" in (out / "results.md").read_text()
 
 
-def test_the_plan_fits_eight_minutes_and_the_dry_run_rehearses_it(tmp_path: Path) -> None:
-    gpu_plan, dry_plan = plan(tmp_path, dry_run=False), plan(tmp_path, dry_run=True)
-    assert sum(p.share_s for p in gpu_plan) == DEFAULT_BUDGET_S <= 8 * 60
-    assert [p.name for p in gpu_plan] == [p.name for p in dry_plan]
-    assert all(p.command is not None for p in gpu_plan)
+def test_a_command_past_its_limit_is_stopped(tmp_path: Path) -> None:
+    # The command never ends by itself (it waits on an event nobody sets), so it is stopped however fast or slow
+    # the machine: the outcome does not depend on time.
+    forever = [sys.executable, "-c", "import threading; print('started', flush=True); threading.Event().wait()"]
+    assert gpu_check.run_command(forever, 1.0, tmp_path / "forever.log") is None
+    # A command that ends by itself gives its exit code and its output, well within a generous limit.
+    ends = [sys.executable, "-c", "print('done'); raise SystemExit(3)"]
+    assert gpu_check.run_command(ends, 600.0, tmp_path / "ends.log") == 3
+    assert (tmp_path / "ends.log").read_text() == "done\n"
+
+
+def test_the_schedule_fits_eight_minutes_and_the_dry_run_rehearses_it(tmp_path: Path) -> None:
+    on_gpu, dry = schedule(tmp_path, dry_run=False), schedule(tmp_path, dry_run=True)
+    assert sum(p.share_s for p in on_gpu) == DEFAULT_BUDGET_S <= 8 * 60
+    assert [p.name for p in on_gpu] == [p.name for p in dry]
+    assert all(p.command is not None for p in on_gpu)
 
 
 JUNIT = """<?xml version="1.0" encoding="utf-8"?><testsuites><testsuite tests="3" failures="{failures}" errors="0"

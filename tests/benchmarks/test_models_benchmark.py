@@ -9,10 +9,10 @@ import pytest
 import torch
 from monai.losses import DeepSupervisionLoss
 
+from benchmarks.cli import main
+from benchmarks.models import QUICK_SIZES, Row, Sizes, all_rows, prepare, table, targets, train_config
+from benchmarks.quality import MODELS
 from medseg.attention import available_blocks
-from medseg.benchmark import main
-from medseg.benchmark.models import QUICK_SIZES, Row, Sizes, all_rows, prepare, table, targets, train_config
-from medseg.benchmark.quality import MODELS
 from medseg.models import MODELS as NETWORKS
 from medseg.training.checks import check_config
 from medseg.training.trainer import TrainStep

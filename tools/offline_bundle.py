@@ -40,11 +40,11 @@ from packaging.tags import Tag, compatible_tags, cpython_tags, sys_tags
 from packaging.utils import canonicalize_name, parse_wheel_filename
 from packaging.version import InvalidVersion, Version
 
+from benchmarks import REPO
 from medseg.cli import one_line_errors
 from medseg.errors import MedsegError
 from medseg.io import atomic_write_text
 
-REPO = Path(__file__).resolve().parents[2]
 DEFAULT_FOLDER = REPO / ".whl"
 """The bundle's default folder: ``.whl/`` in the repository root (git-ignored)."""
 NOTES = "INSTALL.txt"
@@ -304,7 +304,7 @@ def install_notes(folder: Path, target: BundleTarget, wheels: Sequence[Path]) ->
         f'    python3 -m pip install --no-index --no-deps --upgrade --target "$SITE" {shown}/*.whl',
         '    export PYTHONPATH="$SITE:$PWD"',
         "",
-        "Then `python scripts/benchmark.py gpu --out outputs/gpu_check` (on a CUDA machine) or the quick start",
+        "Then `python scripts/gpu_check.py --out outputs/gpu_check` (on a CUDA machine) or the quick start",
         "checks the install. See docs/offline-install.md.",
         "",
         *(f"  {path.name}" for path in wheels),

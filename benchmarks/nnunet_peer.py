@@ -1,9 +1,9 @@
 """nnU-Net v2's side of ``benchmark.py peers``, run in its own process: plan, preprocess, train for a budget, predict.
 
-``python -m medseg.benchmark.nnunet_peer <dataset id> <configuration> <fold> <budget seconds> <result.json>``, with
-``nnUNet_raw``, ``nnUNet_preprocessed`` and ``nnUNet_results`` set by :mod:`medseg.benchmark.peers` (nnU-Net reads
-them when it is imported). Everything is nnU-Net's default (planner, preprocessor, network, augmentation, loss,
-deep supervision, poly schedule, mirroring at prediction) except the length of training, which
+``python -m benchmarks.nnunet_peer <dataset id> <configuration> <fold> <budget seconds> <result.json>`` in the
+clone's root, with ``nnUNet_raw``, ``nnUNet_preprocessed`` and ``nnUNet_results`` set by :mod:`benchmarks.peers`
+(nnU-Net reads them when it is imported). Everything is nnU-Net's default (planner, preprocessor, network,
+augmentation, loss, deep supervision, poly schedule, mirroring at prediction) except the length of training, which
 :class:`BudgetTrainer` sets from the budget with the rule medseg's ``trainer.max_minutes`` uses
 (:class:`medseg.training.budget.TimeBudget`), timed on its second epoch (the first waits for nnU-Net's augmentation
 processes to start), and its number of iterations per epoch: nnU-Net's 250 (and 50 validation iterations), or

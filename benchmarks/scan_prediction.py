@@ -3,16 +3,20 @@ nnU-Net v2's ``nnUNetPredictor``, from the file to the written segmentation.
 
 ``python scripts/benchmark.py scan_prediction --image CT.nii.gz --ckpt best.pt [--nnunet-model DIR] [--label L]``
 
-Each run is a process of its own (``python -m medseg.benchmark.scan_prediction SPEC RESULT``), so that its peak RSS
-(:class:`medseg.training.ram.PeakRam`) is its own. medseg's runs go through ``evaluate.py``'s inferer with each stage
-timed: reading (the file, in RAS), resampling, normalisation, the windows (the network's share of them timed
-apart; the rest is cutting, padding and gaussian blending), resampling back to the file's grid, writing. The
+Each run is a process of its own (``python -m benchmarks.scan_prediction SPEC RESULT`` in the clone's root), so that
+its peak RSS (:class:`medseg.runtime.host_memory.PeakRam`) is its own. medseg's runs go through ``evaluate.py``'s inferer
+(:class:`medseg.inference.inferer.Inferer`: ``preprocess``, ``window_probabilities``, ``to_original``) with each
+stage timed: reading (the file, in RAS), resampling, normalisation (each transform of the inferer's chain timed by
+:class:`StageTimes`), the windows (the network's share of them timed apart by the inferer's ``network``, a
+:class:`~benchmarks.common.TimedNetwork`; the rest is cutting, padding and gaussian blending), resampling back to the
+file's grid, writing. The
 settings (``--settings``; none: nnU-Net alone):
 
 * ``dense``: torch, fp32, every window run: the reference that the others must equal (Dice >= 0.999; without it
   in ``--settings``, the report has no such column);
 * ``fast``: windows holding one value per channel (air) answered from one run (``evaluate.py``'s default);
-* ``fast_bf16``: the same with ``precision=bf16``; ``openvino``, ``openvino_bf16``: with ``runtime=openvino``.
+* ``fast_bf16``: the same with ``inference.precision=bf16``; ``openvino``, ``openvino_bf16``: with
+  ``inference.backend=openvino``.
 
 nnU-Net's run (``--nnunet-model``: a trained model folder with ``plans.json``, ``dataset.json`` and
 ``fold_F/checkpoint_final.pth``) is nnU-Net's own predictor (``predict_from_files_sequential``) on its network
@@ -37,12 +41,10 @@ from typing import Any
 
 import numpy as np
 import torch
-from monai.transforms import Spacingd
-from numpy._core.multiarray import scalar
+from monai.transforms import Compose, Spacingd
 
-from medseg.benchmark import targets_markdown, write_report
-from medseg.benchmark.models import machine
-from medseg.benchmark.prediction import TimedNetwork
+from benchmarks import REPO
+from benchmarks.common import TimedNetwork, machine, targets_markdown, write_report
 from medseg.data.datalist import case_id
 from medseg.io import atomic_write_json
 from medseg.scoring.metrics import dice
@@ -52,10 +54,10 @@ SETTINGS: dict[str, dict[str, Any]] = {
     "dense": {"skip_constant": False},
     "fast": {},
     "fast_bf16": {"precision": "bf16"},
-    "openvino": {"runtime": "openvino"},
-    "openvino_bf16": {"runtime": "openvino", "precision": "bf16"},
+    "openvino": {"backend": "openvino"},
+    "openvino_bf16": {"backend": "openvino", "precision": "bf16"},
 }
-"""medseg setting -> what it changes from ``evaluate.py``'s defaults (torch, fp32 on the CPU, constant windows
+"""medseg setting -> what it changes of the ``inference`` node's defaults (torch, fp32 on the CPU, constant windows
 answered)."""
 STAGES = ("reading", "resampling", "normalisation", "network", "blending", "resampling back", "writing")
 DICE_TARGET = 0.999
@@ -63,9 +65,13 @@ DICE_TARGET = 0.999
 TIME_TARGET = 0.5
 """medseg's fastest setting against nnU-Net's time, at the same network, overlap and mirroring."""
 RAM_TARGET_GB = 3.0
-NNUNET_CHECKPOINT_GLOBALS = [scalar, np.dtype, type(np.dtype("float64")), type(np.dtype("float32"))]
+NUMPY_SCALAR = np.float64(0).__reduce__()[0]
+"""The function a pickled numpy scalar is rebuilt with (``numpy._core.multiarray.scalar`` in numpy 2,
+``numpy.core.multiarray.scalar`` before), found through the public pickling protocol, not a private module."""
+NNUNET_CHECKPOINT_GLOBALS = [NUMPY_SCALAR, np.dtype, type(np.dtype("float64")), type(np.dtype("float32"))]
 """What an nnU-Net checkpoint holds besides tensors and plain values (numpy scalars in its training log), allowed
 to ``torch.load(weights_only=True)``."""
+DEFAULT_OUT = Path("outputs/benchmark/scan_prediction")
 
 
 def _transform_stage(index: int, transform: object) -> str:
@@ -73,31 +79,48 @@ def _transform_stage(index: int, transform: object) -> str:
     return "reading" if index == 0 else "resampling" if isinstance(transform, Spacingd) else "normalisation"
 
 
+class StageTimes(Compose):
+    """The transforms of ``chain`` (an inferer's preprocessing), each one's seconds added to its stage in ``seconds``
+    (:func:`_transform_stage`) as it runs. The transforms are the chain's own, so the inferer inverts with this
+    chain as it would with ``chain``."""
+
+    def __init__(self, chain: Compose, seconds: dict[str, float]) -> None:
+        super().__init__(chain.transforms, chain.map_items, chain.unpack_items, chain.log_stats, chain.lazy,
+                         chain.overrides)
+        self.seconds = seconds
+
+    def __call__(self, input_: Any, start: int = 0, end: int | None = None, threading: bool = False,
+                 lazy: bool | None = None) -> Any:
+        for index in range(start, len(self.transforms) if end is None else end):
+            started = time.perf_counter()
+            input_ = super().__call__(input_, start=index, end=index + 1, threading=threading, lazy=lazy)
+            self.seconds[_transform_stage(index, self.transforms[index])] += time.perf_counter() - started
+        return input_
+
+
 def predict_medseg(spec: Mapping[str, Any]) -> dict[str, Any]:
     """Predict ``spec["image"]`` with ``spec["ckpt"]`` as ``evaluate.py`` does, each stage timed; writes
     ``<output>/<case>.nii.gz``."""
+    from medseg.inference.backends import window_network
     from medseg.inference.cases import Case
+    from medseg.inference.checks import check_config
     from medseg.inference.inferer import Inferer, Prediction, original_affine
     from medseg.inference.model import load_model
     from medseg.inference.output import write_label_map
-    from medseg.inference.settings import check_config
 
     stages = dict.fromkeys(STAGES, 0.0)
-    settings = check_config({"ckpt": spec["ckpt"], "input": spec["image"], "output": spec["output"], "device": "cpu",
-                             "overlap": spec["overlap"], "tta": spec["mirror"], "progress": False,
-                             **{k: v for k, v in spec["setting"].items() if k != "skip_constant"}})
+    cfg = check_config({"ckpt": spec["ckpt"], "input": spec["image"], "output": spec["output"],
+                        "inference": {"device": "cpu", "overlap": spec["overlap"], "tta": spec["mirror"],
+                                      "progress": False, **spec["setting"]}})
     started = time.perf_counter()
     net = load_model(spec["ckpt"])
-    inferer = Inferer(net, settings)
-    inferer.skip_constant = spec["setting"].get("skip_constant", True)
-    inferer.network = timed = TimedNetwork(inferer.network)
+    # the network the inferer would run on the windows (the runtime's), timed
+    timed = TimedNetwork(window_network(net.model, cfg.inference.backend, [net.in_channels, *net.window.net_patch],
+                                        cfg.inference.precision))
+    inferer = Inferer(net, cfg.inference, StageTimes(net.preprocessing, stages), network=timed)
     setup = time.perf_counter() - started
     case = Case(spec["case"], spec["image"])
-    data: dict[str, Any] = {"case": case.case, "image": case.image}
-    for index, transform in enumerate(inferer.transform.transforms):
-        started = time.perf_counter()
-        data = transform(data)
-        stages[_transform_stage(index, transform)] += time.perf_counter() - started
+    data = inferer.preprocess(case)
     started = time.perf_counter()
     probs = inferer.window_probabilities(data)
     stages["network"] = timed.seconds
@@ -143,7 +166,7 @@ def predict_nnunet(spec: Mapping[str, Any]) -> dict[str, Any]:
 
 def child(spec_path: str, result_path: str) -> int:
     """Run the one prediction ``spec_path`` describes; write its seconds (setup apart), peak RSS and output."""
-    from medseg.training.ram import PeakRam
+    from medseg.runtime.host_memory import PeakRam
 
     spec = json.loads(Path(spec_path).read_text())
     Path(spec["output"]).mkdir(parents=True, exist_ok=True)
@@ -165,7 +188,7 @@ def _run(name: str, spec: dict[str, Any], out: Path) -> dict[str, Any]:
     print(f"[scan_prediction] {name} ...", flush=True)
     with open(folder / "log.txt", "w") as log:
         code = subprocess.call([sys.executable, "-m", __name__, str(folder / "spec.json"), str(folder / "result.json")],
-                               stdout=log, stderr=subprocess.STDOUT)
+                               stdout=log, stderr=subprocess.STDOUT, cwd=REPO)
     if code:
         raise SystemExit(f"error: the {name} run failed (exit {code}); see {folder / 'log.txt'}")
     result = json.loads((folder / "result.json").read_text())
@@ -189,7 +212,7 @@ def run(args: argparse.Namespace) -> int:
     unknown = sorted(set(args.settings) - set(SETTINGS))
     if unknown:
         raise SystemExit(f"error: --settings {' '.join(unknown)}: expected some of {', '.join(SETTINGS)}")
-    out = args.out or Path("outputs/benchmark/scan_prediction")
+    out = (args.out or DEFAULT_OUT).resolve()  # the runs' processes start in the clone's root
     base = {"image": str(args.image.resolve()), "case": case_id(args.image), "overlap": args.overlap,
             "ckpt": str(args.ckpt.resolve()),
             "nnunet_model": str(args.nnunet_model.resolve()) if args.nnunet_model else None, "fold": args.fold}
@@ -272,10 +295,8 @@ def to_markdown(report: Mapping[str, Any]) -> str:
         "## targets", "", targets_markdown(report["targets"], ".4g"), ""])
 
 
-def add_subcommand(subparsers: argparse._SubParsersAction) -> None:
-    """Register ``scan_prediction`` with :func:`medseg.benchmark.build_parser`."""
-    parser = subparsers.add_parser("scan_prediction", help="one large scan predicted on the CPU by medseg and nnU-Net",
-                                   description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    """``benchmark.py scan_prediction``'s arguments."""
     parser.add_argument("--image", type=Path, required=True, help="the scan (NIfTI), e.g. a 512 x 512 x 60 CT")
     parser.add_argument("--ckpt", type=Path, required=True, help="medseg's checkpoint")
     parser.add_argument("--nnunet-model", type=Path, default=None,
@@ -291,8 +312,7 @@ def add_subcommand(subparsers: argparse._SubParsersAction) -> None:
     parser.add_argument("--collect", action="store_true",
                         help="also report the runs that earlier invocations left under --out (the same mirroring)")
     parser.add_argument("--out", type=Path, default=None, help="the runs and scan_prediction.md/.json "
-                                                               "(default outputs/benchmark/scan_prediction)")
-    parser.set_defaults(func=run)
+                                                               f"(default {DEFAULT_OUT})")
 
 
 if __name__ == "__main__":

@@ -1,0 +1,182 @@
+"""What the benchmarks share: timing, peak memory, the machine's description, the training config as
+``scripts/train.py`` composes it, and the report writers (targets, ``<name>.md`` + ``<name>.json``).
+
+Peak memory (:func:`peak_bytes`): on CUDA ``torch.cuda.max_memory_allocated`` above the allocation before the run.
+On the CPU, every allocation and free that PyTorch's CPU allocator reports to ``torch.profiler``
+(``profile_memory=True``, read from its Chrome trace) while the function runs, summed in time order; the peak of
+that running sum.
+"""
+
+from __future__ import annotations
+
+import itertools
+import json
+import operator
+import re
+import statistics
+import tempfile
+import time
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, TypeVar
+
+import torch
+from omegaconf import DictConfig
+from torch.profiler import ProfilerActivity, profile
+
+from medseg.hydra_config import compose_config
+from medseg.io import atomic_write_json, atomic_write_text
+from medseg.tables import markdown_table
+
+MIB = 2**20
+Result = TypeVar("Result")
+
+
+# ------------------------------------------------------------------------------------------- timing
+
+
+def synchronize(device: torch.device) -> None:
+    """Wait for ``device``'s queued work (CUDA); nothing on the CPU."""
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+
+
+def time_ms(fn: Callable[[], object], device: torch.device, reps: int, max_seconds: float) -> tuple[float, int]:
+    """Median wall time in ms of up to ``reps`` runs of ``fn``, stopping when the next one would pass
+    ``max_seconds``; and the number of runs."""
+    times: list[float] = []
+    while len(times) < reps and sum(times) + (times[-1] if times else 0.0) <= max_seconds:
+        synchronize(device)
+        start = time.perf_counter()
+        fn()
+        synchronize(device)
+        times.append(time.perf_counter() - start)
+    return 1000 * statistics.median(times), len(times)
+
+
+class TimedNetwork(torch.nn.Module):
+    """``network`` with the seconds it runs (``seconds``) and the windows it is given (``windows``) counted.
+
+    Maps ``(B, C, *spatial)`` to what ``network`` maps it to; each call adds ``B`` windows.
+    """
+
+    def __init__(self, network: torch.nn.Module) -> None:
+        super().__init__()
+        self.network, self.seconds, self.windows = network, 0.0, 0
+
+    def forward(self, batch: torch.Tensor) -> torch.Tensor:
+        started = time.perf_counter()
+        output = self.network(batch)
+        self.seconds += time.perf_counter() - started
+        self.windows += len(batch)
+        return output
+
+
+# ------------------------------------------------------------------------------------------- peak memory
+
+
+def cpu_allocations(prof: profile) -> list[int]:
+    """The bytes of every allocation (> 0) and free (< 0) by PyTorch's CPU allocator in ``prof``, in time order.
+
+    ``prof`` must have run with ``profile_memory=True``. Read from its Chrome trace (``export_chrome_trace``,
+    public and documented), where each allocation and free is a ``[memory]`` event with its ``Bytes``. The
+    ``[memory]`` entries of ``prof.events()`` do not serve: most allocations there are folded into the ops
+    that made them, as net totals, and a net total hides the peak inside an op.
+    """
+    with tempfile.TemporaryDirectory() as folder:
+        path = Path(folder) / "trace.json"
+        prof.export_chrome_trace(str(path))
+        events = json.loads(path.read_text())["traceEvents"]
+    memory = sorted((event for event in events if event.get("name") == "[memory]"), key=lambda event: event["ts"])
+    return [event["args"]["Bytes"] for event in memory]
+
+
+def peak_bytes(fn: Callable[[], Result], device: torch.device) -> tuple[int, Result]:
+    """Peak bytes allocated while ``fn`` runs, above what was allocated before (see the module docstring),
+    and ``fn``'s result."""
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+        torch.cuda.reset_peak_memory_stats(device)
+        base = torch.cuda.memory_allocated(device)
+        out = fn()
+        torch.cuda.synchronize(device)
+        return torch.cuda.max_memory_allocated(device) - base, out
+    with profile(activities=[ProfilerActivity.CPU], profile_memory=True) as prof:
+        out = fn()
+    return max(itertools.accumulate(cpu_allocations(prof), initial=0)), out
+
+
+# ------------------------------------------------------------------------------------------- the machine
+
+
+def machine(device: torch.device) -> str:
+    """The device in words: GPU name, or the CPU's model (Linux) and threads."""
+    if device.type == "cuda":
+        return torch.cuda.get_device_name(device)
+    return f"CPU{cpu_model()}, {torch.get_num_threads()} threads"
+
+
+def cpu_model() -> str:
+    """`` (<model name>)`` of the CPU as ``/proc/cpuinfo`` gives it, with ``bf16`` where it computes bf16 natively
+    (AMX or AVX512-BF16); empty where there is no such file."""
+    try:
+        info = Path("/proc/cpuinfo").read_text()
+    except OSError:
+        return ""
+    name = next((line.split(":", 1)[1].strip() for line in info.splitlines() if line.startswith("model name")), "")
+    bf16 = ", native bf16" if re.search(r"\b(amx_bf16|avx512_bf16)\b", info) else ""
+    return f" ({name}{bf16})" if name else ""
+
+
+# ------------------------------------------------------------------------------------------- configs
+
+
+def compose_train_config(overrides: Sequence[str] = ()) -> DictConfig:
+    """``medseg/configs/train.yaml`` with ``overrides``, composed as ``scripts/train.py`` would (no Hydra run
+    context)."""
+    return compose_config("train", overrides)
+
+
+# ------------------------------------------------------------------------------------------- reports
+
+
+@dataclass
+class Target:
+    """A figure the design asks for; ``value`` is None when the run did not cover it."""
+
+    label: str
+    value: float | None
+    relation: str
+    goal: float
+    met: bool | None = field(init=False)
+
+    def __post_init__(self) -> None:
+        compare = {">=": operator.ge, "<=": operator.le, "<": operator.lt}[self.relation]
+        self.met = None if self.value is None else bool(compare(self.value, self.goal))
+
+
+def ratio(numerator: float | None, denominator: float | None) -> float | None:
+    """``numerator / denominator``, None where either is missing."""
+    return None if numerator is None or denominator is None else numerator / denominator
+
+
+def size_label(shape: tuple[int, ...]) -> str:
+    """A grid in a report: ``(16, 16, 16)`` -> ``16³``, ``(64, 64)`` -> ``64²``, ``(5, 7)`` -> ``5×7``."""
+    if len(set(shape)) == 1:
+        return f"{shape[0]}{'²' if len(shape) == 2 else '³'}"
+    return "×".join(map(str, shape))
+
+
+def targets_markdown(targets: Sequence[Mapping[str, Any]], value_format: str = ".3g") -> str:
+    """The markdown table of a report's targets (``Target`` as dicts): label, value, goal, and whether it is met."""
+    met = {True: "yes", False: "**no**", None: "n/a"}
+    rows = [[t["label"], t["value"], f"{t['relation']} {t['goal']:g}", met[t["met"]]] for t in targets]
+    return markdown_table(["target", "value", "goal", "met"], rows, formats={"value": value_format}, missing="n/a")
+
+
+def write_report(out: Path | None, name: str, markdown: str, report: Mapping[str, Any]) -> None:
+    """Write ``<out>/<name>.md`` and ``<out>/<name>.json`` (atomically; nothing when ``out`` is None)."""
+    if out is not None:
+        atomic_write_text(out / f"{name}.md", markdown)
+        atomic_write_json(out / f"{name}.json", report)
