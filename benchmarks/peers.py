@@ -72,8 +72,8 @@ def tree_rss_bytes(pid: int) -> int:
     """Resident memory of ``pid`` and all its descendants, summed (Linux ``/proc``; 0 where it is not readable).
 
     An upper bound: a forked worker's resident set counts the pages it shares with its parent again (training's
-    own ``peak_ram_mb``, :class:`medseg.runtime.host_memory.PeakRam`, counts only what a worker adds). It is the one measure
-    that applies to any system's process tree alike, so the comparison uses it for all.
+    own ``peak_ram_mb``, :class:`medseg.runtime.host_memory.PeakRam`, counts only what a worker adds). It is the one
+    measure that applies to any system's process tree alike, so the comparison uses it for all.
     """
     from medseg.runtime.host_memory import child_pids
 

@@ -4,8 +4,8 @@ nnU-Net v2's ``nnUNetPredictor``, from the file to the written segmentation.
 ``python scripts/benchmark.py scan_prediction --image CT.nii.gz --ckpt best.pt [--nnunet-model DIR] [--label L]``
 
 Each run is a process of its own (``python -m benchmarks.scan_prediction SPEC RESULT`` in the clone's root), so that
-its peak RSS (:class:`medseg.runtime.host_memory.PeakRam`) is its own. medseg's runs go through ``evaluate.py``'s inferer
-(:class:`medseg.inference.inferer.Inferer`: ``preprocess``, ``window_probabilities``, ``to_original``) with each
+its peak RSS (:class:`medseg.runtime.host_memory.PeakRam`) is its own. medseg's runs go through the predict stage's
+inferer (:class:`medseg.inference.inferer.Inferer`: ``preprocess``, ``window_probabilities``, ``to_original``) with each
 stage timed: reading (the file, in RAS), resampling, normalisation (each transform of the inferer's chain timed by
 :class:`StageTimes`), the windows (the network's share of them timed apart by the inferer's ``network``, a
 :class:`~benchmarks.common.TimedNetwork`; the rest is cutting, padding and gaussian blending), resampling back to the
