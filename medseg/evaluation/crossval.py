@@ -234,7 +234,7 @@ def render_markdown(result: CrossvalResult) -> str:
     return "\n\n".join(parts) + "\n"
 
 
-def run_folds(folds: Sequence[Fold], sweep: Path, label: str, settings: CrossvalConfig) -> CrossvalResult:
+def run_folds(folds: Sequence[Fold], sweep: Path, label: str, cfg: CrossvalConfig) -> CrossvalResult:
     """Predict, score and decide one cross-validation into its folder (see the module docstring)."""
     started = time.perf_counter()
     target = crossval_dir(sweep, label)
@@ -244,14 +244,14 @@ def run_folds(folds: Sequence[Fold], sweep: Path, label: str, settings: Crossval
     with replaced_folder(target) as folder:
         files = CrossvalLayout(folder)
         predictions = files.predictions
-        inference = replace(settings.inference, progress=False)  # the bar is over the cases
+        inference = replace(cfg.inference, progress=False)  # the bar is over the cases
         prediction = PredictConfig(ckpt=str(sweep), input=str(sweep), output=str(predictions), inference=inference)
         scorer = Scorer(spec, EvaluateConfig.tolerance_mm)
         rows: list[dict[str, Any]] = []
         scored: list[Case] = []
         failed: list[dict[str, str]] = []
         total = sum(len(fold.cases) for fold in folds)
-        bar = tqdm(total=total, desc=f"crossval {label}".strip(), unit="case", disable=not settings.inference.progress)
+        bar = tqdm(total=total, desc=f"crossval {label}".strip(), unit="case", disable=not cfg.inference.progress)
         with bar:
             for fold in folds:
                 predictor = Predictor(prediction, Ensemble([fold.net], inference), predictions)
@@ -276,9 +276,9 @@ def run_folds(folds: Sequence[Fold], sweep: Path, label: str, settings: Crossval
             "num_scored": len(scored),
             **class_statistics(rows, labels),
             "failed": failed,
-            "config": asdict(settings),
+            "config": asdict(cfg),
         }
-        if settings.postprocessing and scored:
+        if cfg.postprocessing and scored:
             result.decision = decide(OutOfFold(scored, predictions, rows, spec), labels)
             checkpoints = [str(f.run.best_checkpoint.relative_to(sweep)) for f in folds]
             atomic_write_json(folder / POSTPROCESSING_FILE, json_safe({**result.decision, "checkpoints": checkpoints}))
@@ -296,8 +296,8 @@ def cross_validate(cfg: CrossvalConfig | Mapping[str, Any] | DictConfig) -> list
         ConfigError: ``dir`` is not a multirun or cannot be written into, or no setting has a finished fold.
         DatasetError, CheckpointError: a fold that cannot be cross-validated; nothing is written then.
     """
-    settings = to_typed(CrossvalConfig, cfg)
-    sweep = Path(settings.dir).expanduser()
+    cfg = to_typed(CrossvalConfig, cfg)
+    sweep = Path(cfg.dir).expanduser()
     check_writable(sweep, "dir")
     try:
         runs = Sweep.read(sweep).runs
@@ -312,7 +312,7 @@ def cross_validate(cfg: CrossvalConfig | Mapping[str, Any] | DictConfig) -> list
         log.warning("dir=%s: setting %s has no finished fold; left out", sweep, label)
     plans = {label: read_folds(group, f"dir={sweep}" + (f" ({label})" if label else ""))
              for label, group in runnable.items()}
-    return [run_folds(folds, sweep, label, settings) for label, folds in plans.items()]
+    return [run_folds(folds, sweep, label, cfg) for label, folds in plans.items()]
 
 
 def crossval_cli(cfg: DictConfig | Mapping[str, Any]) -> int:

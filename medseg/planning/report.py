@@ -104,24 +104,24 @@ def memory_text(estimate: MemoryEstimate) -> str:
             f"{bytes_text(estimate.states)}{shared}")
 
 
-def plan_report(settings: PlanCommandConfig) -> str:
-    """The fingerprint-and-plan report of ``scripts/plan.py``: ``settings.data`` planned for ``settings.model``, the
-    training ``settings.trainer`` describes and the machine of ``settings.plan`` (:func:`plan_from_config`, as
-    training plans), compared with ``settings.nnunet_plans`` when given; the plan is written to ``plan.file`` when
+def plan_report(cfg: PlanCommandConfig) -> str:
+    """The fingerprint-and-plan report of ``scripts/plan.py``: ``cfg.data`` planned for ``cfg.model``, the
+    training ``cfg.trainer`` describes and the machine of ``cfg.plan`` (:func:`plan_from_config`, as
+    training plans), compared with ``cfg.nnunet_plans`` when given; the plan is written to ``plan.file`` when
     that is set."""
-    data, model = settings.data, settings.model
+    data, model = cfg.data, cfg.model
     info = dataset_from_config(data)
-    fingerprint = dataset_fingerprint(info, data, settings.progress)
-    plan = plan_from_config(fingerprint, data, model, settings.trainer, settings.plan)
+    fingerprint = dataset_fingerprint(info, data, cfg.progress)
+    plan = plan_from_config(fingerprint, data, model, cfg.trainer, cfg.plan)
     text = format_plan(plan, fingerprint)
-    if settings.nnunet_plans:
-        nnunet = read_nnunet_plans(settings.nnunet_plans, model.spatial_dims)
-        text += "\n" + comparison_text(plan, nnunet, settings.nnunet_plans)
+    if cfg.nnunet_plans:
+        nnunet = read_nnunet_plans(cfg.nnunet_plans, model.spatial_dims)
+        text += "\n" + comparison_text(plan, nnunet, cfg.nnunet_plans)
     kept = [f"{key}={value}" for key, value in plannable_values(data, model).items() if value is not None]
     if kept:
         text += f"\nkept from the config (set them to null to plan them): {'; '.join(kept)}"
-    if settings.plan.file:
+    if cfg.plan.file:
         resolved = plannable_values(*apply_plan(data, model, plan))
-        path = write_plan_file(settings.plan.file, plan, resolved, fingerprint)
-        text += f"\nplan written to {path}: train from it with plan.file={settings.plan.file}"
+        path = write_plan_file(cfg.plan.file, plan, resolved, fingerprint)
+        text += f"\nplan written to {path}: train from it with plan.file={cfg.plan.file}"
     return text

@@ -199,21 +199,21 @@ class Trainer:
                  output_dir: Path, dist: DistInfo, class_weights: list[float] | None,
                  run_started: float | None = None) -> None:
         self.cfg, self.data, self.model, self.device, self.dist = cfg, data, model, device, dist
-        self.settings = cfg.trainer
+        self.trainer = cfg.trainer
         self.layout = RunLayout(output_dir)
         self.output_dir = output_dir
-        self.optimizer = build_optimizer(model.parameters(), self.settings)
-        self.scheduler = build_scheduler(self.optimizer, self.settings)
+        self.optimizer = build_optimizer(model.parameters(), self.trainer)
+        self.scheduler = build_scheduler(self.optimizer, self.trainer)
         self.step = TrainStep(model, build_loss(cfg, data.info, class_weights), self.optimizer,
-                              self.settings.grad_clip, amp_dtype(self.settings.precision, device), device, dist)
-        self.loss = {"name": self.settings.loss, "class_weights": named_class_weights(class_weights, data.info)}
+                              self.trainer.grad_clip, amp_dtype(self.trainer.precision, device), device, dist)
+        self.loss = {"name": self.trainer.loss, "class_weights": named_class_weights(class_weights, data.info)}
         if dist.is_main:
             weights = self.loss["class_weights"]
             log.info("loss %s; class weights %s", self.loss["name"],
                      ", ".join(f"{name} {w:.3g}" for name, w in weights.items()) if weights else "none")
-        self.nonfinite = NonFiniteSteps(self.settings.max_nonfinite_steps)
-        minutes = self.settings.max_minutes
-        self.budget = None if minutes is None else TimeBudget(60.0 * minutes, self.settings.max_epochs)
+        self.nonfinite = NonFiniteSteps(self.trainer.max_nonfinite_steps)
+        minutes = self.trainer.max_minutes
+        self.budget = None if minutes is None else TimeBudget(60.0 * minutes, self.trainer.max_epochs)
         self.epoch, self.start_step = 0, 0
         self.best_dice, self.best_epoch, self.best_per_class = -1.0, -1, {}
         self.history: list[dict[str, Any]] = []
@@ -231,7 +231,7 @@ class Trainer:
         """Train to ``max_epochs`` (from a resumed epoch if any); returns the metrics written to metrics.json."""
         reset_peak_memory(self.device)
         with GracefulStop(self.dist, self.device, str(self.layout.last_checkpoint)) as stop, self.tb or nullcontext():
-            while self.epoch < self.settings.max_epochs:
+            while self.epoch < self.trainer.max_epochs:
                 started, steps = time.perf_counter(), len(self.data.train_loader) - self.start_step
                 record = {"epoch": self.epoch + 1, "loss": self.train_epoch(stop),
                           "lr": self.optimizer.param_groups[0]["lr"], "steps": len(self.data.train_loader)}
@@ -241,7 +241,7 @@ class Trainer:
                 self.step_seconds, self.steps_run = self.step_seconds + trained, self.steps_run + steps
                 self.stop_if_budget_spent(trained)
                 first_of_budget = self.budget is not None and self.epoch == 1  # timed with its validation
-                if (self.epoch % self.settings.val_every == 0 or self.epoch == self.settings.max_epochs
+                if (self.epoch % self.trainer.val_every == 0 or self.epoch == self.trainer.max_epochs
                         or first_of_budget):
                     record.update(self.validate())
                 self.train_seconds += time.perf_counter() - started
@@ -252,7 +252,7 @@ class Trainer:
                 self.save(self.layout.last_checkpoint)
                 self.log_epoch(record)
                 if stop.requested():
-                    if self.epoch < self.settings.max_epochs:
+                    if self.epoch < self.trainer.max_epochs:
                         self.interrupt(stop, step=0)
                     elif self.dist.is_main:  # trained, validated and saved: the record takes no time to finish
                         log.warning("received %s during the last epoch: finishing the run's record", stop.name)
@@ -265,8 +265,8 @@ class Trainer:
         if not self.start_step:
             self.epoch_losses, self.nonfinite.streak = [], 0
         bar = tqdm(total=len(self.data.train_loader), initial=self.start_step, leave=False, dynamic_ncols=True,
-                   desc=f"epoch {self.epoch + 1}/{self.settings.max_epochs}",
-                   disable=not (self.settings.progress and self.dist.is_main))
+                   desc=f"epoch {self.epoch + 1}/{self.trainer.max_epochs}",
+                   disable=not (self.trainer.progress and self.dist.is_main))
         for step, batch in replay(self.data.train_loader, self.start_step, self.restore_rng):
             loss = self.step(batch["image"], batch["label"])
             self.nonfinite.record(loss, self.epoch, step, self.layout.last_checkpoint)
@@ -283,7 +283,7 @@ class Trainer:
 
     def seed_epoch(self) -> None:
         """Reseed torch, numpy and the transforms for this epoch (per rank under DDP, still from ``(seed, epoch)``)."""
-        seed = epoch_seed(self.settings.seed, self.epoch)
+        seed = epoch_seed(self.trainer.seed, self.epoch)
         seed_everything(seed)
         set_rnd(self.data.train_dataset, seed + self.dist.rank)
 
@@ -291,13 +291,13 @@ class Trainer:
         """Validate, keep ``best.pt`` when the mean foreground Dice beats every earlier one; the record entries."""
         result = validate(self.model, self.data.val_dataset, self.data.window, self.cfg, self.data.info.label_spec,
                           self.device, self.dist)
-        if self.tb is not None and result.overlay is not None and self.settings.log_images:
+        if self.tb is not None and result.overlay is not None and self.trainer.log_images:
             self.tb.overlay("val/overlay", *result.overlay, axis=self.data.window.slice_axis, step=self.epoch)
         if result.dice > self.best_dice:  # never replace best.pt with a worse model
             self.best_dice, self.best_epoch, self.best_per_class = result.dice, self.epoch, result.per_class
             self.save(self.layout.best_checkpoint)
         record: dict[str, Any] = {"val_dice": result.dice, "val_dice_per_class": result.per_class}
-        if self.tb is not None and self.settings.attention_maps and len(self.data.val_dataset):
+        if self.tb is not None and self.trainer.attention_maps and len(self.data.val_dataset):
             record["attention_distance_mm"] = log_attention(
                 self.tb, self.model, self.data.val_dataset[0], self.data.window,
                 self.cfg.model.spatial_dims, self.cfg.data.spacing, self.device, self.epoch)
@@ -313,23 +313,23 @@ class Trainer:
         """After the first epoch (``first_epoch`` seconds with its validation, ``trained`` without): the epochs the
         budget spans become ``max_epochs``, and the schedule spans them."""
         assert self.budget is not None
-        if self.epoch < self.settings.max_epochs:
-            horizon = self.budget.horizon(first_epoch, trained, first_epoch - trained, self.settings.val_every)
+        if self.epoch < self.trainer.max_epochs:
+            horizon = self.budget.horizon(first_epoch, trained, first_epoch - trained, self.trainer.val_every)
             self.set_max_epochs(broadcast_object(horizon, self.dist), reschedule=True)
 
     def set_max_epochs(self, epochs: int, reschedule: bool = False) -> None:
         """End training after ``epochs`` (``trainer.max_minutes``); ``reschedule``: the schedule spans them, continued
         from the epochs done. The checkpoints' config carries the new value, which a resumed run takes over."""
-        self.settings = replace(self.settings, max_epochs=epochs)
-        self.cfg = replace(self.cfg, trainer=self.settings)
+        self.trainer = replace(self.trainer, max_epochs=epochs)
+        self.cfg = replace(self.cfg, trainer=self.trainer)
         if reschedule:  # torch's schedules compute each lr from the last one: start from the peak lr again
             for group in self.optimizer.param_groups:
                 group["lr"] = group["initial_lr"]
-            self.scheduler = build_scheduler(self.optimizer, self.settings)
+            self.scheduler = build_scheduler(self.optimizer, self.trainer)
             for _ in range(self.epoch):
                 self.scheduler.step()
         if self.dist.is_main:
-            log.info("trainer.max_minutes=%g: %d epoch(s) fit the budget", self.settings.max_minutes, epochs)
+            log.info("trainer.max_minutes=%g: %d epoch(s) fit the budget", self.trainer.max_minutes, epochs)
 
     def interrupt(self, stop: GracefulStop, step: int) -> None:
         """Save ``last.pt`` (mid-epoch at ``step`` > 0) and stop with :class:`TrainingInterrupted`."""
@@ -485,7 +485,7 @@ class Trainer:
     def log_epoch(self, record: dict[str, Any]) -> None:
         if not self.dist.is_main:
             return
-        msg = f"epoch {record['epoch']}/{self.settings.max_epochs}  loss {record['loss']:.4f}"
+        msg = f"epoch {record['epoch']}/{self.trainer.max_epochs}  loss {record['loss']:.4f}"
         if "val_dice" in record:
             msg += f"  val Dice {record['val_dice']:.4f} (best {self.best_dice:.4f} @ {self.best_epoch})"
         log.info(msg)

@@ -58,7 +58,9 @@ def check(command: Sequence[str], cwd: Path, env: dict[str, str] | None = None) 
 @pytest.mark.slow
 def test_the_installed_wheel_trains_and_evaluates_from_an_empty_folder(tmp_path: Path) -> None:
     wheel = build_wheel(tmp_path / "build")
-    assert {"medseg/configs/train.yaml", "medseg/configs/data/demo3d.yaml"} <= set(zipfile.ZipFile(wheel).namelist())
+    names = set(zipfile.ZipFile(wheel).namelist())
+    assert {"medseg/configs/train.yaml", "medseg/configs/data/demo3d.yaml"} <= names
+    assert not [name for name in names if "bench" in name or name.startswith("tools/")], "benchmarks stay in the clone"
     bin_dir = fresh_venv(tmp_path / "venv", wheel)
     work = tmp_path / "work"
     work.mkdir()
@@ -76,7 +78,13 @@ def test_the_installed_wheel_trains_and_evaluates_from_an_empty_folder(tmp_path:
     (ckpt,) = work.glob("outputs/train/*/*/checkpoints/best.pt")
     assert (ckpt.parents[1] / "train.log").is_file()
     check(["medseg", "evaluate", f"ckpt={ckpt}", "input=data/demo3d", "split=validation", "output=predictions",
-           "progress=false"], work, env)
+           "inference.progress=false"], work, env)
     validation = json.loads((ckpt.parents[1] / "splits.json").read_text())["val"]
     assert len(list((work / "predictions").glob("*.nii.gz"))) == len(validation) > 0
     assert (work / "predictions" / "metrics.csv").is_file()
+    check(["medseg", "predict", f"ckpt={ckpt}", "input=data/demo3d/imagesTr", "output=segmented",
+           "inference.progress=false"], work, env)  # a folder of images, no labels
+    assert len(list((work / "segmented").glob("*.nii.gz"))) == len(list((work / "data/demo3d/imagesTr").iterdir()))
+    scored = check(["medseg", "evaluate", "pred=segmented", "input=data/demo3d/labelsTr", "inference.progress=false"],
+                   work, env)
+    assert "foreground mean" in scored.stdout and (work / "segmented" / "metrics.csv").is_file()
