@@ -36,6 +36,7 @@ from omegaconf import DictConfig
 
 from medseg.config import EvaluateConfig
 from medseg.data.labels import LabelSpec
+from medseg.errors import PredictionError
 from medseg.evaluation.folder import score_folder
 from medseg.inference.cases import Case
 from medseg.inference.checks import check_ckpt, check_prediction
@@ -91,6 +92,9 @@ def check_config(cfg: EvaluateConfig | Mapping[str, Any] | DictConfig) -> Evalua
     predicts, its ``ckpt`` (if any) when it scores ``pred``; raises :class:`~medseg.errors.ConfigError` naming the
     key."""
     typed = to_typed(EvaluateConfig, cfg)
+    if typed.pred is None and typed.ckpt is None:
+        raise PredictionError("ckpt or pred is required: ckpt=<checkpoint> predicts input and scores it, "
+                              "pred=<folder> scores a folder of predictions made by any tool")
     if typed.pred is None:
         check_prediction(typed)
     elif typed.ckpt is not None:

@@ -107,6 +107,11 @@ def test_a_missing_case_and_a_case_on_another_grid_are_named_before_anything_is_
     assert not (pred / "metrics.csv").exists() and not (pred / "summary.json").exists()
 
 
+def test_evaluate_needs_a_checkpoint_or_predictions(references: Path) -> None:
+    with pytest.raises(PredictionError, match=r"^ckpt or pred is required: ckpt=<checkpoint> predicts input"):
+        evaluate({"input": str(references), "inference": QUIET})
+
+
 def test_extra_predictions_are_named_and_foreign_values_fail_their_case(references: Path, tmp_path: Path) -> None:
     pred = tmp_path / "pred"
     shutil.copytree(references, pred)
