@@ -29,24 +29,24 @@ def ckpt(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return save_test_checkpoint(tmp_path_factory.mktemp("ckpt") / "best.pt")
 
 
+def first_cases(source: Path, folder: Path) -> Path:
+    """A new ``folder`` holding the files of the demo's first three cases in ``source``."""
+    folder.mkdir()
+    for index in range(3):
+        shutil.copy(source / f"demo_{index:03d}.nii.gz", folder)
+    return folder
+
+
 @pytest.fixture
 def images(tiny_demo_root: Path, tmp_path: Path) -> Path:
     """Three images, without labels."""
-    folder = tmp_path / "images"
-    folder.mkdir()
-    for index in range(3):
-        shutil.copy(tiny_demo_root / "imagesTr" / f"demo_{index:03d}.nii.gz", folder)
-    return folder
+    return first_cases(tiny_demo_root / "imagesTr", tmp_path / "images")
 
 
 @pytest.fixture
 def references(tiny_demo_root: Path, tmp_path: Path) -> Path:
     """The three images' labels, in a folder of their own."""
-    folder = tmp_path / "references"
-    folder.mkdir()
-    for index in range(3):
-        shutil.copy(tiny_demo_root / "labelsTr" / f"demo_{index:03d}.nii.gz", folder)
-    return folder
+    return first_cases(tiny_demo_root / "labelsTr", tmp_path / "references")
 
 
 def test_predict_writes_the_label_maps_of_a_folder_without_labels(ckpt: Path, images: Path, tmp_path: Path) -> None:
