@@ -2,7 +2,7 @@
 averaged on its own grid.
 
 ``ckpt`` names the models: a checkpoint file, a training run folder (its ``checkpoints/best.pt``), a multirun
-folder (the ``checkpoints/best.pt`` of every job whose ``metrics.json`` says completed: the folds of a
+folder (the ``checkpoints/best.pt`` of every run whose ``metrics.json`` says completed: the folds of a
 cross-validation), or a list of any of these. Each model preprocesses the case its own way (spacing,
 normalisation) and its probabilities are taken back to the input's grid before they are averaged, so checkpoints
 with different planned spacings, and 2D with 3D models, combine correctly. Models with the same preprocessing share
@@ -34,35 +34,35 @@ log = logging.getLogger("medseg")
 
 
 def run_checkpoints(folder: Path) -> list[Path]:
-    """The checkpoints a folder stands for: a multirun's finished jobs' ``best.pt``, or a run folder's own.
+    """The checkpoints a folder stands for: a multirun's finished runs' ``best.pt``, or a run folder's own.
 
     Raises:
-        CheckpointError: neither kind of folder; a multirun whose jobs differ in more than ``data.fold`` and
-            ``trainer.seed``; or one without a finished job.
+        CheckpointError: neither kind of folder; a multirun whose runs differ in more than ``data.fold`` and
+            ``trainer.seed``; or one without a finished run.
     """
     try:
-        jobs = Sweep.read(folder).runs
+        runs = Sweep.read(folder).runs
     except FileNotFoundError:
         best = RunLayout(folder).best_checkpoint
         if best.is_file():  # a single training run (outputs/train/<date>/<time>)
             return [best]
         raise CheckpointError(f"ckpt={folder}: a folder that is neither a training run (checkpoints/best.pt) nor a "
-                              f"multirun (job folders with .hydra/overrides.yaml)") from None
-    differing = setting_keys(swept_keys(jobs))
+                              f"multirun (run folders with .hydra/overrides.yaml)") from None
+    differing = setting_keys(swept_keys(runs))
     if differing:
-        values = {key: sorted({str(job.overrides.get(key)) for job in jobs}) for key in differing}
+        values = {key: sorted({str(run.overrides.get(key)) for run in runs}) for key in differing}
         raise CheckpointError(
-            f"ckpt={folder} mixes configurations: its jobs differ in {values}, not only in data.fold or trainer.seed; "
-            f"ensemble the folds of one configuration: ckpt=[{folder}/<job>/checkpoints/best.pt,...]")
-    finished = [job for job in jobs if job.finished]
+            f"ckpt={folder} mixes configurations: its runs differ in {values}, not only in data.fold or trainer.seed; "
+            f"ensemble the folds of one configuration: ckpt=[{folder}/<run>/checkpoints/best.pt,...]")
+    finished = [run for run in runs if run.finished]
     if not finished:
         raise CheckpointError(
-            f"ckpt={folder}: no finished fold (no job with a completed metrics.json and checkpoints/best.pt); "
-            f"wait for its training to end, or see why the jobs failed in their metrics.json")
-    skipped = [job.name for job in jobs if not job.finished]
+            f"ckpt={folder}: no finished fold (no run with a completed metrics.json and checkpoints/best.pt); "
+            f"wait for its training to end, or see why the runs failed in their metrics.json")
+    skipped = [run.name for run in runs if not run.finished]
     if skipped:
-        log.warning("ckpt=%s: leaving out the unfinished job(s) %s", folder, ", ".join(skipped))
-    return [job.best_checkpoint for job in finished]
+        log.warning("ckpt=%s: leaving out the unfinished run(s) %s", folder, ", ".join(skipped))
+    return [run.best_checkpoint for run in finished]
 
 
 def checkpoint_files(ckpt: str | Path | Sequence[str | Path]) -> list[Path]:

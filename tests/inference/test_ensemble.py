@@ -89,7 +89,7 @@ def test_a_multirun_folder_is_its_finished_folds(tmp_path: Path, tiny_demo_root:
     with pytest.raises(CheckpointError, match="neither a training run .* nor a multirun"):
         checkpoint_files(str(tmp_path / "outputs"))
     (running / ".hydra" / "overrides.yaml").write_text(yaml.safe_dump(["data.fold=2", "model.attention.gamma=0.5"]))
-    with pytest.raises(CheckpointError, match=r"mixes configurations: its jobs differ in \{'model.attention.gamma'"):
+    with pytest.raises(CheckpointError, match=r"mixes configurations: its runs differ in \{'model.attention.gamma'"):
         checkpoint_files(str(sweep))
 
 
