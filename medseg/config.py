@@ -381,7 +381,8 @@ class InferenceConfig:
     sw_batch_size: int = ranged(4, ge=1)
     """Windows per forward pass."""
     tta: bool = False
-    """Mirroring test-time augmentation (3D: all axes; 2D: the in-plane axes)."""
+    """Mirroring test-time augmentation, nnU-Net's: the identity and every combination of the mirrored axes (3D: all
+    three, 8 passes; 2D: the in-plane two, 4 passes), averaged."""
     skip_constant: bool = True
     """Answer the windows that hold one value per channel (air, padding) from one run of the network on such a
     window; false runs the network on every window (the dense result)."""

@@ -11,6 +11,7 @@ a CT whose body leaves the corners of the field of view in air it skips a share 
 
 from __future__ import annotations
 
+import itertools
 import math
 from collections.abc import Callable, Sequence
 
@@ -95,6 +96,12 @@ def window_count(shape: Sequence[int], roi_size: Sequence[int], overlap: float) 
     return count
 
 
+def mirrorings(mirror_axes: Sequence[int]) -> list[tuple[int, ...]]:
+    """The passes of mirroring test-time augmentation, nnU-Net's: the identity ``()`` and every non-empty combination
+    of ``mirror_axes`` (spatial axes), flipped together; 8 passes for 3 axes, 4 for 2."""
+    return [combo for size in range(len(mirror_axes) + 1) for combo in itertools.combinations(mirror_axes, size)]
+
+
 def infer_volume(
     model: nn.Module,
     image: torch.Tensor,
@@ -121,7 +128,8 @@ def infer_volume(
         slice_axis: spatial axis a 2D model slices across (ignored in 3D).
         device: where the model runs; ``sw_device``: where windows are stitched (CPU saves GPU memory).
         amp_dtype: autocast dtype (bf16 on CUDA) or None for fp32.
-        mirror_axes: spatial axes for mirroring test-time augmentation (nnU-Net style); empty = off.
+        mirror_axes: spatial axes for mirroring test-time augmentation, nnU-Net's: the identity and every combination
+            of these axes (:func:`mirrorings`), averaged; empty = off.
         progress: one progress bar over the windows of every pass (mirrorings included), with its ETA.
         activation: a key of :data:`ACTIVATIONS` (``softmax``, or ``sigmoid`` for region outputs).
         skip_constant: answer the windows that hold one value per channel from one run of the network on such a
@@ -135,7 +143,7 @@ def infer_volume(
     sw_device = sw_device or image.device
     network = model if spatial_dims == 3 else slice_network(model, slice_axis)
     predictor = ConstantWindows(network) if skip_constant else network  # one per volume: the flips share it
-    flips = [()] + [(axis + 2,) for axis in mirror_axes]
+    flips = [tuple(axis + 2 for axis in combo) for combo in mirrorings(mirror_axes)]  # the spatial axes of (B, C, ...)
     windows = len(image) * len(flips) * window_count(image.shape[2:], roi_size, overlap)
     with tqdm(total=windows, desc="windows", unit="window", disable=not progress, leave=False) as bar:
 

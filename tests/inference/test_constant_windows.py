@@ -3,6 +3,8 @@
 
 from __future__ import annotations
 
+import itertools
+
 import pytest
 import torch
 
@@ -69,6 +71,34 @@ def test_the_progress_bar_counts_every_window_of_every_mirroring(shape: tuple[in
     image = torch.randn(1, 1, *shape)
     infer_volume(network, image, ROI[3], 3, SLICE_AXIS, overlap=overlap, mirror_axes=(0, 2), progress=True,
                  skip_constant=False)
-    expected = 3 * window_count(shape, ROI[3], overlap)
-    assert network.windows == expected, "window_count is the windows MONAI cuts, for each of the 3 passes"
+    expected = 4 * window_count(shape, ROI[3], overlap)
+    assert network.windows == expected, "window_count is the windows MONAI cuts, for each of the 4 passes"
     assert f"0/{expected} [" in capsys.readouterr().err, "one bar over the windows of all passes"
+
+
+@pytest.mark.parametrize(("spatial_dims", "axes", "passes"), [(3, (0, 1, 2), 8), (2, (0, 1), 4), (3, (1,), 2)])
+def test_mirroring_runs_the_identity_and_every_combination_of_the_axes(spatial_dims: int, axes: tuple[int, ...],
+                                                                        passes: int) -> None:
+    """nnU-Net's test-time mirroring: on a volume of one window, the network runs once per pass (8 in 3D, 4 in 2D)
+    and the result is the mean of the flipped-back softmax of the network on each flipped volume."""
+    torch.manual_seed(0)
+    model = SlottedUNet(spatial_dims, 1, 3, channels=(4, 8), strides=(2,)).eval()
+    network = TimedNetwork(model)
+    image = torch.randn(1, 1, *ROI[3])  # one window (a slice in 2D) per position: the gaussian weights divide out
+    probs = infer_volume(network, image, ROI[spatial_dims], spatial_dims, SLICE_AXIS, sw_batch_size=1,
+                         mirror_axes=axes, skip_constant=False)
+    assert network.windows == passes * window_count(image.shape[2:], ROI[spatial_dims], 0.25)
+    assert network.windows == passes * (1 if spatial_dims == 3 else ROI[3][SLICE_AXIS])
+    expected = torch.zeros_like(probs)
+    with torch.no_grad():
+        for size in range(len(axes) + 1):
+            for combo in itertools.combinations(axes, size):
+                dims = [axis + 2 for axis in combo]
+                flipped = image.flip(dims) if dims else image
+                if spatial_dims == 2:  # the slices across the slice axis, one by one
+                    logits = torch.stack([model(flipped[..., k]) for k in range(flipped.shape[-1])], dim=-1)
+                else:
+                    logits = model(flipped)
+                softmax = logits.softmax(1)
+                expected += softmax.flip(dims) if dims else softmax
+    torch.testing.assert_close(probs, expected / passes, atol=1e-5, rtol=1e-4)
