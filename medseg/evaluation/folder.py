@@ -61,12 +61,11 @@ def voxel_grid(path: str) -> tuple[tuple[int, ...], np.ndarray]:
     """A label file's spatial shape ``(X, Y, Z)`` and ``(4, 4)`` affine; a NIfTI file's from its header alone."""
     if path.endswith(NIBABEL_ENDINGS):
         image = nib.load(path)
-        shape = image.shape
-        affine = np.asarray(image.affine, dtype=np.float64)
+        shape, affine = image.shape, np.asarray(image.affine, dtype=np.float64)
     else:
         array, affine = read_file(path)
-        shape = drop_trailing_singletons(array).shape
-    while len(shape) > 3 and shape[-1] == 1:
+        shape = array.shape
+    while len(shape) > 3 and shape[-1] == 1:  # (X, Y, Z, 1) is a 3D volume, as drop_trailing_singletons reads it
         shape = shape[:-1]
     return tuple(int(n) for n in shape), affine
 

@@ -38,6 +38,17 @@ def mirror_axes(spatial_dims: int, slice_axis: int) -> tuple[int, ...]:
     return tuple(a for a in range(3) if spatial_dims == 3 or a != slice_axis)
 
 
+def window_options(inference: InferenceConfig, device: torch.device, spatial_dims: int,
+                   slice_axis: int) -> dict[str, Any]:
+    """The keyword arguments of :func:`~medseg.inference.sliding_window.infer_volume` that the ``inference`` node
+    sets, for a network on ``device``: windows per pass, overlap, the stitching device, the mirrored axes and the
+    constant windows. The one reading of the node's sliding window, for prediction and training's validation."""
+    return {"sw_batch_size": inference.sw_batch_size, "overlap": inference.overlap, "device": device,
+            "sw_device": resolve_device(inference.sw_device, "inference.sw_device") if inference.sw_device else device,
+            "mirror_axes": mirror_axes(spatial_dims, slice_axis) if inference.tta else (),
+            "skip_constant": inference.skip_constant}
+
+
 @dataclass
 class Prediction:
     """A case's prediction on its first image file's voxel grid."""
@@ -73,15 +84,13 @@ class Inferer:
         self.net, self.inference = net, inference
         self.device = resolve_device(inference.device, "inference.device")
         net.model.to(self.device)
-        self.sw_device = (resolve_device(inference.sw_device, "inference.sw_device") if inference.sw_device
-                          else self.device)
+        self.window = window_options(inference, self.device, net.spatial_dims, net.window.slice_axis)
         check_backend(inference.backend, inference.precision, self.device)
         self.network = network if network is not None else window_network(
             net.model, inference.backend, [net.in_channels, *net.window.net_patch], inference.precision)
         self.amp_dtype = amp_dtype(inference.precision, self.device) if inference.backend == "torch" else None
         self.transform: Compose = transform or net.preprocessing
         self.inverter = Invertd(keys=PRED, transform=self.transform, orig_keys=IMAGE, nearest_interp=False)
-        self.mirror_axes = mirror_axes(net.spatial_dims, net.window.slice_axis) if inference.tta else ()
 
     def preprocess(self, case: Case) -> dict[str, Any]:
         """The case through the eval chain: ``image`` is a ``(C, X', Y', Z')`` MetaTensor on the target grid.
@@ -118,9 +127,7 @@ class Inferer:
         image = data[IMAGE].unsqueeze(0).to(self.device)
         return infer_volume(
             self.network, image, self.net.window.roi_size, self.net.spatial_dims, self.net.window.slice_axis,
-            sw_batch_size=self.inference.sw_batch_size, overlap=self.inference.overlap, device=self.device,
-            sw_device=self.sw_device, amp_dtype=self.amp_dtype, mirror_axes=self.mirror_axes, progress=progress,
-            activation=self.net.label_spec.activation, skip_constant=self.inference.skip_constant,
+            amp_dtype=self.amp_dtype, progress=progress, activation=self.net.label_spec.activation, **self.window,
         )[0]
 
     def to_original(self, data: dict[str, Any], maps: torch.Tensor) -> np.ndarray:

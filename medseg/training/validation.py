@@ -13,9 +13,9 @@ from torch import nn
 from medseg.config import TrainConfig
 from medseg.data.labels import IGNORE_INDEX, LabelSpec, member_masks
 from medseg.data.transforms import Window
-from medseg.inference.inferer import mirror_axes
+from medseg.inference.inferer import window_options
 from medseg.inference.sliding_window import infer_volume
-from medseg.runtime.device import amp_dtype, resolve_device
+from medseg.runtime.device import amp_dtype
 from medseg.runtime.distributed import gather_objects
 from medseg.runtime.host_memory import release_freed_memory
 from medseg.runtime.launch import DistInfo
@@ -48,17 +48,14 @@ def validate(model: nn.Module, dataset: Dataset, window: Window, cfg: TrainConfi
     """
     model.eval()
     names = labels.output_names
-    inference = cfg.inference
-    sw_device = resolve_device(inference.sw_device, "inference.sw_device") if inference.sw_device else device
-    flips = mirror_axes(cfg.model.spatial_dims, window.slice_axis) if inference.tta else ()
+    options = window_options(cfg.inference, device, cfg.model.spatial_dims, window.slice_axis)
     rows, overlay = [], None
     for index in range(len(dataset)):
         item = dataset[index]
         image = item["image"].unsqueeze(0).to(device)
         probs = infer_volume(model, image, window.roi_size, cfg.model.spatial_dims, window.slice_axis,
-                             sw_batch_size=inference.sw_batch_size, overlap=inference.overlap, device=device,
-                             sw_device=sw_device, amp_dtype=amp_dtype(cfg.trainer.precision, device),
-                             mirror_axes=flips, activation=labels.activation, skip_constant=inference.skip_constant)
+                             amp_dtype=amp_dtype(cfg.trainer.precision, device), activation=labels.activation,
+                             **options)
         pred = labels.prediction_masks(probs[0].cpu().numpy())
         classes = item["label"][0].round().long().cpu().numpy()
         reference, valid = member_masks(classes, labels.output_classes), classes != IGNORE_INDEX
