@@ -29,6 +29,8 @@ SUBCOMMANDS: dict[str, Subcommand] = {
     "models": Subcommand("benchmarks.models", "train/inference time and memory of whole networks"),
     "quality": Subcommand("benchmarks.quality", "Dice of medseg vs MONAI UNet / SwinUNETR at the same budget"),
     "peers": Subcommand("benchmarks.peers", "medseg vs nnU-Net v2 on the same data, cases and budget"),
+    "nnunet_crossval": Subcommand("benchmarks.nnunet_crossval",
+                                  "nnU-Net v2 on every fold for a budget, as compare.py nnunet=RESULTS reads it"),
     "prediction": Subcommand("benchmarks.prediction", "whole-volume CPU prediction of a large CT, dense vs fast"),
     "scan_prediction": Subcommand("benchmarks.scan_prediction",
                                   "one large scan predicted on the CPU by medseg and nnU-Net"),

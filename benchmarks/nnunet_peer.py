@@ -80,7 +80,8 @@ def budget_trainer(seconds: float) -> type:
 
 
 def run(dataset_id: int, configuration: str, fold: int, seconds: float) -> dict[str, Any]:
-    """Plan, preprocess, train and predict the fold's validation cases; the timings, steps and plan."""
+    """Plan and preprocess (unless an earlier fold did), train and predict the fold's validation cases; the timings,
+    steps and plan."""
     from batchgenerators.utilities.file_and_folder_operations import load_json
     from nnunetv2.experiment_planning.plan_and_preprocess_api import (
         extract_fingerprints,
@@ -90,17 +91,17 @@ def run(dataset_id: int, configuration: str, fold: int, seconds: float) -> dict[
     from nnunetv2.paths import nnUNet_preprocessed
     from nnunetv2.utilities.dataset_name_id_conversion import maybe_convert_to_dataset_name
 
-    timings: dict[str, float] = {}
-    started = time.perf_counter()
-    extract_fingerprints([dataset_id], check_dataset_integrity=True, show_progress_bar=False)
-    plan_experiments([dataset_id])
-    timings["planning"] = time.perf_counter() - started
-    started = time.perf_counter()
-    preprocess([dataset_id], configurations=[configuration], num_processes=[2], show_progress_bar=False)
-    timings["preprocessing"] = time.perf_counter() - started
-
+    timings: dict[str, float] = {"planning": 0.0, "preprocessing": 0.0}
     name = maybe_convert_to_dataset_name(dataset_id)
     folder = Path(nnUNet_preprocessed) / name
+    if not (folder / f"nnUNetPlans_{configuration}").is_dir():  # the folds of one dataset share one plan
+        started = time.perf_counter()
+        extract_fingerprints([dataset_id], check_dataset_integrity=True, show_progress_bar=False)
+        plan_experiments([dataset_id])
+        timings["planning"] = time.perf_counter() - started
+        started = time.perf_counter()
+        preprocess([dataset_id], configurations=[configuration], num_processes=[2], show_progress_bar=False)
+        timings["preprocessing"] = time.perf_counter() - started
     plans, dataset_json = load_json(str(folder / "nnUNetPlans.json")), load_json(str(folder / "dataset.json"))
     device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
     plans["continue_training"] = False  # as nnU-Net's run_training sets it for a new run

@@ -445,22 +445,25 @@ def to_markdown(meta: Mapping[str, Any], results: Sequence[SystemResult]) -> str
     return "\n".join(lines) + "\n"
 
 
-def parse_overrides(items: Sequence[str]) -> tuple[dict[str, str], list[str]]:
-    """``key=value`` arguments: the benchmark's own (``budget_minutes``, ``systems``) and medseg's ``data.*`` and
-    ``model.*`` (``model.channels=[...]`` trains medseg's systems on the network of nnU-Net's plan; nnU-Net plans its
-    own)."""
+OWN_KEYS = ("budget_minutes", "systems")
+"""The benchmark's own ``key=value`` arguments."""
+
+
+def parse_overrides(items: Sequence[str], own_keys: Sequence[str] = OWN_KEYS) -> tuple[dict[str, str], list[str]]:
+    """``key=value`` arguments: the benchmark's own (``own_keys``) and medseg's ``data.*`` and ``model.*``
+    (``model.channels=[...]`` trains medseg's systems on the network of nnU-Net's plan; nnU-Net plans its own)."""
     own, data = {}, []
     for item in items:
         key, sep, value = item.partition("=")
         if not sep:
             raise SystemExit(f"error: expected key=value, got {item!r}")
-        if key in ("budget_minutes", "systems"):
+        if key in own_keys:
             own[key] = value
         elif key.startswith(("data.", "model.")):
             data.append(item)
         else:
-            raise SystemExit(f"error: unknown argument {key!r}; expected budget_minutes=, systems=, data.*= or "
-                             "model.*=")
+            raise SystemExit(f"error: unknown argument {key!r}; expected {', '.join(f'{k}=' for k in own_keys)}, "
+                             f"data.*= or model.*=")
     return own, data
 
 

@@ -18,6 +18,7 @@ import argparse
 import difflib
 import sys
 from collections.abc import Callable, Sequence
+from typing import TYPE_CHECKING
 
 import hydra
 from omegaconf import DictConfig
@@ -38,6 +39,9 @@ from medseg.hydra_config import CONFIG_DIR
 from medseg.runtime.launch import hydra_rank_overrides
 from medseg.typed_config import to_typed
 from medseg.version import __version__
+
+if TYPE_CHECKING:
+    from medseg.evaluation.external import ExternalSource
 
 DATA_EXAMPLE = " (e.g. data=msd data.root=/path/to/Task09_Spleen)"
 
@@ -176,27 +180,49 @@ the settings; the verdict is better or worse when that p < 0.05 and the interval
 
 COMPARE_INPUT = """\
 DIR is a multirun that sweeps data.fold (say `-m model.bottleneck=none,identity,masa data.fold=0,1,2,3,4
-trainer.seed=0,1`), cross-validated (its callback did it, or `medseg crossval DIR`). Writes compare.md, compare.csv,
+trainer.seed=0,1`), cross-validated (its callback did it, or `medseg crossval DIR`). nnunet=RESULTS adds nnU-Net v2's
+cross-validation (its trained-model folder, with fold_<k>/validation/) as the setting `nnunet`, and extra=NAME=DIR any
+other tool's out-of-fold label maps, both scored by medseg on the same cases (train the sweep on nnU-Net's folds with
+data.splits=<its splits_final.json>); reference=nnunet makes it the reference. Writes compare.md, compare.csv,
 compare.json and compare.png into DIR and prints the table. Exit code 0, or 1 with one line of error."""
 
 
+def compare_options(options: Sequence[str], parser: argparse.ArgumentParser) -> tuple[str, list[ExternalSource]]:
+    """``reference=...``, ``nnunet=...`` and ``extra=NAME=DIR`` options of ``compare``: the reference and the sources
+    of other tools' predictions (a bad option ends the command with argparse's usage error)."""
+    from medseg.errors import ConfigError
+    from medseg.evaluation.compare import DEFAULT_REFERENCE
+    from medseg.evaluation.external import parse_source
+
+    reference, sources = DEFAULT_REFERENCE, []
+    for option in options:
+        key, _, value = option.partition("=")
+        if key == "reference" and value:
+            reference = value
+            continue
+        try:
+            sources.append(parse_source(option))
+        except ConfigError as err:
+            parser.error(f"{err} (or reference=KEY=VALUE, e.g. reference={DEFAULT_REFERENCE})")
+    return reference, sources
+
+
 def compare(argv: Sequence[str] | None = None) -> int:
-    """Paired verdicts of a cross-validated sweep's settings against a reference (DIR [reference=KEY=VALUE])."""
+    """Paired verdicts of a cross-validated sweep's settings against a reference (DIR [reference=KEY=VALUE]
+    [nnunet=RESULTS] [extra=NAME=DIR ...])."""
     from medseg.evaluation.compare import DEFAULT_REFERENCE, FILES, compare_sweep, setting_table
 
     parser = argparse.ArgumentParser(description=COMPARE_METHOD, formatter_class=argparse.RawDescriptionHelpFormatter,
                                      epilog=COMPARE_INPUT)
     parser.add_argument("sweep_dir", help="the multirun directory (one folder per job, and crossval/)")
-    parser.add_argument("reference", nargs="?", default=f"reference={DEFAULT_REFERENCE}",
-                        metavar="reference=KEY=VALUE",
-                        help=f"the setting the others are compared with: key=value pairs (quoted and space-separated "
-                             f"for several) that pick one setting (default: reference={DEFAULT_REFERENCE})")
+    parser.add_argument("options", nargs="*", metavar="reference=KEY=VALUE | nnunet=RESULTS | extra=NAME=DIR",
+                        help=f"reference: the setting the others are compared with, key=value pairs (quoted and "
+                             f"space-separated for several) that pick one setting, or a name (nnunet) (default: "
+                             f"reference={DEFAULT_REFERENCE}); nnunet, extra: other tools' out-of-fold predictions")
     args = parser.parse_args(argv)
-    key, _, reference = args.reference.partition("=")
-    if key != "reference" or not reference:
-        parser.error(f"{key}: expected reference=KEY=VALUE, e.g. reference={DEFAULT_REFERENCE}")
+    reference, sources = compare_options(args.options, parser)
     try:
-        comparison = compare_sweep(args.sweep_dir, reference)
+        comparison = compare_sweep(args.sweep_dir, reference, external=sources)
     except MedsegError as err:
         print(f"error: {err}", file=sys.stderr)
         return 1

@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import csv
 import io
+import json
 import logging
 import math
 from collections.abc import Mapping, Sequence
@@ -33,7 +34,16 @@ from typing import Any
 
 from hydra.errors import OverrideParseException
 
+from medseg.config import EvaluateConfig
 from medseg.errors import ConfigError, DatasetError
+from medseg.evaluation.external import (
+    ExternalSource,
+    check_names,
+    checked_predictions,
+    describe,
+    score_external,
+    sweep_dataset,
+)
 from medseg.io import atomic_write, atomic_write_json, atomic_write_text, json_safe
 from medseg.runs.folders import (
     COMPUTE_KEYS,
@@ -57,6 +67,7 @@ from medseg.scoring.paired import (
     PairedDifference,
     check_same_cases,
     holm,
+    listed,
     paired_cases,
     paired_difference,
     verdict,
@@ -98,6 +109,15 @@ class Setting:
     crossvals: list[Path]
     """The ``metrics.csv`` of each cross-validated seed, averaged into :attr:`scores`."""
     scores: Scores
+    labels_sha256: dict[str, str] = field(default_factory=dict)
+    """``case -> SHA-256`` of the label file each case was scored against (the ``summary.json`` beside each
+    ``metrics.csv``); empty when the cross-validation predates that record."""
+    data_root: str = ""
+    """The ``data.root`` of the dataset it was scored on ("" when not recorded)."""
+    recorded_compute: dict[str, float] | None = None
+    """Another tool's compute as it recorded it; None for medseg's settings (the mean over :attr:`runs`)."""
+    source: str = ""
+    """For another tool's predictions: where they came from and what of their compute is blank, in words."""
 
     @property
     def cases(self) -> int:
@@ -111,7 +131,10 @@ class Setting:
 
     @property
     def compute(self) -> dict[str, float]:
-        """The mean over the completed runs of each compute key of ``metrics.json`` that they report."""
+        """The mean over the completed runs of each compute key of ``metrics.json`` that they report (another tool's:
+        what it recorded)."""
+        if self.recorded_compute is not None:
+            return dict(self.recorded_compute)
         out = {}
         for key in COMPUTE_KEYS:
             values = [value for run in self.runs if not math.isnan(value := run.value(key))]
@@ -203,6 +226,53 @@ def average_seeds(per_seed: Mapping[str, Scores]) -> Scores:
                   for case in cases} for key, cases in first.items()}
 
 
+def read_dataset_record(paths: Sequence[Path]) -> tuple[dict[str, str], str]:
+    """The labels' SHA-256 by case and the ``data.root`` recorded in the ``summary.json`` beside each ``metrics.csv``
+    of ``paths`` (one per seed); ``({}, "")`` when a seed's summary lacks them.
+
+    Raises:
+        DatasetError: two seeds were scored against different labels.
+    """
+    digests: dict[str, str] = {}
+    roots = []
+    for path in paths:
+        try:
+            summary = json.loads(CrossvalLayout(path.parent).summary.read_text())
+        except (OSError, ValueError):
+            return {}, ""
+        if not summary.get("labels_sha256"):
+            return {}, ""
+        for case, digest in summary["labels_sha256"].items():
+            if digests.setdefault(case, digest) != digest:
+                raise DatasetError(f"{path}: case {case} was scored against another label than in {paths[0]}; the "
+                                   f"seeds of one setting must be cross-validated on one dataset")
+        roots.append(str(summary.get("data_root", "")))
+    return digests, roots[0]
+
+
+def check_same_dataset(settings: Sequence[Setting]) -> None:
+    """Every setting was scored against the same label files (by their SHA-256) wherever their cases coincide; a
+    setting whose cross-validation did not record them is named in a warning.
+
+    Raises:
+        DatasetError: two settings scored a case against different labels: both named, with their ``data.root``.
+    """
+    recorded = [setting for setting in settings if setting.labels_sha256]
+    for setting in recorded[1:]:
+        first = recorded[0]
+        differ = sorted(case for case in first.labels_sha256.keys() & setting.labels_sha256.keys()
+                        if first.labels_sha256[case] != setting.labels_sha256[case])
+        if differ:
+            raise DatasetError(f"{setting.label} (data.root={setting.data_root}) and {first.label} (data.root="
+                               f"{first.data_root}) were scored against different labels of {len(differ)} case(s) "
+                               f"({listed(differ)}): a paired verdict needs one dataset")
+    unrecorded = [setting.label for setting in settings if not setting.labels_sha256]
+    if unrecorded and recorded:
+        log.warning("cannot check that %s were scored on the same dataset as the others: their cross-validation "
+                    "predates the record of the labels (rerun python scripts/crossval.py on the sweep)",
+                    "; ".join(unrecorded))
+
+
 def read_settings(sweep: Sweep) -> list[Setting]:
     """Every setting of ``sweep`` that has a cross-validation, in run order; a setting (or a seed of one) without
     ``crossval/.../metrics.csv`` is left out with a warning.
@@ -228,21 +298,27 @@ def read_settings(sweep: Sweep) -> list[Setting]:
         if found:
             per_seed = {str(path.parent.relative_to(sweep.path)): read_scores(path) for path in found}
             runs = [run for group in seeds.values() for run in group]
-            settings.append(Setting(label, runs, found, average_seeds(per_seed)))
+            settings.append(Setting(label, runs, found, average_seeds(per_seed), *read_dataset_record(found)))
     return settings
 
 
 def select_reference(settings: Sequence[Setting], spec: str) -> Setting:
-    """The one setting whose runs have every ``key=value`` of ``spec`` (space-separated) among their overrides.
+    """The setting named ``spec`` (another tool's: ``nnunet``), else the one setting whose runs have every
+    ``key=value`` of ``spec`` (space-separated) among their overrides.
 
     Raises:
-        ConfigError: ``spec`` is no ``key=value`` list, or it matches no setting or several.
+        ConfigError: ``spec`` is no name nor ``key=value`` list, or it matches no setting or several.
     """
+    named = [setting for setting in settings if setting.label == spec and not setting.runs]
+    if named:
+        return named[0]
     try:
         wanted = parse_overrides(spec.split())
     except OverrideParseException as err:
-        raise ConfigError(f"reference={spec}: not key=value pairs ({err})") from None
-    matches = [s for s in settings if all(s.runs[0].overrides.get(key) == value for key, value in wanted.items())]
+        raise ConfigError(f"reference={spec}: not key=value pairs nor the name of a setting ({err}); choose one "
+                          f"of: {'; '.join(s.label for s in settings)}") from None
+    matches = [s for s in settings
+               if s.runs and all(s.runs[0].overrides.get(key) == value for key, value in wanted.items())]
     if len(matches) != 1:
         found = "no" if not matches else f"{len(matches)} ({'; '.join(s.label for s in matches)})"
         raise ConfigError(f"reference={spec} matches {found} cross-validated settings; choose one of: "
@@ -278,13 +354,38 @@ def compare_settings(settings: Sequence[Setting], reference: Setting, resamples:
     return [row for rows in by_setting.values() for row in rows]
 
 
-def build_comparison(sweep_dir: str | Path, reference: str = DEFAULT_REFERENCE,
-                     resamples: int = RESAMPLES) -> Comparison:
-    """Read and compare a cross-validated sweep (see the module docstring); writes nothing.
+def external_settings(sweep: Sweep, settings: Sequence[Setting], sources: Sequence[ExternalSource],
+                      progress: bool = True) -> list[Setting]:
+    """Another tool's out-of-fold predictions of each of ``sources`` as a setting, scored on the cases of the sweep's
+    ``settings`` (:mod:`medseg.evaluation.external`): every source is checked before any is scored.
+
+    Raises:
+        ConfigError, PredictionError, DatasetError: see :func:`~medseg.evaluation.external.checked_predictions`.
+    """
+    if not sources:
+        return []
+    if not settings:
+        raise ConfigError(f"{sweep.path}: no cross-validated setting to pair {sources[0].key} with (cross-validate "
+                          f"with python scripts/crossval.py {sweep.path})")
+    check_names(sources, {setting.label: setting for setting in settings})
+    dataset = sweep_dataset(sweep.runs, settings[0].scores[(FOREGROUND, "dice")])
+    checked = [checked_predictions(source, dataset) for source in sources]
+    out = []
+    for predictions in checked:
+        path = score_external(predictions, dataset, EvaluateConfig.tolerance_mm, sweep.path, progress)
+        out.append(Setting(predictions.source.name, [], [path], read_scores(path), *read_dataset_record([path]),
+                           recorded_compute=predictions.compute, source=describe(predictions, path, sweep.path)))
+    return out
+
+
+def build_comparison(sweep_dir: str | Path, reference: str = DEFAULT_REFERENCE, resamples: int = RESAMPLES,
+                     external: Sequence[ExternalSource] = (), progress: bool = True) -> Comparison:
+    """Read and compare a cross-validated sweep (see the module docstring), with another tool's out-of-fold
+    predictions as settings (``external``, scored into ``DIR/external/``); writes nothing else.
 
     Raises:
         ConfigError: no sweep, no folds, fewer than two cross-validated settings, or a bad ``reference``.
-        DatasetError: unreadable scores, or settings scored on different cases.
+        DatasetError: unreadable scores, or settings scored on different cases or labels.
     """
     sweep_dir = Path(sweep_dir).expanduser()
     try:
@@ -293,6 +394,8 @@ def build_comparison(sweep_dir: str | Path, reference: str = DEFAULT_REFERENCE,
         raise ConfigError(f"{err}; give the folder of a multirun (python scripts/train.py -m ... "
                           f"data.fold=0,1,2,3,4)") from None
     settings = read_settings(sweep)
+    check_same_dataset(settings)
+    settings += external_settings(sweep, settings, external, progress)
     if len(settings) < 2:
         raise ConfigError(f"{sweep_dir}: {len(settings)} cross-validated setting(s); a comparison needs two or more "
                           f"(cross-validate with python scripts/crossval.py {sweep_dir})")
@@ -338,6 +441,13 @@ def detail_table(comparison: Comparison, render: Any = markdown_table) -> str:
     return render(headers, rows)
 
 
+def external_notes(comparison: Comparison) -> list[str]:
+    """The paragraph on other tools' settings of ``compare.md`` (none without them)."""
+    sources = [setting.source for setting in comparison.settings if setting.source]
+    return [f"Other tools' out-of-fold predictions, scored by medseg against the same labels: "
+            f"{'; '.join(sources)}."] if sources else []
+
+
 def render_markdown(comparison: Comparison) -> str:
     """The text of ``compare.md``."""
     compared = len(comparison.settings) - 1
@@ -347,6 +457,7 @@ def render_markdown(comparison: Comparison) -> str:
         f"{comparison.reference.cases} out-of-fold cases of the cross-validation (`crossval/`). {METHOD}",
         "## Foreground mean Dice, and compute",
         setting_table(comparison, markdown_table),
+        *external_notes(comparison),
         "![forest plot](compare.png)",
         "## Every output and metric (HD95: lower is better; cases with an infinite HD95 left out)",
         detail_table(comparison),
@@ -367,7 +478,7 @@ def setting_record(setting: Setting, sweep_dir: Path) -> dict[str, Any]:
     return {"setting": setting.label, "crossval": [str(path.relative_to(sweep_dir)) for path in setting.crossvals],
             "cases": setting.cases, "dice": setting.dice, "compute": setting.compute,
             "devices": sorted({run.device for run in setting.runs if run.status == "completed"}),
-            **setting.efficiency}
+            **({"source": setting.source} if setting.source else {}), **setting.efficiency}
 
 
 def render_json(comparison: Comparison) -> dict[str, Any]:
@@ -424,10 +535,10 @@ def render_plot(comparison: Comparison) -> Any:
     return fig
 
 
-def compare_sweep(sweep_dir: str | Path, reference: str = DEFAULT_REFERENCE,
-                  resamples: int = RESAMPLES) -> Comparison:
+def compare_sweep(sweep_dir: str | Path, reference: str = DEFAULT_REFERENCE, resamples: int = RESAMPLES,
+                  external: Sequence[ExternalSource] = (), progress: bool = True) -> Comparison:
     """Compare a cross-validated sweep (:func:`build_comparison`) and write :data:`FILES` into it atomically."""
-    comparison = build_comparison(sweep_dir, reference, resamples)
+    comparison = build_comparison(sweep_dir, reference, resamples, external, progress)
     folder = comparison.sweep_dir
     atomic_write_text(folder / "compare.csv", render_csv(comparison))
     atomic_write_json(folder / "compare.json", render_json(comparison))

@@ -8,7 +8,8 @@ of the sweep (the runs that differ only in ``data.fold``; the whole sweep when i
    in their original geometry with the predict stage (:meth:`medseg.inference.predict.Predictor.predict_case`), into
    ``predictions/<case>.nii.gz`` (and the output masks, ``<case>.masks.npz``);
 2. all out-of-fold predictions are scored together with evaluate's scoring: ``metrics.csv`` (a row per case and
-   output: class or region), ``summary.json`` and ``summary.md`` (per output, mean ± std over every case of Dice,
+   output: class or region), ``summary.json`` (with the SHA-256 of each case's label file, by which
+   ``scripts/compare.py`` tells datasets apart) and ``summary.md`` (per output, mean ± std over every case of Dice,
    HD95 and NSD);
 3. the postprocessing is decided per output on their masks (:func:`medseg.postprocessing.components.decide`) into
    ``postprocessing.json``,
@@ -50,7 +51,7 @@ from medseg.io import atomic_write_json, atomic_write_text, check_writable, json
 from medseg.postprocessing.components import POSTPROCESSING_FILE, STEPS, OutOfFoldCase, decide
 from medseg.runs.folders import Run, Sweep, cross_validations
 from medseg.runs.layout import CrossvalLayout, crossval_dir
-from medseg.scoring.per_case import read_reference, summarize, write_metrics_csv
+from medseg.scoring.per_case import read_reference, reference_digest, summarize, write_metrics_csv
 from medseg.tables import markdown_table, mean_std, text_table
 from medseg.typed_config import to_typed
 
@@ -274,6 +275,8 @@ def run_folds(folds: Sequence[Fold], sweep: Path, label: str, cfg: CrossvalConfi
             "missing_folds": missing_folds(folds),
             "num_cases": total,
             "num_scored": len(scored),
+            "data_root": str(folds[0].net.data.root),
+            "labels_sha256": {case.case: reference_digest(case.label) for case in scored},
             **class_statistics(rows, labels),
             "failed": failed,
             "config": asdict(cfg),

@@ -79,26 +79,35 @@ def grid_difference(prediction: str, reference: str) -> str | None:
     return affine_difference(ref_affine, affine)
 
 
-def match_predictions(pred: Path, references: Mapping[str, str]) -> tuple[dict[str, str], list[str]]:
-    """Each reference case's prediction file in ``pred`` and the predictions without a reference.
+def check_predictions(predictions: Mapping[str, str], references: Mapping[str, str], where: str) -> None:
+    """Every reference case has a prediction, on its reference's voxel grid (``where`` names the predictions).
 
     Raises:
-        PredictionError: ``pred`` is no folder, a reference case has no prediction, or a prediction lies on another
-            voxel grid than its reference: one line per such case.
+        PredictionError: a reference case has no prediction, or a prediction lies on another voxel grid than its
+            reference: one line per such case.
     """
-    if not pred.is_dir():
-        raise PredictionError(f"pred={pred}: not a folder of predictions")
-    predictions = {case_id(path): str(path) for path in image_files(pred)}
     missing = [case for case in references if case not in predictions]
     if missing:
-        raise PredictionError(f"pred={pred}: no prediction for {len(missing)} of the {len(references)} reference "
+        raise PredictionError(f"{where}: no prediction for {len(missing)} of the {len(references)} reference "
                               f"case(s): {', '.join(missing)} (expected <case>.nii.gz for each)")
     mismatched = [f"{case}: {Path(predictions[case]).name} is on another grid than {reference}: {difference}"
                   for case, reference in references.items()
                   if (difference := grid_difference(predictions[case], reference)) is not None]
     if mismatched:
-        raise PredictionError(f"pred={pred}: {len(mismatched)} prediction(s) on another voxel grid than their "
+        raise PredictionError(f"{where}: {len(mismatched)} prediction(s) on another voxel grid than their "
                               f"reference, nothing scored:\n  " + "\n  ".join(mismatched))
+
+
+def match_predictions(pred: Path, references: Mapping[str, str]) -> tuple[dict[str, str], list[str]]:
+    """Each reference case's prediction file in ``pred`` and the predictions without a reference.
+
+    Raises:
+        PredictionError: ``pred`` is no folder, or see :func:`check_predictions`.
+    """
+    if not pred.is_dir():
+        raise PredictionError(f"pred={pred}: not a folder of predictions")
+    predictions = {case_id(path): str(path) for path in image_files(pred)}
+    check_predictions(predictions, references, f"pred={pred}")
     return {case: predictions[case] for case in references}, sorted(set(predictions) - set(references))
 
 

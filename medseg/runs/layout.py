@@ -13,7 +13,8 @@ A run folder (``outputs/train/<date>/<time>/``, or one run of a multirun)::
 
 A sweep folder (``multirun/<date>/<time>/``) holds one run folder per Hydra job and ``crossval/``
 (``crossval/<setting>/`` for each setting of a wider sweep): the out-of-fold scores that ``scripts/crossval.py``
-writes (:class:`CrossvalLayout`).
+writes (:class:`CrossvalLayout`), and ``external/<name>/``: another tool's out-of-fold predictions scored by
+``scripts/compare.py ... nnunet=RESULTS`` or ``extra=NAME=DIR`` (the same ``metrics.csv`` and ``summary.json``).
 """
 
 from __future__ import annotations
@@ -27,6 +28,8 @@ OVERRIDES_FILE = Path(".hydra") / "overrides.yaml"
 
 CROSSVAL_FOLDER = "crossval"
 """The folder of a sweep that ``scripts/crossval.py`` writes its results into."""
+EXTERNAL_FOLDER = "external"
+"""The folder of a sweep that ``scripts/compare.py`` scores other tools' out-of-fold predictions into."""
 
 
 class RunLayout:
@@ -89,6 +92,11 @@ def crossval_dir(sweep_dir: str | Path, label: str = "") -> Path:
     one setting (``label``) of a sweep of several."""
     folder = Path(sweep_dir) / CROSSVAL_FOLDER
     return folder / re.sub(r"[^\w.,=+-]+", "_", label) if label else folder
+
+
+def external_dir(sweep_dir: str | Path, name: str) -> Path:
+    """Where ``scripts/compare.py`` scores another tool's out-of-fold predictions: ``DIR/external/<name>``."""
+    return Path(sweep_dir) / EXTERNAL_FOLDER / name
 
 
 @dataclass(frozen=True)

@@ -49,7 +49,7 @@ class PairedDifference:
     """The number of paired cases with finite values on both sides."""
 
 
-def _listed(cases: Sequence[str], shown: int = 5) -> str:
+def listed(cases: Sequence[str], shown: int = 5) -> str:
     """``"case_1, case_2, ..."``: the first ``shown`` of ``cases``."""
     return ", ".join(cases[:shown]) + (", ..." if len(cases) > shown else "")
 
@@ -61,7 +61,7 @@ def check_same_cases(cases: Collection[str], reference: Collection[str], name: s
         DatasetError: the two case sets differ; the message names the cases each one lacks.
     """
     lacking = {name: sorted(set(reference) - set(cases)), reference_name: sorted(set(cases) - set(reference))}
-    detail = "; ".join(f"{who} lacks {len(missing)} case(s): {_listed(missing)}"
+    detail = "; ".join(f"{who} lacks {len(missing)} case(s): {listed(missing)}"
                        for who, missing in lacking.items() if missing)
     if detail:
         raise DatasetError(f"{name} and {reference_name} were not evaluated on the same cases ({detail}); a paired "

@@ -8,6 +8,7 @@ the voxels of the ignore label.
 from __future__ import annotations
 
 import csv
+import hashlib
 import io
 from collections.abc import Mapping, Sequence
 from pathlib import Path
@@ -43,6 +44,18 @@ def read_reference(path: str, shape: tuple[int, ...], affine: np.ndarray, image_
     if difference is not None:
         raise DatasetError(f"{path}: label geometry differs from its image {image_file}: {difference}")
     return check_label_values(array, path, labels.declared, "the model's labels"), voxel_spacing(label_affine)
+
+
+def reference_digest(path: str | Path) -> str:
+    """SHA-256 of a label file's bytes (of a folder: of its files', in name order): two datasets whose case names
+    coincide are told apart by it, and a copy of the same labels elsewhere matches."""
+    path = Path(path)
+    digest = hashlib.sha256()
+    for file in sorted(p for p in path.rglob("*") if p.is_file()) if path.is_dir() else [path]:
+        with file.open("rb") as handle:
+            for block in iter(lambda: handle.read(1 << 20), b""):
+                digest.update(block)
+    return digest.hexdigest()
 
 
 def score_case(case: str, prediction: np.ndarray, reference: np.ndarray, spacing: Sequence[float],
