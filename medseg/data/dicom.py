@@ -53,11 +53,13 @@ SEG_SOP_CLASS = "1.2.840.10008.5.1.4.1.1.66.4"
 DIRECTORY_SOP_CLASS = "1.2.840.10008.1.3.10"
 """Media Storage Directory Storage (a ``DICOMDIR`` index): not part of any series, skipped."""
 ORIENTATION_TOLERANCE = 1e-3
-"""How far (direction cosines) the ``ImageOrientationPatient`` of two slices of one series may differ."""
+"""How far (direction cosines) the ``ImageOrientationPatient`` of two slices of one series may differ, and its row and
+column directions from unit length and from orthogonal (their dot product from 0)."""
 SPACING_TOLERANCE = 1e-4
 """How far (a fraction) the ``PixelSpacing`` of two slices of one series may differ."""
-STEP_TOLERANCE = 0.05
-"""How far (a fraction of the median step) a step between slice positions may differ from the others."""
+POSITION_TOLERANCE_MM = 0.1
+"""How far (mm) a slice's ``ImagePositionPatient`` may lie off the regular grid from the first slice to the last:
+the drift that steps each near the median accumulate is measured, not each step alone."""
 DUPLICATE_MM = 1e-3
 """Two slices nearer than this (mm along the normal) are at one position."""
 
@@ -262,7 +264,7 @@ def series_geometry(source: str | Path | DicomSeries) -> SeriesGeometry:
     if twice:
         files = [_file_name(d) for d, uid in zip(datasets, uids) if uid == twice[0]]
         raise ImageReadError(source, f"one image twice: {', '.join(files)} have the same SOPInstanceUID {twice[0]}")
-    row, column = orientations[0, :3], orientations[0, 3:]
+    row, column = _directions(orientations[0], source)
     normal = np.cross(row, column)
     positions = np.array([[float(v) for v in d.ImagePositionPatient] for d in datasets])
     order = np.argsort(positions @ normal, kind="stable")
@@ -274,30 +276,47 @@ def series_geometry(source: str | Path | DicomSeries) -> SeriesGeometry:
     return SeriesGeometry(datasets, np.diag([-1.0, -1.0, 1.0, 1.0]) @ lps)
 
 
+def _directions(cosines: np.ndarray, source: object) -> tuple[np.ndarray, np.ndarray]:
+    """The unit row and column directions (each (3,), LPS) of ``ImageOrientationPatient`` ``cosines`` (6,), which must
+    be two orthogonal unit vectors within :data:`ORIENTATION_TOLERANCE` (else the spacing along them is unknown)."""
+    row, column = cosines[:3], cosines[3:]
+    lengths, dot = (float(np.linalg.norm(row)), float(np.linalg.norm(column))), float(row @ column)
+    if max(abs(lengths[0] - 1), abs(lengths[1] - 1), abs(dot)) > ORIENTATION_TOLERANCE:
+        text = "\\".join(f"{v:.4g}" for v in cosines)
+        raise ImageReadError(source, f"ImageOrientationPatient {text} is not two orthogonal unit vectors (lengths "
+                                     f"{lengths[0]:.4g} and {lengths[1]:.4g}, dot product {dot:.4g}; tolerance "
+                                     f"{ORIENTATION_TOLERANCE:g}): its directions and spacings are unknown")
+    return row / lengths[0], column / lengths[1]
+
+
 def _slice_step(datasets: Sequence[Dataset], positions: np.ndarray, normal: np.ndarray, source: object) -> np.ndarray:
-    """(3,) the LPS vector from one slice to the next: the mean step between the sorted positions, which must be
-    even (no gap, no two slices at one position); one slice alone steps along the normal by its
-    ``SpacingBetweenSlices`` (else ``SliceThickness``)."""
+    """(3,) the LPS vector from one slice to the next: the step of the regular grid from the first sorted position to
+    the last, on which every position must lie within :data:`POSITION_TOLERANCE_MM` (no gap, no drift, no two slices
+    at one position); one slice alone steps along the normal by its ``SpacingBetweenSlices`` (else
+    ``SliceThickness``)."""
     if len(datasets) == 1:
         spacing = datasets[0].get("SpacingBetweenSlices") or datasets[0].get("SliceThickness")
         if not spacing or float(spacing) <= 0:
             raise ImageReadError(source, f"one slice ({_file_name(datasets[0])}) without SpacingBetweenSlices or "
                                          f"SliceThickness: its thickness is unknown")
         return normal * float(spacing)
-    steps = np.diff(positions, axis=0)
-    along = steps @ normal
+    along = np.diff(positions, axis=0) @ normal
     if along.min() < DUPLICATE_MM:
         k = int(np.argmin(along))
         raise ImageReadError(source, f"two slices at one position, {float(positions[k] @ normal):.4g} mm along the "
                                      f"slice normal ({_file_name(datasets[k])}, {_file_name(datasets[k + 1])})")
-    median = np.median(steps, axis=0)
-    deviation = np.linalg.norm(steps - median, axis=1)
-    if deviation.max() > STEP_TOLERANCE * np.linalg.norm(median):
-        k, usual = int(np.argmax(deviation)), float(median @ normal)
-        raise ImageReadError(source, f"uneven slice positions: {along[k]:.4g} mm from {_file_name(datasets[k])} to "
-                                     f"{_file_name(datasets[k + 1])}, where the median step is {usual:.4g} mm"
-                                     f"{' (a missing slice?)' if along[k] > 1.5 * usual else ''}")
-    return (positions[-1] - positions[0]) / (len(positions) - 1)
+    step = (positions[-1] - positions[0]) / (len(positions) - 1)
+    drift = np.linalg.norm(positions - (positions[0] + np.arange(len(positions))[:, None] * step), axis=1)
+    if drift.max() > POSITION_TOLERANCE_MM:
+        k, median, j = int(np.argmax(drift)), float(np.median(along)), int(np.argmax(along))
+        gap = (f"; {along[j]:.4g} mm from {_file_name(datasets[j])} to {_file_name(datasets[j + 1])} (a missing "
+               f"slice?)" if along[j] > 1.5 * median else "")
+        raise ImageReadError(source, f"uneven slice positions: {_file_name(datasets[k])} lies {drift[k]:.3g} mm "
+                                     f"({drift[k] / np.linalg.norm(step):.2f} of a slice) off the regular grid from "
+                                     f"the first slice to the last (tolerance {POSITION_TOLERANCE_MM:g} mm); the steps "
+                                     f"run from {along.min():.4g} to {along.max():.4g} mm (median {median:.4g} mm)"
+                                     f"{gap}")
+    return step
 
 
 def _whole(value: Any) -> bool:
