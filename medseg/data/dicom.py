@@ -31,6 +31,7 @@ its ``ITKReader`` (GDCM) sorts by position and agrees with this module (tests/da
 from __future__ import annotations
 
 import importlib.util
+import logging
 import re
 from collections import Counter
 from collections.abc import Sequence
@@ -44,6 +45,8 @@ from medseg.errors import ImageReadError, one_line
 
 if TYPE_CHECKING:
     from pydicom import Dataset
+
+log = logging.getLogger("medseg")
 
 DICOM_EXTRA = 'pip install "medseg[dicom]"'
 """How to install what DICOM input and DICOM-SEG output need (pydicom, highdicom)."""
@@ -319,30 +322,58 @@ def _slice_step(datasets: Sequence[Dataset], positions: np.ndarray, normal: np.n
     return step
 
 
-def _whole(value: Any) -> bool:
-    return value is None or float(value) == round(float(value))
+def rescale(dataset: Dataset) -> tuple[float, float]:
+    """The modality LUT's ``(slope, intercept)`` of one image: its ``RescaleSlope`` and ``RescaleIntercept``, an
+    absent slope 1 and an absent intercept 0 (the identity the standard gives an image without them; an intercept
+    without its slope, which the standard requires beside it, is applied with slope 1)."""
+    slope, intercept = dataset.get("RescaleSlope"), dataset.get("RescaleIntercept")
+    return (1.0 if slope in (None, "") else float(slope)), (0.0 if intercept in (None, "") else float(intercept))
+
+
+def _half_rescale(datasets: Sequence[Dataset]) -> str | None:
+    """``"RescaleIntercept without RescaleSlope in 12 of 12 image(s)"`` (or the other way round) where images give
+    one of the two alone; None where none does."""
+    for present, absent in (("RescaleIntercept", "RescaleSlope"), ("RescaleSlope", "RescaleIntercept")):
+        count = sum(d.get(present) not in (None, "") and d.get(absent) in (None, "") for d in datasets)
+        if count:
+            return f"{present} without {absent} in {count} of {len(datasets)} image(s)"
+    return None
+
+
+def _stored_to_modality(dataset: Dataset) -> np.ndarray:
+    """(rows, columns) one image's stored values in the modality's units: its Modality LUT Sequence (pydicom's
+    ``apply_modality_lut``) where it has one, else through :func:`rescale`."""
+    if "ModalityLUTSequence" in dataset:
+        from pydicom.pixels import apply_modality_lut
+
+        return apply_modality_lut(dataset.pixel_array, dataset)
+    slope, intercept = rescale(dataset)
+    pixels = dataset.pixel_array
+    return pixels if (slope, intercept) == (1.0, 0.0) else pixels * slope + intercept
 
 
 def read_series(source: str | Path | DicomSeries) -> tuple[np.ndarray, np.ndarray]:
-    """A series' voxels ``(columns, rows, slices)`` through the modality LUT (``RescaleSlope``/``Intercept``) and its
-    ``(4, 4)`` RAS voxel-to-world affine (:func:`series_geometry`). The voxels are int16 (int32 where they need it)
-    when every slope and intercept is a whole number, else float32.
+    """A series' voxels ``(columns, rows, slices)`` through the modality LUT (:func:`rescale`: ``RescaleSlope`` and
+    ``RescaleIntercept``; a half-given pair is said once in the log) and its ``(4, 4)`` RAS voxel-to-world affine
+    (:func:`series_geometry`). The voxels are int16 (int32 where they need it) when every slope and intercept is a
+    whole number, else float32.
 
     Raises:
         ImageReadError: see :func:`series_geometry`; or pixel data pydicom cannot decode.
     """
-    from pydicom.pixels import apply_modality_lut
-
     geometry = series_geometry(source)
+    half = _half_rescale(geometry.datasets)
+    if half:
+        log.warning("%s: %s, read with slope 1 and intercept 0 where absent (the standard's identity)", source, half)
     slices = []
     for dataset in geometry.datasets:
         try:
-            slices.append(apply_modality_lut(dataset.pixel_array, dataset))
+            slices.append(_stored_to_modality(dataset))
         except Exception as err:  # a transfer syntax without a decoder installed, truncated pixel data, ...
             raise ImageReadError(source, f"{_file_name(dataset)}: cannot decode its pixel data ({one_line(err)})"
                                  ) from err
     volume = np.stack(slices, axis=-1).transpose(1, 0, 2)  # (rows, columns, slices) -> (columns, rows, slices)
-    if all(_whole(d.get("RescaleSlope")) and _whole(d.get("RescaleIntercept")) for d in geometry.datasets):
+    if all(float(value).is_integer() for d in geometry.datasets for value in rescale(d)):
         low, high = volume.min(), volume.max()
         kind = np.int16 if np.iinfo(np.int16).min <= low and high <= np.iinfo(np.int16).max else np.int32
         return np.rint(volume).astype(kind), geometry.affine

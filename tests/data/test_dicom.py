@@ -11,6 +11,7 @@ line naming the folder.
 from __future__ import annotations
 
 import json
+import logging
 import re
 import shutil
 import sys
@@ -300,4 +301,18 @@ def test_cosines_off_unit_length_within_the_tolerance_keep_the_pixel_spacing(tmp
     _rewrite(series.files, lambda ds, k: setattr(ds, "ImageOrientationPatient", [1.0004, 0, 0, 0, 0.9996, 0]))
     spacing = np.linalg.norm(read_file(str(series.folder))[1][:3, :3], axis=0)
     np.testing.assert_allclose(spacing, [0.8, 0.9, 2.0], atol=1e-9)
+
+
+def test_an_intercept_without_a_slope_is_applied_with_slope_one(tmp_path: Path,
+                                                                 caplog: pytest.LogCaptureFixture) -> None:
+    """RescaleIntercept -1024 without RescaleSlope: the intercept is applied (HU as the NIfTI), said once."""
+    case = write_ct_case(tmp_path, "case", "lps")
+    _rewrite(case.series.files, lambda ds, k: delattr(ds, "RescaleSlope"))
+    with caplog.at_level(logging.WARNING, logger="medseg"):
+        array, _ = read_file(str(case.series.folder))
+    np.testing.assert_array_equal(array, read_file(str(case.nifti))[0])
+    assert array.dtype == np.int16
+    records = [r.getMessage() for r in caplog.records if "Rescale" in r.getMessage()]
+    assert records == [f"{case.series.folder}: RescaleIntercept without RescaleSlope in 12 of 12 image(s), read "
+                       f"with slope 1 and intercept 0 where absent (the standard's identity)"]
 
