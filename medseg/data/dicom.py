@@ -32,6 +32,7 @@ from __future__ import annotations
 
 import importlib.util
 import logging
+import os
 import re
 from collections import Counter
 from collections.abc import Sequence
@@ -162,22 +163,46 @@ def series_label(dataset: Dataset) -> str:
     return "_".join(part for part in parts if part) or str(dataset.get("SeriesInstanceUID", "unnamed"))
 
 
-def series_sources(folder: str | Path) -> list[tuple[str, str | DicomSeries]]:
-    """The series of ``folder`` as ``(case name, source)`` pairs: a folder of one series is the case named after it
-    (its path the source); each series of a folder of several is a case ``<folder>_<series label>``
+def series_sources(folder: str | Path, name: str | None = None) -> list[tuple[str, str | DicomSeries]]:
+    """The series of ``folder`` as ``(case name, source)`` pairs: a folder of one series is the case ``name`` (default
+    the folder's name; its path the source); each series of a folder of several is a case ``<name>_<series label>``
     (:func:`series_label`, made unique by its UID where two labels are the same), its source a :class:`DicomSeries`.
+    A folder holding a file pydicom cannot read is the one case ``name``, which fails alone when it is read (naming
+    that file), so that it does not stop the folder's other cases.
 
     Raises:
-        ImageReadError: see :func:`folder_series`.
+        ImageReadError: pydicom is missing, or the folder holds no DICOM file (:func:`folder_series`).
     """
     folder = Path(folder)
-    groups = folder_series(folder)
+    name = folder.name if name is None else name
+    _pydicom(folder)  # without pydicom no series is read: no case alone is to blame
+    try:
+        groups = folder_series(folder)
+    except ImageReadError:
+        if not dicom_files(folder):
+            raise
+        return [(name, str(folder))]
     if len(groups) == 1:
-        return [(folder.name, str(folder))]
+        return [(name, str(folder))]
     labels = {uid: series_label(datasets[0]) for uid, datasets in groups.items()}
     repeated = {label for label, count in Counter(labels.values()).items() if count > 1}
-    return sorted((f"{folder.name}_{label}{f'_{uid}' if label in repeated else ''}", DicomSeries(str(folder), uid))
+    return sorted((f"{name}_{label}{f'_{uid}' if label in repeated else ''}", DicomSeries(str(folder), uid))
                   for uid, label in labels.items())
+
+
+def series_folders(root: str | Path) -> tuple[list[Path], list[Path]]:
+    """The folders under ``root`` (itself included, at any depth: a ``DICOMDIR`` export's series lie a few levels
+    down) that hold DICOM files, and those that hold files, none of them DICOM, and no such folder below them
+    (skipped); hidden folders are left out. Both sorted."""
+    series, other = [], []
+    for folder, subfolders, files in os.walk(root):
+        subfolders[:] = sorted(d for d in subfolders if not d.startswith("."))
+        path = Path(folder)
+        if is_series_folder(path):
+            series.append(path)
+        elif path != Path(root) and any(not f.startswith(".") for f in files):
+            other.append(path)
+    return sorted(series), sorted(path for path in other if not any(path in s.parents for s in series))
 
 
 def _series_datasets(source: str | Path | DicomSeries) -> list[Dataset]:

@@ -23,7 +23,7 @@ import pytest
 pydicom = pytest.importorskip("pydicom")
 
 from medseg.data.datalist import load_dataset  # noqa: E402
-from medseg.data.dicom import DicomSeries, series_sources  # noqa: E402
+from medseg.data.dicom import DicomSeries, series_folders, series_sources  # noqa: E402
 from medseg.data.reading import ImageReadError, LoadCased, read_case, read_file, read_ras  # noqa: E402
 from medseg.data.verify import verify_dataset  # noqa: E402
 from medseg.inference.cases import find_cases  # noqa: E402
@@ -316,3 +316,41 @@ def test_an_intercept_without_a_slope_is_applied_with_slope_one(tmp_path: Path,
     assert records == [f"{case.series.folder}: RescaleIntercept without RescaleSlope in 12 of 12 image(s), read "
                        f"with slope 1 and intercept 0 where absent (the standard's identity)"]
 
+
+def test_series_at_any_depth_are_found_and_skipped_folders_named(tmp_path: Path,
+                                                                  caplog: pytest.LogCaptureFixture) -> None:
+    """A DICOMDIR export (pydicom's FileSet: the images three folders down, under a DICOMDIR index) beside a series
+    folder and a folder of notes: both series are cases, the notes folder is named as skipped."""
+    from pydicom.fileset import FileSet
+
+    source = write_ct_case(tmp_path / "sources", "ct", "lps")
+    fileset = FileSet()
+    for path in source.series.files:
+        fileset.add(path)
+    fileset.write(tmp_path / "input" / "export")
+    assert (tmp_path / "input" / "export" / "DICOMDIR").is_file()
+    shutil.copytree(source.series.folder, tmp_path / "input" / "single")
+    (tmp_path / "input" / "notes").mkdir()
+    (tmp_path / "input" / "notes" / "readme.txt").write_text("not an image")
+    with caplog.at_level(logging.INFO, logger="medseg"):
+        cases = find_cases(tmp_path / "input", "test", num_channels=1)
+    (leaf,), _ = series_folders(tmp_path / "input" / "export")
+    assert len(leaf.relative_to(tmp_path / "input" / "export").parts) == 3
+    assert [c.case for c in cases] == ["_".join(("export", *leaf.relative_to(tmp_path / "input" / "export").parts)),
+                                       "single"]
+    for case in cases:
+        np.testing.assert_array_equal(read_file(case.image)[0], read_file(str(source.nifti))[0])
+    assert f"{tmp_path / 'input'}: skipped 1 folder(s) holding no DICOM file: notes" in caplog.text
+
+
+def test_a_folder_with_a_file_pydicom_cannot_read_is_a_case_that_fails_alone(tmp_path: Path) -> None:
+    """One broken file in one series folder: the folder is still a case (its reading names the file), the others
+    are cases as before."""
+    for name in ("good", "bad"):
+        shutil.copytree(write_ct_case(tmp_path / "sources", name, "lps").series.folder, tmp_path / "input" / name)
+    (tmp_path / "input" / "bad" / "broken.dcm").write_bytes(b"not dicom at all")
+    cases = find_cases(tmp_path / "input", "test", num_channels=1)
+    assert [(c.case, c.image) for c in cases] == [("bad", str(tmp_path / "input" / "bad")),
+                                                  ("good", str(tmp_path / "input" / "good"))]
+    with pytest.raises(ImageReadError, match=r"bad: broken\.dcm: not a DICOM file pydicom reads"):
+        read_file(cases[0].image)
