@@ -136,6 +136,28 @@ def test_a_bad_series_fails_alone_and_writes_nothing(ckpt: Path, series_input: t
         assert {item.ReferencedSOPInstanceUID for item in source.ReferencedInstanceSequence} <= set(series.sop_uids)
 
 
+DEIDENTIFIED = ("PatientBirthDate", "PatientSex", "StudyID", "StudyTime", "AccessionNumber")
+"""Type 2 attributes that de-identification often removes."""
+
+
+def test_a_de_identified_series_gets_a_seg_with_its_type_2_attributes_empty(
+        ckpt: Path, series_input: tuple[Path, dict[str, SeriesCase]], tmp_path: Path) -> None:
+    folder, cases = series_input
+    shutil.copytree(folder / "axial", tmp_path / "input" / "anonymous")
+    for path in (tmp_path / "input" / "anonymous").iterdir():
+        ds = pydicom.dcmread(path)
+        for keyword in DEIDENTIFIED:
+            delattr(ds, keyword)
+        ds.save_as(path)
+    result = run(ckpt, tmp_path / "input", tmp_path / "seg", output_format="dicom_seg")
+    assert result.exit_code == 0, result.failed
+    seg = hd.seg.segread(tmp_path / "seg" / "anonymous.seg.dcm")
+    assert all(keyword in seg and seg.data_element(keyword).is_empty for keyword in DEIDENTIFIED)
+    assert (seg.PatientID, seg.StudyDate) == ("PHANTOM01", "20240102")  # those the source has are copied
+    assert seg.ReferencedSeriesSequence[0].SeriesInstanceUID == cases["axial"].series.series_uid
+    assert [item.SegmentLabel for item in seg.SegmentSequence] == NAMES
+
+
 def test_dicom_seg_is_refused_for_nifti_and_two_channel_inputs(ckpt: Path, tmp_path: Path,
                                                                series_input: tuple[Path, dict[str, SeriesCase]]
                                                                ) -> None:
