@@ -205,6 +205,21 @@ def series_folders(root: str | Path) -> tuple[list[Path], list[Path]]:
     return sorted(series), sorted(path for path in other if not any(path in s.parents for s in series))
 
 
+def series_modality(source: str | Path | DicomSeries) -> str | None:
+    """A series' ``Modality`` (``CT``, ``MR``, ``PT``, ...) from the header of its first image; None without one.
+
+    Raises:
+        ImageReadError: pydicom is missing.
+    """
+    pydicom = _pydicom(source)
+    uid = source.uid if isinstance(source, DicomSeries) else None
+    for path in dicom_files(Path(os.fspath(source))):
+        header = pydicom.dcmread(path, stop_before_pixels=True, specific_tags=["SeriesInstanceUID", "Modality"])
+        if uid is None or str(header.get("SeriesInstanceUID", "")) == uid:
+            return str(header.get("Modality", "")).strip().upper() or None
+    return None
+
+
 def _series_datasets(source: str | Path | DicomSeries) -> list[Dataset]:
     """The images of ``source``'s series, unsorted: the folder's one series, or the series of its UID."""
     folder = source.folder if isinstance(source, DicomSeries) else str(source)
