@@ -4,11 +4,14 @@ A series' geometry comes from the images' headers, never from their order on dis
 
 - the slices are sorted by their ``ImagePositionPatient`` projected on the slice normal (the cross product of the
   row and column directions of ``ImageOrientationPatient``), not by ``InstanceNumber`` or file name;
-- the spacing between slices is the step between those positions (not ``SliceThickness``, which an overlapping or
-  gapped reconstruction does not share); one slice alone takes ``SpacingBetweenSlices``, else ``SliceThickness``;
-- the directions are ``ImageOrientationPatient``'s, oblique ones included, and the voxels are the stored values
-  through the modality LUT (``RescaleSlope`` and ``RescaleIntercept``: Hounsfield units for CT), kept integer when
-  the slope and intercept are whole numbers.
+- the spacing between slices is the step of the regular grid from the first position to the last (not
+  ``SliceThickness``, which an overlapping or gapped reconstruction does not share), and every position must lie on
+  that grid within :data:`POSITION_TOLERANCE_MM`: the drift that steps each near the median add up to is measured,
+  not each step alone; one slice alone takes ``SpacingBetweenSlices``, else ``SliceThickness``;
+- the directions are ``ImageOrientationPatient``'s, oblique ones included, which must be two orthogonal unit vectors;
+- the voxels are the stored values through the modality LUT (:func:`rescale`: ``RescaleSlope`` and
+  ``RescaleIntercept``, Hounsfield units for CT; an absent slope is 1 and an absent intercept 0, each alone too),
+  kept integer when the slope and intercept are whole numbers.
 
 The volume's voxel order is DICOM's own: axis 0 runs along a row (column index), axis 1 down the columns (row index),
 axis 2 through the sorted slices; its affine is DICOM's LPS geometry turned into the RAS world of NIfTI (the first
@@ -16,8 +19,10 @@ two rows negated). :func:`medseg.data.reading.read_file` reads a folder through 
 read wherever a volume file is.
 
 A folder may hold several series; they are told apart by ``SeriesInstanceUID`` (:func:`folder_series`), and one
-of them is named by a :class:`DicomSeries`. A series with images of different sizes, pixel spacings or orientations,
-a gap in its slice positions (a missing slice), two images at one position (or one image twice), multi-frame
+of them is named by a :class:`DicomSeries`; an input's series folders are found at any depth (:func:`series_folders`).
+A series with images of different sizes, pixel spacings or orientations, orientation cosines that are not two
+orthogonal unit vectors, slice positions off a regular grid (a missing slice, a drift), two images at one position
+(or one image twice), multi-frame
 objects, or non-image objects (a structured report, a DICOM-SEG, anything without pixel data) is refused with one
 line naming the folder and what is wrong (:class:`~medseg.errors.ImageReadError`).
 

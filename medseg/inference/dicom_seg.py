@@ -5,7 +5,8 @@ own axis order: :mod:`medseg.data.dicom`'s columns, rows and slices sorted by po
 segment is slice ``k`` of the series and references that image. highdicom (the ``dicom`` extra) writes a BINARY
 segmentation with one segment per output (a foreground class, or a region: they may overlap), labelled with its name
 from the dataset's labels or regions, in the study and frame of reference of the source series; a viewer (3D Slicer,
-OHIF) opens it on that series. The object is written atomically.
+OHIF) opens it on that series. The source's type 2 patient and study attributes that a de-identified series lacks
+are written empty (:data:`TYPE_2_SOURCE_ATTRIBUTES`). The object is written atomically.
 """
 
 from __future__ import annotations
