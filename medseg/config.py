@@ -428,8 +428,8 @@ class PredictConfig:
     probabilities averaged: softmax, or sigmoid per region); or a multirun folder (the ensemble of its finished folds'
     best.pt)."""
     input: str = MISSING
-    """A folder of images or DICOM series (one per sub-folder, or the folder itself), a folder with imagesTs/
-    (+ labelsTs/), or a dataset.json (or its folder)."""
+    """A folder of images or DICOM series (in the folder itself or its sub-folders at any depth, DICOMDIR exports
+    included), a folder with imagesTs/ (+ labelsTs/), or a dataset.json (or its folder)."""
     output: str = "predictions"
     """Folder for the predictions and summary.json."""
     output_format: str = "nifti"

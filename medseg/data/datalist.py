@@ -104,7 +104,12 @@ class DatasetInfo:
     @property
     def is_ct(self) -> bool:
         """True when every channel is CT (Hounsfield units), which selects CT normalisation."""
-        return all(name.strip().upper() == "CT" for name in self.channel_names)
+        return all(map(is_ct_channel, self.channel_names))
+
+
+def is_ct_channel(name: str) -> bool:
+    """Whether a channel (``dataset.json``'s modality name) is CT, in Hounsfield units."""
+    return name.strip().upper() == "CT"
 
 
 def case_id(path: str | Path, file_ending: str | None = None) -> str:

@@ -4,11 +4,14 @@ A series' geometry comes from the images' headers, never from their order on dis
 
 - the slices are sorted by their ``ImagePositionPatient`` projected on the slice normal (the cross product of the
   row and column directions of ``ImageOrientationPatient``), not by ``InstanceNumber`` or file name;
-- the spacing between slices is the step between those positions (not ``SliceThickness``, which an overlapping or
-  gapped reconstruction does not share); one slice alone takes ``SpacingBetweenSlices``, else ``SliceThickness``;
-- the directions are ``ImageOrientationPatient``'s, oblique ones included, and the voxels are the stored values
-  through the modality LUT (``RescaleSlope`` and ``RescaleIntercept``: Hounsfield units for CT), kept integer when
-  the slope and intercept are whole numbers.
+- the spacing between slices is the step of the regular grid from the first position to the last (not
+  ``SliceThickness``, which an overlapping or gapped reconstruction does not share), and every position must lie on
+  that grid within :data:`POSITION_TOLERANCE_MM`: the drift that steps each near the median add up to is measured,
+  not each step alone; one slice alone takes ``SpacingBetweenSlices``, else ``SliceThickness``;
+- the directions are ``ImageOrientationPatient``'s, oblique ones included, which must be two orthogonal unit vectors;
+- the voxels are the stored values through the modality LUT (:func:`rescale`: ``RescaleSlope`` and
+  ``RescaleIntercept``, Hounsfield units for CT; an absent slope is 1 and an absent intercept 0, each alone too),
+  kept integer when the slope and intercept are whole numbers.
 
 The volume's voxel order is DICOM's own: axis 0 runs along a row (column index), axis 1 down the columns (row index),
 axis 2 through the sorted slices; its affine is DICOM's LPS geometry turned into the RAS world of NIfTI (the first
@@ -16,8 +19,10 @@ two rows negated). :func:`medseg.data.reading.read_file` reads a folder through 
 read wherever a volume file is.
 
 A folder may hold several series; they are told apart by ``SeriesInstanceUID`` (:func:`folder_series`), and one
-of them is named by a :class:`DicomSeries`. A series with images of different sizes, pixel spacings or orientations,
-a gap in its slice positions (a missing slice), two images at one position (or one image twice), multi-frame
+of them is named by a :class:`DicomSeries`; an input's series folders are found at any depth (:func:`series_folders`).
+A series with images of different sizes, pixel spacings or orientations, orientation cosines that are not two
+orthogonal unit vectors, slice positions off a regular grid (a missing slice, a drift), two images at one position
+(or one image twice), multi-frame
 objects, or non-image objects (a structured report, a DICOM-SEG, anything without pixel data) is refused with one
 line naming the folder and what is wrong (:class:`~medseg.errors.ImageReadError`).
 
@@ -31,6 +36,8 @@ its ``ITKReader`` (GDCM) sorts by position and agrees with this module (tests/da
 from __future__ import annotations
 
 import importlib.util
+import logging
+import os
 import re
 from collections import Counter
 from collections.abc import Sequence
@@ -45,6 +52,8 @@ from medseg.errors import ImageReadError, one_line
 if TYPE_CHECKING:
     from pydicom import Dataset
 
+log = logging.getLogger("medseg")
+
 DICOM_EXTRA = 'pip install "medseg[dicom]"'
 """How to install what DICOM input and DICOM-SEG output need (pydicom, highdicom)."""
 DICOM_ENDING = ".dcm"
@@ -53,11 +62,13 @@ SEG_SOP_CLASS = "1.2.840.10008.5.1.4.1.1.66.4"
 DIRECTORY_SOP_CLASS = "1.2.840.10008.1.3.10"
 """Media Storage Directory Storage (a ``DICOMDIR`` index): not part of any series, skipped."""
 ORIENTATION_TOLERANCE = 1e-3
-"""How far (direction cosines) the ``ImageOrientationPatient`` of two slices of one series may differ."""
+"""How far (direction cosines) the ``ImageOrientationPatient`` of two slices of one series may differ, and its row and
+column directions from unit length and from orthogonal (their dot product from 0)."""
 SPACING_TOLERANCE = 1e-4
 """How far (a fraction) the ``PixelSpacing`` of two slices of one series may differ."""
-STEP_TOLERANCE = 0.05
-"""How far (a fraction of the median step) a step between slice positions may differ from the others."""
+POSITION_TOLERANCE_MM = 0.1
+"""How far (mm) a slice's ``ImagePositionPatient`` may lie off the regular grid from the first slice to the last:
+the drift that steps each near the median accumulate is measured, not each step alone."""
 DUPLICATE_MM = 1e-3
 """Two slices nearer than this (mm along the normal) are at one position."""
 
@@ -157,22 +168,61 @@ def series_label(dataset: Dataset) -> str:
     return "_".join(part for part in parts if part) or str(dataset.get("SeriesInstanceUID", "unnamed"))
 
 
-def series_sources(folder: str | Path) -> list[tuple[str, str | DicomSeries]]:
-    """The series of ``folder`` as ``(case name, source)`` pairs: a folder of one series is the case named after it
-    (its path the source); each series of a folder of several is a case ``<folder>_<series label>``
+def series_sources(folder: str | Path, name: str | None = None) -> list[tuple[str, str | DicomSeries]]:
+    """The series of ``folder`` as ``(case name, source)`` pairs: a folder of one series is the case ``name`` (default
+    the folder's name; its path the source); each series of a folder of several is a case ``<name>_<series label>``
     (:func:`series_label`, made unique by its UID where two labels are the same), its source a :class:`DicomSeries`.
+    A folder holding a file pydicom cannot read is the one case ``name``, which fails alone when it is read (naming
+    that file), so that it does not stop the folder's other cases.
 
     Raises:
-        ImageReadError: see :func:`folder_series`.
+        ImageReadError: pydicom is missing, or the folder holds no DICOM file (:func:`folder_series`).
     """
     folder = Path(folder)
-    groups = folder_series(folder)
+    name = folder.name if name is None else name
+    _pydicom(folder)  # without pydicom no series is read: no case alone is to blame
+    try:
+        groups = folder_series(folder)
+    except ImageReadError:
+        if not dicom_files(folder):
+            raise
+        return [(name, str(folder))]
     if len(groups) == 1:
-        return [(folder.name, str(folder))]
+        return [(name, str(folder))]
     labels = {uid: series_label(datasets[0]) for uid, datasets in groups.items()}
     repeated = {label for label, count in Counter(labels.values()).items() if count > 1}
-    return sorted((f"{folder.name}_{label}{f'_{uid}' if label in repeated else ''}", DicomSeries(str(folder), uid))
+    return sorted((f"{name}_{label}{f'_{uid}' if label in repeated else ''}", DicomSeries(str(folder), uid))
                   for uid, label in labels.items())
+
+
+def series_folders(root: str | Path) -> tuple[list[Path], list[Path]]:
+    """The folders under ``root`` (itself included, at any depth: a ``DICOMDIR`` export's series lie a few levels
+    down) that hold DICOM files, and those that hold files, none of them DICOM, and no such folder below them
+    (skipped); hidden folders are left out. Both sorted."""
+    series, other = [], []
+    for folder, subfolders, files in os.walk(root):
+        subfolders[:] = sorted(d for d in subfolders if not d.startswith("."))
+        path = Path(folder)
+        if is_series_folder(path):
+            series.append(path)
+        elif path != Path(root) and any(not f.startswith(".") for f in files):
+            other.append(path)
+    return sorted(series), sorted(path for path in other if not any(path in s.parents for s in series))
+
+
+def series_modality(source: str | Path | DicomSeries) -> str | None:
+    """A series' ``Modality`` (``CT``, ``MR``, ``PT``, ...) from the header of its first image; None without one.
+
+    Raises:
+        ImageReadError: pydicom is missing.
+    """
+    pydicom = _pydicom(source)
+    uid = source.uid if isinstance(source, DicomSeries) else None
+    for path in dicom_files(Path(os.fspath(source))):
+        header = pydicom.dcmread(path, stop_before_pixels=True, specific_tags=["SeriesInstanceUID", "Modality"])
+        if uid is None or str(header.get("SeriesInstanceUID", "")) == uid:
+            return str(header.get("Modality", "")).strip().upper() or None
+    return None
 
 
 def _series_datasets(source: str | Path | DicomSeries) -> list[Dataset]:
@@ -262,7 +312,7 @@ def series_geometry(source: str | Path | DicomSeries) -> SeriesGeometry:
     if twice:
         files = [_file_name(d) for d, uid in zip(datasets, uids) if uid == twice[0]]
         raise ImageReadError(source, f"one image twice: {', '.join(files)} have the same SOPInstanceUID {twice[0]}")
-    row, column = orientations[0, :3], orientations[0, 3:]
+    row, column = _directions(orientations[0], source)
     normal = np.cross(row, column)
     positions = np.array([[float(v) for v in d.ImagePositionPatient] for d in datasets])
     order = np.argsort(positions @ normal, kind="stable")
@@ -274,56 +324,101 @@ def series_geometry(source: str | Path | DicomSeries) -> SeriesGeometry:
     return SeriesGeometry(datasets, np.diag([-1.0, -1.0, 1.0, 1.0]) @ lps)
 
 
+def _directions(cosines: np.ndarray, source: object) -> tuple[np.ndarray, np.ndarray]:
+    """The unit row and column directions (each (3,), LPS) of ``ImageOrientationPatient`` ``cosines`` (6,), which must
+    be two orthogonal unit vectors within :data:`ORIENTATION_TOLERANCE` (else the spacing along them is unknown)."""
+    row, column = cosines[:3], cosines[3:]
+    lengths, dot = (float(np.linalg.norm(row)), float(np.linalg.norm(column))), float(row @ column)
+    if max(abs(lengths[0] - 1), abs(lengths[1] - 1), abs(dot)) > ORIENTATION_TOLERANCE:
+        text = "\\".join(f"{v:.4g}" for v in cosines)
+        raise ImageReadError(source, f"ImageOrientationPatient {text} is not two orthogonal unit vectors (lengths "
+                                     f"{lengths[0]:.4g} and {lengths[1]:.4g}, dot product {dot:.4g}; tolerance "
+                                     f"{ORIENTATION_TOLERANCE:g}): its directions and spacings are unknown")
+    return row / lengths[0], column / lengths[1]
+
+
 def _slice_step(datasets: Sequence[Dataset], positions: np.ndarray, normal: np.ndarray, source: object) -> np.ndarray:
-    """(3,) the LPS vector from one slice to the next: the mean step between the sorted positions, which must be
-    even (no gap, no two slices at one position); one slice alone steps along the normal by its
-    ``SpacingBetweenSlices`` (else ``SliceThickness``)."""
+    """(3,) the LPS vector from one slice to the next: the step of the regular grid from the first sorted position to
+    the last, on which every position must lie within :data:`POSITION_TOLERANCE_MM` (no gap, no drift, no two slices
+    at one position); one slice alone steps along the normal by its ``SpacingBetweenSlices`` (else
+    ``SliceThickness``)."""
     if len(datasets) == 1:
         spacing = datasets[0].get("SpacingBetweenSlices") or datasets[0].get("SliceThickness")
         if not spacing or float(spacing) <= 0:
             raise ImageReadError(source, f"one slice ({_file_name(datasets[0])}) without SpacingBetweenSlices or "
                                          f"SliceThickness: its thickness is unknown")
         return normal * float(spacing)
-    steps = np.diff(positions, axis=0)
-    along = steps @ normal
+    along = np.diff(positions, axis=0) @ normal
     if along.min() < DUPLICATE_MM:
         k = int(np.argmin(along))
         raise ImageReadError(source, f"two slices at one position, {float(positions[k] @ normal):.4g} mm along the "
                                      f"slice normal ({_file_name(datasets[k])}, {_file_name(datasets[k + 1])})")
-    median = np.median(steps, axis=0)
-    deviation = np.linalg.norm(steps - median, axis=1)
-    if deviation.max() > STEP_TOLERANCE * np.linalg.norm(median):
-        k, usual = int(np.argmax(deviation)), float(median @ normal)
-        raise ImageReadError(source, f"uneven slice positions: {along[k]:.4g} mm from {_file_name(datasets[k])} to "
-                                     f"{_file_name(datasets[k + 1])}, where the median step is {usual:.4g} mm"
-                                     f"{' (a missing slice?)' if along[k] > 1.5 * usual else ''}")
-    return (positions[-1] - positions[0]) / (len(positions) - 1)
+    step = (positions[-1] - positions[0]) / (len(positions) - 1)
+    drift = np.linalg.norm(positions - (positions[0] + np.arange(len(positions))[:, None] * step), axis=1)
+    if drift.max() > POSITION_TOLERANCE_MM:
+        k, median, j = int(np.argmax(drift)), float(np.median(along)), int(np.argmax(along))
+        gap = (f"; {along[j]:.4g} mm from {_file_name(datasets[j])} to {_file_name(datasets[j + 1])} (a missing "
+               f"slice?)" if along[j] > 1.5 * median else "")
+        raise ImageReadError(source, f"uneven slice positions: {_file_name(datasets[k])} lies {drift[k]:.3g} mm "
+                                     f"({drift[k] / np.linalg.norm(step):.2f} of a slice) off the regular grid from "
+                                     f"the first slice to the last (tolerance {POSITION_TOLERANCE_MM:g} mm); the steps "
+                                     f"run from {along.min():.4g} to {along.max():.4g} mm (median {median:.4g} mm)"
+                                     f"{gap}")
+    return step
 
 
-def _whole(value: Any) -> bool:
-    return value is None or float(value) == round(float(value))
+def rescale(dataset: Dataset) -> tuple[float, float]:
+    """The modality LUT's ``(slope, intercept)`` of one image: its ``RescaleSlope`` and ``RescaleIntercept``, an
+    absent slope 1 and an absent intercept 0 (the identity the standard gives an image without them; an intercept
+    without its slope, which the standard requires beside it, is applied with slope 1)."""
+    slope, intercept = dataset.get("RescaleSlope"), dataset.get("RescaleIntercept")
+    return (1.0 if slope in (None, "") else float(slope)), (0.0 if intercept in (None, "") else float(intercept))
+
+
+def _half_rescale(datasets: Sequence[Dataset]) -> str | None:
+    """``"RescaleIntercept without RescaleSlope in 12 of 12 image(s)"`` (or the other way round) where images give
+    one of the two alone; None where none does."""
+    for present, absent in (("RescaleIntercept", "RescaleSlope"), ("RescaleSlope", "RescaleIntercept")):
+        count = sum(d.get(present) not in (None, "") and d.get(absent) in (None, "") for d in datasets)
+        if count:
+            return f"{present} without {absent} in {count} of {len(datasets)} image(s)"
+    return None
+
+
+def _stored_to_modality(dataset: Dataset) -> np.ndarray:
+    """(rows, columns) one image's stored values in the modality's units: its Modality LUT Sequence (pydicom's
+    ``apply_modality_lut``) where it has one, else through :func:`rescale`."""
+    if "ModalityLUTSequence" in dataset:
+        from pydicom.pixels import apply_modality_lut
+
+        return apply_modality_lut(dataset.pixel_array, dataset)
+    slope, intercept = rescale(dataset)
+    pixels = dataset.pixel_array
+    return pixels if (slope, intercept) == (1.0, 0.0) else pixels * slope + intercept
 
 
 def read_series(source: str | Path | DicomSeries) -> tuple[np.ndarray, np.ndarray]:
-    """A series' voxels ``(columns, rows, slices)`` through the modality LUT (``RescaleSlope``/``Intercept``) and its
-    ``(4, 4)`` RAS voxel-to-world affine (:func:`series_geometry`). The voxels are int16 (int32 where they need it)
-    when every slope and intercept is a whole number, else float32.
+    """A series' voxels ``(columns, rows, slices)`` through the modality LUT (:func:`rescale`: ``RescaleSlope`` and
+    ``RescaleIntercept``; a half-given pair is said once in the log) and its ``(4, 4)`` RAS voxel-to-world affine
+    (:func:`series_geometry`). The voxels are int16 (int32 where they need it) when every slope and intercept is a
+    whole number, else float32.
 
     Raises:
         ImageReadError: see :func:`series_geometry`; or pixel data pydicom cannot decode.
     """
-    from pydicom.pixels import apply_modality_lut
-
     geometry = series_geometry(source)
+    half = _half_rescale(geometry.datasets)
+    if half:
+        log.warning("%s: %s, read with slope 1 and intercept 0 where absent (the standard's identity)", source, half)
     slices = []
     for dataset in geometry.datasets:
         try:
-            slices.append(apply_modality_lut(dataset.pixel_array, dataset))
+            slices.append(_stored_to_modality(dataset))
         except Exception as err:  # a transfer syntax without a decoder installed, truncated pixel data, ...
             raise ImageReadError(source, f"{_file_name(dataset)}: cannot decode its pixel data ({one_line(err)})"
                                  ) from err
     volume = np.stack(slices, axis=-1).transpose(1, 0, 2)  # (rows, columns, slices) -> (columns, rows, slices)
-    if all(_whole(d.get("RescaleSlope")) and _whole(d.get("RescaleIntercept")) for d in geometry.datasets):
+    if all(float(value).is_integer() for d in geometry.datasets for value in rescale(d)):
         low, high = volume.min(), volume.max()
         kind = np.int16 if np.iinfo(np.int16).min <= low and high <= np.iinfo(np.int16).max else np.int32
         return np.rint(volume).astype(kind), geometry.affine

@@ -53,6 +53,9 @@ ImageSource = str | Path | SpatialImage | DicomSeries
 """What the readers take: a file path, a DICOM series folder (its path, or one :class:`DicomSeries` of a folder that
 holds several), or a nibabel image held in memory."""
 _RAS = axcodes2ornt("RAS")
+INTENSITY_MIN = "intensity_min"
+"""The image meta key of :class:`LoadCased`: ``(C,)`` float64, each channel's least value as read (before any
+resampling or normalisation)."""
 
 
 def _missing_reader_hint(path: str | Path) -> str:
@@ -358,7 +361,8 @@ class LoadCased(MapTransform):
 
     ``image`` becomes (C, X, Y, Z) and ``label`` (with ``with_label``) (1, X, Y, Z), both float32 with the RAS
     affine, which ``Spacingd`` and the rest of a chain follow; the image's meta also holds its first file's
-    ``original_affine`` (for :func:`from_ras`) and path (``filename_or_obj``). The result equals MONAI's
+    ``original_affine`` (for :func:`from_ras`), path (``filename_or_obj``) and each channel's least value as read
+    (:data:`INTENSITY_MIN`, ``(C,)``: what says whether a volume is in Hounsfield units). The result equals MONAI's
     ``LoadImaged`` + ``EnsureChannelFirstd`` + ``EnsureTyped(float32)`` + ``Orientationd("RAS")``
     (tests/data/test_reading.py), with the reading rule planning uses.
     """
@@ -375,7 +379,8 @@ class LoadCased(MapTransform):
         volume = read_case(data if self.with_label else {k: v for k, v in data.items() if k != LABEL})
         affine = torch.as_tensor(volume.affine, dtype=torch.float64)
         out = dict(data)
-        meta = {"original_affine": volume.file_affine, "filename_or_obj": source_name(image_sources(data)[0])}
+        meta = {"original_affine": volume.file_affine, "filename_or_obj": source_name(image_sources(data)[0]),
+                INTENSITY_MIN: volume.image.reshape(len(volume.image), -1).min(axis=1).astype(np.float64)}
         out[IMAGE] = MetaTensor(torch.from_numpy(np.ascontiguousarray(volume.image, np.float32)), affine=affine,
                                 meta=meta)
         if self.with_label:

@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 import json
+import logging
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -18,9 +19,11 @@ from medseg.data.datalist import (
     split_cases,
     splits_path,
 )
-from medseg.data.dicom import is_series_folder, series_sources
+from medseg.data.dicom import series_folders, series_sources
 from medseg.data.reading import IMAGE_ENDINGS, ImageSource
 from medseg.errors import DatasetError, PredictionError
+
+log = logging.getLogger("medseg")
 
 
 @dataclass
@@ -86,12 +89,21 @@ def attach_labels(cases: list[Case], label_dir: Path) -> list[Case]:
 
 
 def series_cases(folder: Path) -> list[Case]:
-    """The DICOM series of ``folder`` as cases: the folder's own when it holds DICOM files, else those of each of its
-    sub-folders that does; a folder of one series is a case named after it, one of several series a case per
+    """The DICOM series under ``folder`` as cases: in the folder itself and in its sub-folders at any depth
+    (:func:`~medseg.data.dicom.series_folders`; a ``DICOMDIR`` export's series lie a few levels down); the folders
+    holding files but no DICOM file are named in the log. A series folder is a case named after its path below
+    ``folder`` (``a_b`` for ``folder/a/b``; ``folder`` itself: its name), a folder of several series a case per
     ``SeriesInstanceUID`` (:func:`~medseg.data.dicom.series_sources`)."""
-    folders = [folder] if is_series_folder(folder) else sorted(
-        path for path in folder.iterdir() if path.is_dir() and not path.name.startswith(".") and is_series_folder(path))
-    return [Case(name, source) for series_folder in folders for name, source in series_sources(series_folder)]
+    folders, skipped = series_folders(folder)
+    if skipped:
+        names = [str(path.relative_to(folder)) for path in skipped]
+        log.info("%s: skipped %d folder(s) holding no DICOM file: %s%s", folder, len(names), ", ".join(names[:5]),
+                 f" and {len(names) - 5} more" if len(names) > 5 else "")
+    cases = []
+    for series_folder in folders:
+        name = "_".join(series_folder.relative_to(folder).parts) or folder.name
+        cases += [Case(case, source) for case, source in series_sources(series_folder, name)]
+    return cases
 
 
 def _folder_cases(folder: Path) -> list[Case]:

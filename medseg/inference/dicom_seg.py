@@ -5,7 +5,8 @@ own axis order: :mod:`medseg.data.dicom`'s columns, rows and slices sorted by po
 segment is slice ``k`` of the series and references that image. highdicom (the ``dicom`` extra) writes a BINARY
 segmentation with one segment per output (a foreground class, or a region: they may overlap), labelled with its name
 from the dataset's labels or regions, in the study and frame of reference of the source series; a viewer (3D Slicer,
-OHIF) opens it on that series. The object is written atomically.
+OHIF) opens it on that series. The source's type 2 patient and study attributes that a de-identified series lacks
+are written empty (:data:`TYPE_2_SOURCE_ATTRIBUTES`). The object is written atomically.
 """
 
 from __future__ import annotations
@@ -26,6 +27,10 @@ from medseg.version import __version__
 SEG_ENDING = ".seg.dcm"
 SERIES_NUMBER_OFFSET = 1000
 """A SEG's ``SeriesNumber`` is its source series' plus this (1000 for a source without one)."""
+TYPE_2_SOURCE_ATTRIBUTES = ("PatientName", "PatientID", "PatientBirthDate", "PatientSex", "StudyDate", "StudyTime",
+                            "StudyID", "AccessionNumber", "ReferringPhysicianName")
+"""The patient and study attributes a SEG takes from its source series: type 2 (present, possibly empty), which
+de-identified series often lack; written empty where the source has none, as the standard allows."""
 
 
 def seg_path(output: Path, case: str) -> Path:
@@ -66,6 +71,10 @@ def write_dicom_seg(output: Path, case: Case, masks: np.ndarray, labels: LabelSp
 
     source = case.image_files[0]
     datasets = series_geometry(source).datasets  # type: ignore[arg-type]  # check_seg_inputs: a series
+    for dataset in datasets:  # read for this SEG alone: the source files are not changed
+        for keyword in TYPE_2_SOURCE_ATTRIBUTES:
+            if keyword not in dataset:
+                setattr(dataset, keyword, "")
     grid = (int(datasets[0].Columns), int(datasets[0].Rows), len(datasets))
     if tuple(masks.shape[1:]) != grid:
         raise DatasetError(f"{source_name(source)}: masks of shape {tuple(masks.shape[1:])} are not on the "

@@ -23,9 +23,11 @@ from monai.transforms import Compose
 
 from medseg.config import DataConfig, InferenceConfig
 from medseg.data.labels import LabelSpec
+from medseg.data.reading import IMAGE
 from medseg.errors import CheckpointError
 from medseg.inference.cases import Case
 from medseg.inference.inferer import Inferer, Prediction
+from medseg.inference.modality import ModalityCheck
 from medseg.inference.model import EvalModel, load_model
 from medseg.runs.folders import Sweep, setting_keys, swept_keys
 from medseg.runs.layout import RunLayout
@@ -98,6 +100,7 @@ class Ensemble:
         check_compatible(nets)
         self.nets = list(nets)
         self.inference = inference
+        self.modality = ModalityCheck()  # one per run: each kind of mismatch warned once
         chains: dict[str, Compose] = {}  # models with the same preprocessing share a case's preprocessing
         self.inferers = []
         for net in self.nets:
@@ -144,7 +147,8 @@ class Ensemble:
     def infer(self, case: Case, on_model: Callable[[], object] = lambda: None) -> Prediction:
         """The mean of the models' probabilities on the case's grid; ``on_model()`` after each model.
 
-        The sliding windows of a single model show a progress bar when ``inference.progress`` is set.
+        The sliding windows of a single model show a progress bar when ``inference.progress`` is set. A case not of
+        the models' training modality is warned of (:mod:`.modality`).
 
         Raises:
             DatasetError: an unreadable image, or a channel count other than the models'.
@@ -156,6 +160,7 @@ class Ensemble:
             key = inferer.net.preprocessing_key
             if key not in preprocessed:
                 preprocessed[key] = inferer.preprocess(case)
+                self.modality.check(inferer.net, case, preprocessed[key][IMAGE].meta)
             prediction = inferer.infer_preprocessed(preprocessed[key], progress=windows)
             if total is None:
                 total = prediction.probabilities

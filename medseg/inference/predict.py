@@ -6,8 +6,8 @@ scores what it predicts). The checkpoint alone rebuilds the model, its preproces
 the sliding window and the class names. ``ckpt`` may also name several models (a list, or a multirun folder:
 :mod:`.ensemble`), whose probabilities are averaged on each case's own grid. ``input`` is one of:
 
-- a folder of images (``.nii.gz``, ``.nii``, ``.nrrd``, ``.mha``) or DICOM series (a sub-folder per series, or the
-  folder itself; each series, told apart by ``SeriesInstanceUID``, is a case: :mod:`medseg.data.dicom`);
+- a folder of images (``.nii.gz``, ``.nii``, ``.nrrd``, ``.mha``) or DICOM series (series folders at any depth, or
+  the folder itself; each series, told apart by ``SeriesInstanceUID``, is a case: :mod:`medseg.data.dicom`);
 - a folder holding ``imagesTs/`` (or ``imagesTr/``), matched by case id; nnU-Net names (``CASE_0000.nii.gz`` ... one
   file per channel) are recognised;
 - an MSD or nnU-Net ``dataset.json`` (the file or its folder) with ``split`` = ``test`` | ``training`` |

@@ -11,6 +11,7 @@ line naming the folder.
 from __future__ import annotations
 
 import json
+import logging
 import re
 import shutil
 import sys
@@ -22,7 +23,7 @@ import pytest
 pydicom = pytest.importorskip("pydicom")
 
 from medseg.data.datalist import load_dataset  # noqa: E402
-from medseg.data.dicom import DicomSeries, series_sources  # noqa: E402
+from medseg.data.dicom import DicomSeries, series_folders, series_sources  # noqa: E402
 from medseg.data.reading import ImageReadError, LoadCased, read_case, read_file, read_ras  # noqa: E402
 from medseg.data.verify import verify_dataset  # noqa: E402
 from medseg.inference.cases import find_cases  # noqa: E402
@@ -185,8 +186,9 @@ def make_bad(kind: str, folder: Path) -> None:
 
 
 BAD = {
-    "gap": r"uneven slice positions: 5 mm from \w+(\.dcm)? to \w+(\.dcm)?, where the median step is 2\.5 mm "
-           r"\(a missing slice\?\)",
+    "gap": r"uneven slice positions: \w+(\.dcm)? lies 1\.25 mm \(0\.45 of a slice\) off the regular grid from the "
+           r"first slice to the last \(tolerance 0\.1 mm\); the steps run from 2\.5 to 5 mm \(median 2\.5 mm\); 5 mm "
+           r"from \w+(\.dcm)? to \w+(\.dcm)? \(a missing slice\?\)$",
     "twice": r"one image twice: .* have the same SOPInstanceUID",
     "same position": r"two slices at one position, 7\.5 mm along the slice normal",
     "sizes": r"mixed image sizes within one series \(40x36 in 12 file\(s\), 30x36 in 4 file\(s\).*more than one "
@@ -240,3 +242,115 @@ def test_series_sources_name_cases_readably(tmp_path: Path) -> None:
     second = write_series(tmp_path / "f", volume, np.diag([1.0, 1.0, 2.0, 1.0]), description="", seed=2)
     names = [name for name, _ in series_sources(tmp_path / "f")]
     assert sorted(names) == sorted([f"f_s1_{first.series_uid}", f"f_s1_{second.series_uid}"])
+
+
+def _rewrite(files: list[Path], change) -> None:
+    """``change(dataset, k)`` for the k-th file of ``files`` (slice order), saved in place."""
+    for k, path in enumerate(files):
+        ds = pydicom.dcmread(path)
+        change(ds, k)
+        ds.save_as(path)
+
+
+def _axial_series(folder: Path, slices: int = 12, step: float = 2.0):
+    """An axial LPS series (row +x, column +y, normal +z) of 16x16x``slices`` voxels, 0.8 x 0.9 x ``step`` mm."""
+    volume = ct_case("c", np.random.default_rng(0), (16, 16, slices), (0.8, 0.9, step)).image[0]
+    return volume, write_series(folder, volume, LPS @ np.diag([0.8, 0.9, step, 1.0]), intercept=-1024)
+
+
+def test_slice_positions_that_drift_off_the_grid_are_refused(tmp_path: Path) -> None:
+    """Steps of 2.09, 2.0 and 1.91 mm, each within 5 % of the median 2 mm: the slices in the middle lie 15 x 0.09 =
+    1.35 mm off the 2 mm grid that the first and last slices span, which is refused with that figure."""
+    _, series = _axial_series(tmp_path / "drift", slices=32)
+    along = np.concatenate([[0.0], np.cumsum([2.09] * 15 + [2.0] + [1.91] * 15)])
+    _rewrite(series.files, lambda ds, k: setattr(ds, "ImagePositionPatient", [0.0, 0.0, float(along[k])]))
+    with pytest.raises(ImageReadError, match=rf"^{re.escape(str(tmp_path / 'drift'))}: uneven slice positions: "
+                                             rf"{series.files[15].name} lies 1\.35 mm \(0\.6[78] of a slice\) off the "
+                                             r"regular grid .*; the steps run from 1\.91 to 2\.09 mm \(median 2 mm\)$"):
+        read_file(str(series.folder))
+
+
+def test_positions_jittered_within_the_tolerance_read_on_the_grid(tmp_path: Path) -> None:
+    """Positions written to 0.05 mm off a 2 mm grid (a scanner's rounding) read as that grid."""
+    volume, series = _axial_series(tmp_path / "jitter")
+    jitter = np.where(np.arange(12) % 2, 0.05, -0.05)
+    jitter[[0, -1]] = 0.0
+    _rewrite(series.files, lambda ds, k: setattr(ds, "ImagePositionPatient", [0.0, 0.0, 2.0 * k + jitter[k]]))
+    array, affine = read_file(str(series.folder))
+    np.testing.assert_array_equal(array, volume)
+    np.testing.assert_allclose(affine, LPS @ np.diag([0.8, 0.9, 2.0, 1.0]), atol=1e-9)
+
+
+@pytest.mark.parametrize(("cosines", "figures"), [
+    ([0.95, 0, 0, 0, 0.95, 0], r"lengths 0\.95 and 0\.95, dot product 0;"),
+    ([1, 0, 0, 0.1, 0.995, 0], r"lengths 1 and 1, dot product 0\.1;"),
+])
+def test_orientation_cosines_must_be_orthogonal_unit_vectors(cosines: list[float], figures: str,
+                                                             tmp_path: Path) -> None:
+    """Cosines of length 0.95 would scale the spacing to 0.76 mm where PixelSpacing says 0.8; skewed ones leave the
+    directions unknown: both refused, naming the series and the figures."""
+    _, series = _axial_series(tmp_path / "skew")
+    _rewrite(series.files, lambda ds, k: setattr(ds, "ImageOrientationPatient", cosines))
+    with pytest.raises(ImageReadError, match=rf"^{re.escape(str(series.folder))}: ImageOrientationPatient "
+                                             rf"\S+ is not two orthogonal unit vectors \({figures}"):
+        read_file(str(series.folder))
+
+
+def test_cosines_off_unit_length_within_the_tolerance_keep_the_pixel_spacing(tmp_path: Path) -> None:
+    _, series = _axial_series(tmp_path / "near")
+    _rewrite(series.files, lambda ds, k: setattr(ds, "ImageOrientationPatient", [1.0004, 0, 0, 0, 0.9996, 0]))
+    spacing = np.linalg.norm(read_file(str(series.folder))[1][:3, :3], axis=0)
+    np.testing.assert_allclose(spacing, [0.8, 0.9, 2.0], atol=1e-9)
+
+
+def test_an_intercept_without_a_slope_is_applied_with_slope_one(tmp_path: Path,
+                                                                 caplog: pytest.LogCaptureFixture) -> None:
+    """RescaleIntercept -1024 without RescaleSlope: the intercept is applied (HU as the NIfTI), said once."""
+    case = write_ct_case(tmp_path, "case", "lps")
+    _rewrite(case.series.files, lambda ds, k: delattr(ds, "RescaleSlope"))
+    with caplog.at_level(logging.WARNING, logger="medseg"):
+        array, _ = read_file(str(case.series.folder))
+    np.testing.assert_array_equal(array, read_file(str(case.nifti))[0])
+    assert array.dtype == np.int16
+    records = [r.getMessage() for r in caplog.records if "Rescale" in r.getMessage()]
+    assert records == [f"{case.series.folder}: RescaleIntercept without RescaleSlope in 12 of 12 image(s), read "
+                       f"with slope 1 and intercept 0 where absent (the standard's identity)"]
+
+
+def test_series_at_any_depth_are_found_and_skipped_folders_named(tmp_path: Path,
+                                                                  caplog: pytest.LogCaptureFixture) -> None:
+    """A DICOMDIR export (pydicom's FileSet: the images three folders down, under a DICOMDIR index) beside a series
+    folder and a folder of notes: both series are cases, the notes folder is named as skipped."""
+    from pydicom.fileset import FileSet
+
+    source = write_ct_case(tmp_path / "sources", "ct", "lps")
+    fileset = FileSet()
+    for path in source.series.files:
+        fileset.add(path)
+    fileset.write(tmp_path / "input" / "export")
+    assert (tmp_path / "input" / "export" / "DICOMDIR").is_file()
+    shutil.copytree(source.series.folder, tmp_path / "input" / "single")
+    (tmp_path / "input" / "notes").mkdir()
+    (tmp_path / "input" / "notes" / "readme.txt").write_text("not an image")
+    with caplog.at_level(logging.INFO, logger="medseg"):
+        cases = find_cases(tmp_path / "input", "test", num_channels=1)
+    (leaf,), _ = series_folders(tmp_path / "input" / "export")
+    assert len(leaf.relative_to(tmp_path / "input" / "export").parts) == 3
+    assert [c.case for c in cases] == ["_".join(("export", *leaf.relative_to(tmp_path / "input" / "export").parts)),
+                                       "single"]
+    for case in cases:
+        np.testing.assert_array_equal(read_file(case.image)[0], read_file(str(source.nifti))[0])
+    assert f"{tmp_path / 'input'}: skipped 1 folder(s) holding no DICOM file: notes" in caplog.text
+
+
+def test_a_folder_with_a_file_pydicom_cannot_read_is_a_case_that_fails_alone(tmp_path: Path) -> None:
+    """One broken file in one series folder: the folder is still a case (its reading names the file), the others
+    are cases as before."""
+    for name in ("good", "bad"):
+        shutil.copytree(write_ct_case(tmp_path / "sources", name, "lps").series.folder, tmp_path / "input" / name)
+    (tmp_path / "input" / "bad" / "broken.dcm").write_bytes(b"not dicom at all")
+    cases = find_cases(tmp_path / "input", "test", num_channels=1)
+    assert [(c.case, c.image) for c in cases] == [("bad", str(tmp_path / "input" / "bad")),
+                                                  ("good", str(tmp_path / "input" / "good"))]
+    with pytest.raises(ImageReadError, match=r"bad: broken\.dcm: not a DICOM file pydicom reads"):
+        read_file(cases[0].image)

@@ -112,17 +112,21 @@ def test_series_in_images_ts_are_scored_against_labels_ts(ckpt: Path, tmp_path: 
 
 def test_a_bad_series_fails_alone_and_writes_nothing(ckpt: Path, series_input: tuple[Path, dict[str, SeriesCase]],
                                                     tmp_path: Path) -> None:
-    """An input of a good series, a series with a missing slice and a study folder of two series: the gap fails alone
-    (nothing written for it), the study's series are cases of their own, each with its SEG."""
+    """An input of a good series, a series with a missing slice, one with a file that is no DICOM and a study folder
+    of two series: the gap and the broken file fail alone (nothing written for them), the study's series are cases
+    of their own, each with its SEG."""
     folder, cases = series_input
     shutil.copytree(folder / "axial", tmp_path / "input" / "axial")
     gap = tmp_path / "input" / "gap"
     shutil.copytree(folder / "axial", gap)
     (gap / cases["axial"].series.files[4].name).unlink()  # a slice in the middle
+    shutil.copytree(folder / "axial", tmp_path / "input" / "junk")
+    (tmp_path / "input" / "junk" / "broken.dcm").write_bytes(b"not dicom at all")
     study = two_series_folder(tmp_path / "input" / "study")
     result = run(ckpt, tmp_path / "input", tmp_path / "out", output_format="dicom_seg")
-    assert result.exit_code == 1 and [f["case"] for f in result.failed] == ["gap"]
+    assert result.exit_code == 1 and [f["case"] for f in result.failed] == ["gap", "junk"]
     assert "uneven slice positions" in result.failed[0]["reason"] and "(a missing slice?)" in result.failed[0]["reason"]
+    assert result.failed[1]["reason"].startswith(f"{tmp_path / 'input' / 'junk'}: broken.dcm: not a DICOM file")
     assert sorted(p.name for p in (tmp_path / "out").iterdir()) == [
         "axial.seg.dcm", "study_s2_axial.seg.dcm", "study_s5_T2_tse.seg.dcm", "summary.json"]
     for name, (_, series) in zip(("study_s2_axial", "study_s5_T2_tse"), study):
@@ -130,6 +134,28 @@ def test_a_bad_series_fails_alone_and_writes_nothing(ckpt: Path, series_input: t
         (source,) = seg.ReferencedSeriesSequence
         assert source.SeriesInstanceUID == series.series_uid
         assert {item.ReferencedSOPInstanceUID for item in source.ReferencedInstanceSequence} <= set(series.sop_uids)
+
+
+DEIDENTIFIED = ("PatientBirthDate", "PatientSex", "StudyID", "StudyTime", "AccessionNumber")
+"""Type 2 attributes that de-identification often removes."""
+
+
+def test_a_de_identified_series_gets_a_seg_with_its_type_2_attributes_empty(
+        ckpt: Path, series_input: tuple[Path, dict[str, SeriesCase]], tmp_path: Path) -> None:
+    folder, cases = series_input
+    shutil.copytree(folder / "axial", tmp_path / "input" / "anonymous")
+    for path in (tmp_path / "input" / "anonymous").iterdir():
+        ds = pydicom.dcmread(path)
+        for keyword in DEIDENTIFIED:
+            delattr(ds, keyword)
+        ds.save_as(path)
+    result = run(ckpt, tmp_path / "input", tmp_path / "seg", output_format="dicom_seg")
+    assert result.exit_code == 0, result.failed
+    seg = hd.seg.segread(tmp_path / "seg" / "anonymous.seg.dcm")
+    assert all(keyword in seg and seg.data_element(keyword).is_empty for keyword in DEIDENTIFIED)
+    assert (seg.PatientID, seg.StudyDate) == ("PHANTOM01", "20240102")  # those the source has are copied
+    assert seg.ReferencedSeriesSequence[0].SeriesInstanceUID == cases["axial"].series.series_uid
+    assert [item.SegmentLabel for item in seg.SegmentSequence] == NAMES
 
 
 def test_dicom_seg_is_refused_for_nifti_and_two_channel_inputs(ckpt: Path, tmp_path: Path,
