@@ -194,7 +194,7 @@ def stop(message: str, exit_code: int) -> NoReturn:
     log.error("%s", message)
     command = resume_command()
     if command and env_rank() == 0:
-        log.error("to resume: %s", command)
+        log.error("to resume%s: %s", " the sweep" if _is_multirun() else "", command)
     sys.exit(exit_code)
 
 

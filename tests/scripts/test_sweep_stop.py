@@ -104,7 +104,7 @@ def test_ctrl_c_stops_a_local_multirun(tmp_path: Path, tiny_demo_root: Path) -> 
 @pytest.mark.slow
 def test_the_printed_command_resumes_the_stopped_sweep(sigterm_sweep: tuple[Path, int, str]) -> None:
     sweep, _, output = sigterm_sweep
-    command = shlex.split(re.search(r"to resume: (.+)", output).group(1))
+    command = shlex.split(re.search(r"to resume the sweep: (.+)", output).group(1))
     assert command[0] == "python" and "-m" in command and command[-2:] == [f"hydra.sweep.dir={sweep}",
                                                                           "trainer.resume=true"]
     result = subprocess.run([sys.executable, *command[1:]], cwd=sweep.parent, env={**os.environ, **ENV},
