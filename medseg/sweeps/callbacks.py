@@ -13,6 +13,7 @@ from __future__ import annotations
 import json
 import logging
 import math
+from pathlib import Path
 from typing import Any
 
 from hydra.core.utils import JobReturn, JobStatus
@@ -55,7 +56,7 @@ class CheckOutputFolder(Callback):
         from medseg.io import check_writable  # numpy and nibabel: loaded once a run starts, not at instantiation
 
         try:
-            check_writable(str(folder), key)
+            check_writable(Path(str(folder)).absolute(), key)  # named in full: Hydra's default is relative
         except ConfigError as err:
             exit_with(err)
 

@@ -24,7 +24,8 @@ def test_a_read_only_mount_is_one_line_before_hydra_writes(tmp_path: Path, monke
     mount.mkdir()
     read_only_mount(monkeypatch, mount)
     assert os.access(mount, os.W_OK)  # the permissions allow it: only the write finds out
-    config = OmegaConf.create({"hydra": {"run": {"dir": str(mount / "run")}, "sweep": {"dir": str(mount / "sweep")}}})
+    monkeypatch.chdir(mount)  # Hydra's default folders are relative: the message names the folder in full
+    config = OmegaConf.create({"hydra": {"run": {"dir": "outputs/run"}, "sweep": {"dir": "multirun/sweep"}}})
     with pytest.raises(SystemExit) as exit_info:
         getattr(CheckOutputFolder(), hook)(config=config)
     assert exit_info.value.code == 1
