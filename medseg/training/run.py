@@ -23,6 +23,7 @@ from typing import Any, NoReturn
 import torch
 from hydra.core.hydra_config import HydraConfig
 from hydra.core.override_parser.overrides_parser import OverridesParser
+from hydra.errors import HydraException
 from hydra.types import RunMode
 from omegaconf import DictConfig
 from torch.nn.parallel import DistributedDataParallel
@@ -182,9 +183,16 @@ def resume_command() -> str | None:
         args, folder = sys.argv[1:], f"hydra.sweep.dir={Path(hydra_cfg.sweep.dir).absolute()}"
     else:
         args, folder = list(hydra_cfg.overrides.task), f"hydra.run.dir={hydra_cfg.runtime.output_dir}"
-    parser = OverridesParser.create()
-    kept = [arg for arg in args if arg.startswith("-") or parser.parse_override(arg).key_or_group not in RESUME_DROPPED]
+    kept = [arg for arg in args if _override_key(arg) not in RESUME_DROPPED]
     return shlex.join(["python", sys.argv[0], *kept, folder, "trainer.resume=true"])
+
+
+def _override_key(arg: str) -> str | None:
+    """The key an override of the command line sets; None for anything else (``-m``, a flag's value)."""
+    try:
+        return OverridesParser.create().parse_override(arg).key_or_group
+    except HydraException:  # not an override: -m, a flag or its value
+        return None
 
 
 def stop(message: str, exit_code: int) -> NoReturn:

@@ -1,6 +1,7 @@
 """Faults a training run meets from outside, in process: a full disk while saving, a stop (SIGTERM) during the last
-validation (in a multirun: the sweep stops after it), a failure after a stop, a loader worker that meets the stop, a
-checkpoint without an AMP-scaler entry to resume, and a run folder it cannot write into.
+validation (in a multirun: the sweep stops after it), a failure after a stop, Ctrl-C outside the training loop, a
+stopped sweep's resume command, a loader worker that meets the stop, a checkpoint without an AMP-scaler entry to
+resume, and a run folder it cannot write into.
 
 Faults are injected from the test only (a writer that finds the disk full, a validation that sends the signal);
 production code has no hooks.
@@ -12,12 +13,16 @@ import errno
 import io
 import json
 import os
+import shlex
 import signal
+import sys
 from pathlib import Path
+from types import SimpleNamespace
 from typing import Any
 
 import pytest
 import torch
+from hydra.types import RunMode
 from monai.data import DataLoader
 from omegaconf import OmegaConf
 
@@ -140,6 +145,18 @@ def test_ctrl_c_outside_the_training_loop_is_one_line_and_exit_130(monkeypatch: 
     assert exit_info.value.code == 130
     assert [r.getMessage() for r in caplog.records if r.levelname == "ERROR"] == [
         "stopped by SIGINT outside the training loop (before it started, or after it ended)"]
+
+
+def test_the_resume_command_of_a_multirun_is_the_sweeps_own_in_its_folder(tmp_path: Path,
+                                                                            monkeypatch: pytest.MonkeyPatch) -> None:
+    hydra = OmegaConf.create({"mode": RunMode.MULTIRUN, "sweep": {"dir": "multirun/sweep"}})
+    monkeypatch.setattr(run_module, "HydraConfig", SimpleNamespace(initialized=lambda: True, get=lambda: hydra))
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setattr(sys, "argv", ["scripts/train.py", "-m", "--config-name", "train", "trainer.seed=1,2",
+                                      "hydra.sweep.dir=multirun/sweep", "model.channels=[4,8]", "trainer.resume=false"])
+    assert shlex.split(run_module.resume_command()) == [
+        "python", "scripts/train.py", "-m", "--config-name", "train", "trainer.seed=1,2", "model.channels=[4,8]",
+        f"hydra.sweep.dir={tmp_path / 'multirun' / 'sweep'}", "trainer.resume=true"]
 
 
 class WorkerHandlers(torch.utils.data.Dataset):
