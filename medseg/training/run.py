@@ -25,7 +25,7 @@ from hydra.core.hydra_config import HydraConfig
 from hydra.core.override_parser.overrides_parser import OverridesParser
 from hydra.errors import HydraException
 from hydra.types import RunMode
-from omegaconf import DictConfig
+from omegaconf import DictConfig, OmegaConf
 from torch.nn.parallel import DistributedDataParallel
 
 from medseg.config import TrainConfig
@@ -173,13 +173,21 @@ RESUME_DROPPED = ("trainer.resume", "ckpt_path", "trainer.init_from", "hydra.run
 """The overrides a resume command leaves out: it resumes from the run's own ``last.pt``, in the same folder."""
 
 
+BASIC_SWEEPER = "hydra._internal.core_plugins.basic_sweeper.BasicSweeper"
+"""Hydra's grid sweeper: launched again with the same sweep folder, it gives each run its old number and folder."""
+
+
 def resume_command() -> str | None:
     """The command line that resumes this Hydra run: its overrides, its run directory and ``trainer.resume=true``;
-    in a multirun, the sweep's command line with its sweep directory, which resumes every run it did not finish."""
+    in a multirun of Hydra's grid sweeper, the sweep's command line with its sweep directory, which resumes every run
+    it did not finish. None outside Hydra, and for another sweeper (Optuna's samples its runs anew: a run folder of
+    a second launch would hold another setting's checkpoint)."""
     if not HydraConfig.initialized():
         return None
     hydra_cfg = HydraConfig.get()
     if hydra_cfg.mode == RunMode.MULTIRUN:
+        if OmegaConf.select(hydra_cfg, "sweeper._target_") != BASIC_SWEEPER:
+            return None
         args, folder = sys.argv[1:], f"hydra.sweep.dir={Path(hydra_cfg.sweep.dir).absolute()}"
     else:
         args, folder = list(hydra_cfg.overrides.task), f"hydra.run.dir={hydra_cfg.runtime.output_dir}"

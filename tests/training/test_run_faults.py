@@ -149,7 +149,8 @@ def test_ctrl_c_outside_the_training_loop_is_one_line_and_exit_130(monkeypatch: 
 
 def test_the_resume_command_of_a_multirun_is_the_sweeps_own_in_its_folder(tmp_path: Path,
                                                                             monkeypatch: pytest.MonkeyPatch) -> None:
-    hydra = OmegaConf.create({"mode": RunMode.MULTIRUN, "sweep": {"dir": "multirun/sweep"}})
+    hydra = OmegaConf.create({"mode": RunMode.MULTIRUN, "sweep": {"dir": "multirun/sweep"},
+                              "sweeper": {"_target_": run_module.BASIC_SWEEPER}})
     monkeypatch.setattr(run_module, "HydraConfig", SimpleNamespace(initialized=lambda: True, get=lambda: hydra))
     monkeypatch.chdir(tmp_path)
     monkeypatch.setattr(sys, "argv", ["scripts/train.py", "-m", "--config-name", "train", "trainer.seed=1,2",
@@ -157,6 +158,8 @@ def test_the_resume_command_of_a_multirun_is_the_sweeps_own_in_its_folder(tmp_pa
     assert shlex.split(run_module.resume_command()) == [
         "python", "scripts/train.py", "-m", "--config-name", "train", "trainer.seed=1,2", "model.channels=[4,8]",
         f"hydra.sweep.dir={tmp_path / 'multirun' / 'sweep'}", "trainer.resume=true"]
+    hydra.sweeper._target_ = "hydra_plugins.hydra_optuna_sweeper.optuna_sweeper.OptunaSweeper"
+    assert run_module.resume_command() is None, "a search samples its runs anew: no command resumes it"
 
 
 class WorkerHandlers(torch.utils.data.Dataset):
