@@ -21,7 +21,7 @@ from typing import TypeVar
 from omegaconf import OmegaConf
 
 from medseg.config import SCHEMAS
-from medseg.errors import MedsegError
+from medseg.errors import MedsegError, exit_with
 from medseg.hydra_config import CONFIG_DIR, compose_config, help_text, register
 from medseg.typed_config import check_override_keys
 
@@ -39,8 +39,7 @@ def one_line_errors(task: Callable[..., T]) -> Callable[..., T]:
         try:
             return task(*args, **kwargs)
         except MedsegError as err:
-            print(f"error: {err}", file=sys.stderr)
-            sys.exit(1)
+            exit_with(err)
 
     return run_task
 

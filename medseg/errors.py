@@ -8,8 +8,9 @@ example around :func:`medseg.attention.build_attention`) keep working.
 
 from __future__ import annotations
 
+import sys
 from collections.abc import Collection
-from typing import Any
+from typing import Any, NoReturn
 
 
 class MedsegError(Exception):
@@ -64,6 +65,12 @@ class TrainingInterrupted(MedsegError):
 
     def __reduce__(self) -> tuple[type, tuple[str, int]]:  # picklable, so DDP ranks can share it
         return type(self), (str(self), self.exit_code)
+
+
+def exit_with(err: MedsegError) -> NoReturn:
+    """End the process as a command ends on a :class:`MedsegError`: ``error: <message>`` on stderr, exit status 1."""
+    print(f"error: {err}", file=sys.stderr)
+    sys.exit(1)
 
 
 def one_line(err: BaseException) -> str:

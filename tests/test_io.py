@@ -15,6 +15,7 @@ import pytest
 
 from medseg.errors import ConfigError, NoSpaceError
 from medseg.io import atomic_save, atomic_write, atomic_write_json, check_writable, replaced_folder, write_nifti
+from tests.helpers.read_only import read_only_mount
 
 AFFINE = np.array([[0.0, 0.0, 2.0, -10.0], [-0.7, 0.0, 0.0, 20.0], [0.0, -0.7, 0.0, 5.0], [0.0, 0.0, 0.0, 1.0]])
 """An oblique-free PIR-like affine with a non-zero origin."""
@@ -131,6 +132,16 @@ def test_check_writable_refuses_a_path_through_a_file_and_writes_nothing(tmp_pat
         check_writable(tmp_path / "notes.txt" / "out", "output")
     check_writable(tmp_path / "new" / "out", "output")  # made later, in a writable folder
     assert sorted(p.name for p in tmp_path.iterdir()) == ["notes.txt"]
+
+
+def test_check_writable_refuses_a_read_only_mount_whose_permissions_allow_writing(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    mount = tmp_path / "mount"
+    mount.mkdir()
+    read_only_mount(monkeypatch, mount)
+    assert os.access(mount, os.W_OK)
+    with pytest.raises(ConfigError, match=rf"^output: cannot write into {mount} \(Read-only file system\)"):
+        check_writable(mount / "out", "output")
 
 
 @pytest.mark.skipif(os.geteuid() == 0, reason="root writes into read-only folders")

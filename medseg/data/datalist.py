@@ -28,8 +28,8 @@ from medseg.config import DataConfig
 from medseg.data.demo import ensure_demo_dataset
 from medseg.data.labels import LabelSpec, config_regions, msd_labels, nnunet_labels
 from medseg.data.reading import IMAGE_ENDINGS
-from medseg.errors import DatasetError
-from medseg.io import atomic_write_json
+from medseg.errors import ConfigError, DatasetError
+from medseg.io import atomic_write_json, check_writable
 
 log = logging.getLogger("medseg")
 
@@ -354,9 +354,13 @@ def user_cache_root() -> Path:
 
 
 def _writable(folder: Path) -> bool:
-    """Whether ``folder`` can be created or written to (its nearest existing ancestor is writable)."""
-    existing = next(p for p in (folder, *folder.parents) if p.exists())
-    return os.access(existing, os.W_OK)
+    """Whether ``folder`` can be created or written to: :func:`medseg.io.check_writable`'s write of a file, which a
+    read-only mount refuses as well as permissions do (even to root)."""
+    try:
+        check_writable(folder, "data.cache_dir")
+    except ConfigError:
+        return False
+    return True
 
 
 @cache

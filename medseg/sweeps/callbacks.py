@@ -1,6 +1,8 @@
-"""Hydra callbacks: cross-validate and summarise a sweep when a multirun ends; report failed jobs to Optuna.
+"""Hydra callbacks: refuse an output folder that cannot be written before Hydra makes it; cross-validate and
+summarise a sweep when a multirun ends; report failed jobs to Optuna.
 
-:class:`SummarizeSweep` is registered in ``medseg/configs/train.yaml`` under ``hydra.callbacks``;
+:class:`CheckOutputFolder` and :class:`SummarizeSweep` are registered in ``medseg/configs/train.yaml`` under
+``hydra.callbacks``;
 :class:`FailedJobsFailTrials` only in the Optuna presets (``medseg/configs/hparams_search/``). Hydra instantiates
 callbacks for every run, single or multirun, so this module imports nothing heavy; the cross-validation and summary
 code loads only at the end of a sweep.
@@ -11,15 +13,52 @@ from __future__ import annotations
 import json
 import logging
 import math
+from pathlib import Path
 from typing import Any
 
 from hydra.core.utils import JobReturn, JobStatus
 from hydra.experimental.callback import Callback
 from omegaconf import DictConfig, OmegaConf
 
+from medseg.errors import ConfigError, exit_with
 from medseg.runs.layout import RunLayout
+from medseg.runtime.launch import env_rank
 
 log = logging.getLogger("medseg")
+
+
+class CheckOutputFolder(Callback):
+    """Before Hydra makes the run folder (``hydra.run.dir``) or the sweep folder (``hydra.sweep.dir``) and writes its
+    ``.hydra/`` files and log there, check that it can be written (:func:`medseg.io.check_writable`: a file is made
+    and removed in it, or in its nearest existing parent): a read-only mount, permissions, or a path through a file
+    is one line, ``error: hydra.run.dir: ...``, and exit status 1, instead of Hydra's traceback.
+
+    torchrun's ranks > 0 write no folder of their own (:func:`medseg.runtime.launch.hydra_rank_overrides`) and are
+    not checked. A folder Hydra's interpolations cannot resolve yet is left to Hydra.
+    """
+
+    def on_run_start(self, config: DictConfig, **kwargs: Any) -> None:
+        """Check ``hydra.run.dir``."""
+        self._check(config, "hydra.run.dir")
+
+    def on_multirun_start(self, config: DictConfig, **kwargs: Any) -> None:
+        """Check ``hydra.sweep.dir``, which holds every job's folder."""
+        self._check(config, "hydra.sweep.dir")
+
+    @staticmethod
+    def _check(config: DictConfig, key: str) -> None:
+        if env_rank() != 0:
+            return
+        try:
+            folder = OmegaConf.select(config, key, throw_on_missing=True)
+        except Exception:  # e.g. a ${hydra:...} interpolation, resolvable only once Hydra runs the job
+            return
+        from medseg.io import check_writable  # numpy and nibabel: loaded once a run starts, not at instantiation
+
+        try:
+            check_writable(Path(str(folder)).absolute(), key)  # named in full: Hydra's default is relative
+        except ConfigError as err:
+            exit_with(err)
 
 
 class SummarizeSweep(Callback):

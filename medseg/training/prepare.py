@@ -25,6 +25,7 @@ from medseg.runs.layout import RunLayout
 from medseg.runtime.device import resolve_device
 from medseg.runtime.host_memory import available_ram_bytes, release_freed_memory
 from medseg.runtime.launch import DistInfo
+from medseg.training.loop import loader_worker_init
 
 log = logging.getLogger("medseg")
 
@@ -130,5 +131,5 @@ def prepare_data(cfg: TrainConfig, info: DatasetInfo, plan: Plan, output_dir: Pa
     release_freed_memory()  # what caching freed, before the loader workers fork
     batch = cfg.trainer.batch_size
     loader = DataLoader(train_ds, batch_size=batch, shuffle=True, num_workers=data.num_workers,
-                        drop_last=len(train_ds) > batch)
+                        drop_last=len(train_ds) > batch, worker_init_fn=loader_worker_init)
     return PreparedData(info, view, loader, train_ds, val_ds)

@@ -10,6 +10,7 @@ from __future__ import annotations
 import logging
 import os
 import shlex
+import signal
 import sys
 import time
 import traceback
@@ -17,13 +18,14 @@ from collections.abc import Iterator, Mapping
 from contextlib import ExitStack, contextmanager
 from dataclasses import asdict
 from pathlib import Path
-from typing import Any
+from typing import Any, NoReturn
 
 import torch
 from hydra.core.hydra_config import HydraConfig
 from hydra.core.override_parser.overrides_parser import OverridesParser
+from hydra.errors import HydraException
 from hydra.types import RunMode
-from omegaconf import DictConfig
+from omegaconf import DictConfig, OmegaConf
 from torch.nn.parallel import DistributedDataParallel
 
 from medseg.config import TrainConfig
@@ -40,6 +42,7 @@ from medseg.runtime.distributed import broadcast_object, on_main_rank, process_g
 from medseg.runtime.host_memory import PeakRam
 from medseg.runtime.launch import DistInfo, env_rank
 from medseg.training.checks import check_config
+from medseg.training.loop import GracefulStop
 from medseg.training.losses import resolve_class_weights
 from medseg.training.planning import plan_config
 from medseg.training.prepare import prepare_data
@@ -166,28 +169,65 @@ def _is_multirun() -> bool:
     return HydraConfig.initialized() and HydraConfig.get().mode == RunMode.MULTIRUN
 
 
+RESUME_DROPPED = ("trainer.resume", "ckpt_path", "trainer.init_from", "hydra.run.dir", "hydra.sweep.dir")
+"""The overrides a resume command leaves out: it resumes from the run's own ``last.pt``, in the same folder."""
+
+
+BASIC_SWEEPER = "hydra._internal.core_plugins.basic_sweeper.BasicSweeper"
+"""Hydra's grid sweeper: launched again with the same sweep folder, it gives each run its old number and folder."""
+
+
 def resume_command() -> str | None:
-    """The command line that resumes this Hydra run: its overrides, its run directory and ``trainer.resume=true``."""
+    """The command line that resumes this Hydra run: its overrides, its run directory and ``trainer.resume=true``;
+    in a multirun of Hydra's grid sweeper, the sweep's command line with its sweep directory, which resumes every run
+    it did not finish. None outside Hydra, and for another sweeper (Optuna's samples its runs anew: a run folder of
+    a second launch would hold another setting's checkpoint)."""
     if not HydraConfig.initialized():
         return None
     hydra_cfg = HydraConfig.get()
-    dropped = ("trainer.resume", "ckpt_path", "trainer.init_from")  # resume from the run's own last.pt
-    parsed = OverridesParser.create().parse_overrides(list(hydra_cfg.overrides.task))
-    overrides = [o.input_line for o in parsed if o.key_or_group not in dropped]
-    return shlex.join(["python", sys.argv[0], *overrides, f"hydra.run.dir={hydra_cfg.runtime.output_dir}",
-                       "trainer.resume=true"])
+    if hydra_cfg.mode == RunMode.MULTIRUN:
+        if OmegaConf.select(hydra_cfg, "sweeper._target_") != BASIC_SWEEPER:
+            return None
+        args, folder = sys.argv[1:], f"hydra.sweep.dir={Path(hydra_cfg.sweep.dir).absolute()}"
+    else:
+        args, folder = list(hydra_cfg.overrides.task), f"hydra.run.dir={hydra_cfg.runtime.output_dir}"
+    kept = [arg for arg in args if _override_key(arg) not in RESUME_DROPPED]
+    return shlex.join(["python", sys.argv[0], *kept, folder, "trainer.resume=true"])
+
+
+def _override_key(arg: str) -> str | None:
+    """The key an override of the command line sets; None for anything else (``-m``, a flag's value)."""
+    try:
+        return OverridesParser.create().parse_override(arg).key_or_group
+    except HydraException:  # not an override: -m, a flag or its value
+        return None
+
+
+def stop(message: str, exit_code: int) -> NoReturn:
+    """End a run stopped by a signal: ``message``, the command that resumes it, and ``exit_code`` (128 + the signal,
+    as a shell reports a process the signal ended). In a multirun no further run starts: the exit leaves Hydra's
+    launcher."""
+    log.error("%s", message)
+    command = resume_command()
+    if command and env_rank() == 0:
+        log.error("to resume%s: %s", " the sweep" if _is_multirun() else "", command)
+    sys.exit(exit_code)
 
 
 def train_cli(cfg: DictConfig) -> float:
-    """``scripts/train.py``'s task function; returns best val Dice (the Optuna objective)."""
+    """``scripts/train.py``'s task function; returns best val Dice (the Optuna objective).
+
+    In a multirun a failing run is recorded (``metrics.json``) and the sweep goes on, but a run that got SIGINT or
+    SIGTERM stops the sweep however it ended (:attr:`~medseg.training.loop.GracefulStop.latest_signal`): stopped and
+    saved, failed after the signal, or completed in the epoch the signal came in.
+    """
     try:
-        return float(train(cfg)["best_val_dice"])
+        best = float(train(cfg)["best_val_dice"])
     except TrainingInterrupted as err:
-        log.error("%s", err)
-        command = resume_command()
-        if command and env_rank() == 0:
-            log.error("to resume: %s", command)
-        sys.exit(err.exit_code)
+        stop(str(err), err.exit_code)
+    except KeyboardInterrupt:  # SIGINT before training started, or after it ended: Python's default handler
+        stop("stopped by SIGINT outside the training loop (before it started, or after it ended)",
+             128 + signal.SIGINT)
     except Exception as err:
         if not _is_multirun():
             raise
@@ -196,4 +236,15 @@ def train_cli(cfg: DictConfig) -> float:
         if env_rank() == 0:  # a DDP job (SLURM tasks_per_node > 1) records its failure once
             atomic_write_json(RunLayout(HydraConfig.get().runtime.output_dir).metrics_file,
                               {"status": "failed", "reason": reason})
+        stop_sweep_if_signalled("failed")
         return float("nan")
+    stop_sweep_if_signalled("completed")
+    return best
+
+
+def stop_sweep_if_signalled(ended: str) -> None:
+    """In a multirun, stop the sweep after a run that ``ended`` (failed, completed) once SIGINT or SIGTERM came."""
+    signum = GracefulStop.latest_signal
+    if signum and _is_multirun():
+        stop(f"stopped by {signal.Signals(signum).name}: this run {ended} after the signal came, and no further run "
+             f"of the sweep starts", 128 + signum)

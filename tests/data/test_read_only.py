@@ -1,39 +1,26 @@
 """A dataset on read-only storage trains: its caches go to the user's cache directory, with one log line.
 
-The dataset folder is made read-only for real: as root (CI containers), through a read-only bind mount in a
-private mount namespace (``unshare``); as any other user, through its permissions.
+The dataset folder is made read-only for real (:func:`~tests.helpers.read_only.read_only_command`), and, in process,
+as a read-only mount whose permissions still allow writing (:func:`~tests.helpers.read_only.read_only_mount`).
 """
 
 from __future__ import annotations
 
 import hashlib
 import os
-import shlex
-import shutil
 import subprocess
 import sys
 from pathlib import Path
 
 import pytest
 
-from medseg.data.datalist import CACHE_FOLDER
+from medseg.data.datalist import CACHE_FOLDER, dataset_cache_dir
 from tests.helpers.configs import REPO
+from tests.helpers.read_only import read_only_command, read_only_mount
 from tests.helpers.realistic import write_ct_dataset
 
 TRAIN = ["data=msd", "model.channels=[8,16,32]", "data.patch_size=[32,32,8]", "data.samples_per_volume=1",
          "data.num_workers=0", "trainer.max_epochs=1", "trainer.batch_size=2", "trainer.progress=false"]
-
-
-def read_only_command(root: Path, command: list[str]) -> list[str]:
-    """``command`` run with ``root`` read-only; skips the test when this machine cannot make it so."""
-    if os.geteuid() != 0:
-        for path in [root, *root.rglob("*")]:
-            path.chmod(path.stat().st_mode & ~0o222)
-        return command
-    if shutil.which("unshare") is None or subprocess.run(["unshare", "-rm", "true"]).returncode != 0:
-        pytest.skip("running as root without user namespaces: no way to make a folder read-only")
-    mount = f"mount --bind {root} {root} && mount -o remount,bind,ro {root} && exec {shlex.join(command)}"
-    return ["unshare", "-rm", "sh", "-c", mount]
 
 
 def test_training_on_a_read_only_dataset_caches_in_the_user_cache(tmp_path: Path) -> None:
@@ -53,3 +40,20 @@ def test_training_on_a_read_only_dataset_caches_in_the_user_cache(tmp_path: Path
     assert sorted(p.relative_to(root) for p in root.rglob("*")) == before, "nothing written into the dataset"
     assert not (root / CACHE_FOLDER).exists()
     assert (run_dir / "checkpoints" / "best.pt").is_file()
+
+
+def test_a_read_only_mount_sends_the_caches_to_the_user_cache_even_where_permissions_allow_writing(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    root = tmp_path / "ct"
+    root.mkdir()
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "user-cache"))
+    read_only_mount(monkeypatch, root)
+    assert os.access(root, os.W_OK), "the permissions say writable: only a write finds the mount read-only"
+    dataset_cache_dir.cache_clear()
+    try:
+        chosen = dataset_cache_dir(root)
+    finally:
+        dataset_cache_dir.cache_clear()
+    digest = hashlib.sha1(str(root.resolve()).encode()).hexdigest()[:10]
+    assert chosen == tmp_path / "user-cache" / "medseg" / f"ct-{digest}"
+    assert list(root.iterdir()) == []

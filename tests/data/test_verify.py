@@ -271,6 +271,26 @@ def test_corrupt_non_nifti_file_is_reported(tmp_path: Path) -> None:
     assert report.problems[0].message.startswith("cannot read file (")
 
 
+def test_check_data_reports_the_warnings_training_logs_beside_its_errors(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str], caplog: pytest.LogCaptureFixture) -> None:
+    root = tmp_path / "ds"
+    training = [write_case(root, "a"), write_case(tmp_path / "outside_root", "x")]
+    training[1] = {"image": "../outside_root/imagesTr/x.nii.gz", "label": "../outside_root/labelsTr/x.nii.gz"}
+    write_msd_json(root, training)
+    assert check_data_cli(DataConfig(format="msd", root=str(root)), progress=False) == 0
+    lines = capsys.readouterr().out.splitlines()
+    outside = (tmp_path / "outside_root").resolve()
+    warned = [line for line in lines if line.startswith("  WARNING ")]
+    assert warned == [f"  WARNING x: {outside / folder / 'x.nii.gz'}: file outside the dataset folder "
+                      f"{root.resolve()}; dataset.json's paths should stay inside it"
+                      for folder in ("imagesTr", "labelsTr")]
+    assert lines[-1] == "OK: 0 errors, 2 warnings in 1 of 2 cases"
+    with caplog.at_level(logging.WARNING):
+        check_dataset(load_dataset(root, "msd"), progress=False)  # training's gate: the same warnings, logged
+    assert [r.getMessage() for r in caplog.records] == [f"dataset check: {line.removeprefix('  WARNING ')}"
+                                                        for line in warned]
+
+
 def test_check_data_cli_demo_format(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     code = check_data_cli(DataConfig(format="demo", root=str(tmp_path / "demo"), num_cases=2), progress=False)
     out = capsys.readouterr().out
