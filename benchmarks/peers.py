@@ -209,7 +209,7 @@ def score_folder(info: Any, cases: Sequence[Mapping[str, Any]], predictions: Pat
     ``summary`` (:func:`medseg.scoring.per_case.summarize`), ``dice_empty_left_out`` and ``detection`` per class."""
     from medseg.data.reading import drop_trailing_singletons, read_file
     from medseg.scoring.detection import detection_summary
-    from medseg.scoring.metrics import BOTH_EMPTY
+    from medseg.scoring.metrics import defined_mean, undefined_when_empty
     from medseg.scoring.per_case import read_reference, score_case, summarize
 
     spec = info.label_spec
@@ -220,10 +220,9 @@ def score_folder(info: Any, cases: Sequence[Mapping[str, Any]], predictions: Pat
         reference, spacing = read_reference(str(entry["label"]), prediction.shape, affine, str(entry["image"]), spec)
         rows.extend(score_case(entry["case"], prediction, reference, spacing, spec, tolerance_mm=1.0))
     by_class = {name: [row for row in rows if row["class_name"] == name] for name in spec.outputs.values()}
-    left_out = {name: [row["dice"] for row in class_rows if row["flags"] != BOTH_EMPTY]
-                for name, class_rows in by_class.items()}
     return {"summary": summarize(rows, spec.outputs),
-            "dice_empty_left_out": {name: float(np.mean(v)) if v else float("nan") for name, v in left_out.items()},
+            "dice_empty_left_out": {name: defined_mean(undefined_when_empty({"dice": row["dice"]}, row["flags"])["dice"]
+                                                       for row in class_rows) for name, class_rows in by_class.items()},
             "detection": {name: detection_summary(class_rows) for name, class_rows in by_class.items()}}
 
 
