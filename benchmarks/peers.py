@@ -14,11 +14,11 @@ Systems (``systems=nnunet,medseg,medseg_masa`` by default; each in its own proce
 Both train on medseg's split of fold ``data.fold`` (written as nnU-Net's ``splits_final.json``) and their predictions
 are scored alike by medseg in the original geometry (:func:`score_folder`); nnU-Net's Dice is cross-checked against its
 own evaluator. The report (``peers.md`` / ``peers.json`` under ``--out``) gives Dice and HD95 per class, lesion-wise
-detection per class (sensitivity, false positives per case) beside Dice averaged as nnU-Net does (a case without the
-class in reference and prediction left out), the wall time of each stage, step
-time, peak RAM of the process tree (the resident sets of the process and its workers summed: an upper bound, the
-same measure for every system), the optimiser steps in the budget, the plans side by side,
-and how soon medseg's validation Dice (during training) reached nnU-Net's final Dice.
+detection per class (sensitivity, false positives per case, Dice per found lesion) beside Dice averaged as nnU-Net
+does (a case without the class in reference and prediction left out), the wall time of each stage, step time, peak
+RAM of the process tree (the resident sets of the process and its workers summed: an upper bound, the same measure
+for every system), the optimiser steps in the budget, the plans side by side, and how soon medseg's validation Dice
+(during training) reached nnU-Net's final Dice.
 
 nnU-Net is an optional extra: ``pip install -e ".[peers]"``.
 """
@@ -184,7 +184,7 @@ class SystemResult:
     scores it 1)."""
     detection: dict[str, dict[str, float]]
     """Per class, lesion-wise (:func:`medseg.scoring.detection.detection_summary`): lesions, found, sensitivity,
-    false positives per case."""
+    false positives per case, Dice per found lesion."""
     seconds: dict[str, float]
     steps: int
     step_seconds: float
@@ -207,27 +207,23 @@ def _scores(scored: Mapping[str, Any]) -> dict[str, Any]:
 def score_folder(info: Any, cases: Sequence[Mapping[str, Any]], predictions: Path) -> dict[str, Any]:
     """medseg's scoring of ``<case>.nii.gz`` predictions against the cases' labels, in the original geometry:
     ``summary`` (:func:`medseg.scoring.per_case.summarize`), ``dice_empty_left_out`` and ``detection`` per class."""
-    from medseg.data.labels import member_masks
     from medseg.data.reading import drop_trailing_singletons, read_file
-    from medseg.scoring.detection import detect_lesions, detection_summary
-    from medseg.scoring.metrics import BOTH_EMPTY
-    from medseg.scoring.per_case import read_reference, score_case, scored_masks, summarize
+    from medseg.scoring.detection import detection_summary
+    from medseg.scoring.metrics import defined_mean, undefined_when_empty
+    from medseg.scoring.per_case import read_reference, score_case, summarize
 
     spec = info.label_spec
-    rows, found = [], {name: [] for name in spec.outputs.values()}
+    rows = []
     for entry in cases:
         prediction, affine = read_file(str(predictions / f"{entry['case']}.nii.gz"))
         prediction = np.rint(drop_trailing_singletons(prediction)).astype(np.int64)
         reference, spacing = read_reference(str(entry["label"]), prediction.shape, affine, str(entry["image"]), spec)
         rows.extend(score_case(entry["case"], prediction, reference, spacing, spec, tolerance_mm=1.0))
-        masks = member_masks(prediction, spec.output_values)
-        for name, mask, ref in zip(spec.outputs.values(), *scored_masks(masks, reference, spec)):
-            found[name].append(detect_lesions(mask, ref))
-    left_out = {name: [row["dice"] for row in rows if row["class_name"] == name and row["flags"] != BOTH_EMPTY]
-                for name in found}
+    by_class = {name: [row for row in rows if row["class_name"] == name] for name in spec.outputs.values()}
     return {"summary": summarize(rows, spec.outputs),
-            "dice_empty_left_out": {name: float(np.mean(v)) if v else float("nan") for name, v in left_out.items()},
-            "detection": {name: detection_summary(cases) for name, cases in found.items()}}
+            "dice_empty_left_out": {name: defined_mean(undefined_when_empty({"dice": row["dice"]}, row["flags"])["dice"]
+                                                       for row in class_rows) for name, class_rows in by_class.items()},
+            "detection": {name: detection_summary(class_rows) for name, class_rows in by_class.items()}}
 
 
 def nnunet_dice_check(summary: Mapping[str, Any], medseg_dice: Mapping[str, float], spec: Any) -> list[str]:
@@ -386,8 +382,10 @@ PLAN_REASONS = {
 
 LESIONS_TEXT = ("A lesion is a connected component of a class in the reference (voxels touching by a face, edge or "
                 "corner), found when a predicted voxel of the class lies in it; a false positive is a predicted "
-                "component that touches none. \"Dice (empty left out)\" averages as nnU-Net does: a case without the "
-                "class in reference and prediction does not count, where the Dice column scores it 1.")
+                "component that touches none; a found lesion's Dice is against the predicted components that "
+                "overlap it, without other lesions' voxels. \"Dice (empty left out)\" averages as nnU-Net does: a "
+                "case without the class in reference and prediction does not count, where the Dice column scores it "
+                "1.")
 
 
 def plan_differences(results: Sequence[SystemResult]) -> list[str]:
@@ -412,10 +410,11 @@ def report_tables(results: Sequence[SystemResult]) -> tuple[tuple[list[str], lis
              [[r.system, *[r.seconds.get(s) for s in stages], r.seconds["total"], r.steps, r.step_seconds,
                r.peak_ram_gb] for r in results])
     lesions = (["system", "class", "Dice", "Dice (empty left out)", "lesions found", "sensitivity",
-                "false positives / case"],
+                "false positives / case", "Dice per found lesion"],
                [[r.system, c, r.dice[c], r.dice_empty_left_out[c],
                  f"{r.detection[c]['found']} of {r.detection[c]['lesions']}", r.detection[c]["sensitivity"],
-                 r.detection[c]["false_positives_per_case"]] for r in results for c in classes])
+                 r.detection[c]["false_positives_per_case"], r.detection[c]["dice_per_lesion"]]
+                for r in results for c in classes])
     keys = list(PLAN_REASONS)
     plans = (["plan", *[r.system for r in results]], [[k, *[str(r.plan.get(k)) for r in results]] for k in keys])
     return scores, lesions, costs, plans

@@ -6,7 +6,11 @@ cross-validation when ``data.fold`` is swept. A *setting* is the runs that diffe
 cases, one ``crossval/<setting>/metrics.csv`` per seed. For every setting:
 
 1. the out-of-fold Dice, HD95 and NSD of each case, per output (class or region) and for the foreground mean (the
-   mean over the outputs of the case), averaged over the seeds case by case (every seed scored the same cases);
+   mean over the outputs of the case where defined), and per output the lesion-wise detection sensitivity,
+   false-positive components and Dice per found lesion (:mod:`medseg.scoring.detection`), averaged over the seeds
+   case by case (every seed scored the same cases). Following Metrics Reloaded, a case without the output in label
+   and prediction has no Dice nor NSD (it is left out of their means, the foreground mean's included, never counted
+   as 1), a case without a reference lesion no sensitivity, one without a found lesion no Dice per lesion;
 2. each setting but the reference is paired with the reference on the same cases
    (:mod:`medseg.scoring.paired`): the mean difference (setting minus reference) with its bootstrap 95 % confidence
    interval, the Wilcoxon signed-rank p-value, Holm's correction across the settings compared (for each output and
@@ -58,6 +62,7 @@ from medseg.runs.folders import (
     setting_of,
 )
 from medseg.runs.layout import CrossvalLayout, crossval_dir
+from medseg.scoring.metrics import UNDEFINED_WHEN_EMPTY, defined_mean, undefined_when_empty
 from medseg.scoring.paired import (
     ALPHA,
     BETTER,
@@ -78,7 +83,12 @@ log = logging.getLogger("medseg")
 
 DEFAULT_REFERENCE = "model.bottleneck=none"
 """The setting every other is compared with, unless ``reference=`` names another."""
-METRICS = {"dice": True, "hd95_mm": False, "nsd": True}
+VOXEL_METRICS = {"dice": True, "hd95_mm": False, "nsd": True}
+"""The compared voxel metrics of ``metrics.csv`` -> whether higher is better; each has a foreground mean."""
+LESION_METRICS = {"lesion_sensitivity": True, "lesion_false_positives": False, "lesion_dice": True}
+"""The compared lesion-wise columns of ``metrics.csv`` (:mod:`medseg.scoring.detection`), per output only; a
+``metrics.csv`` without them (older, or rows written without detection) is compared without them."""
+METRICS = {**VOXEL_METRICS, **LESION_METRICS}
 """The compared ``metrics.csv`` columns -> whether higher is better."""
 FOREGROUND = "foreground mean"
 """The output name of the per-case mean over the outputs."""
@@ -125,9 +135,8 @@ class Setting:
 
     @property
     def dice(self) -> float:
-        """The mean over the cases of the foreground Dice."""
-        values = self.scores[(FOREGROUND, "dice")].values()
-        return math.fsum(values) / len(values)
+        """The mean over the cases of the foreground Dice (where defined)."""
+        return defined_mean(self.scores[(FOREGROUND, "dice")].values())
 
     @property
     def compute(self) -> dict[str, float]:
@@ -182,8 +191,11 @@ class Comparison:
 
 
 def read_scores(path: Path) -> Scores:
-    """The per-case values of a cross-validation's ``metrics.csv`` (a row per case and output), with the foreground
-    mean of each case (the mean over its outputs; not finite when one of them is not).
+    """The per-case values of a cross-validation's ``metrics.csv`` (a row per case and output), Dice and NSD undefined
+    (NaN) where the output is in neither label nor prediction (:func:`~medseg.scoring.metrics.undefined_when_empty`),
+    with the foreground mean of each case for :data:`VOXEL_METRICS` (the mean over its outputs where defined,
+    :func:`~medseg.scoring.metrics.defined_mean`; infinite when an HD95 is). The :data:`LESION_METRICS` are read
+    when the file records them.
 
     Raises:
         DatasetError: the file cannot be read, or lacks a column.
@@ -191,7 +203,10 @@ def read_scores(path: Path) -> Scores:
     try:
         with path.open(newline="") as handle:
             rows = list(csv.DictReader(handle))
-        values = [(row["class_name"], row["case"], {metric: float(row[metric]) for metric in METRICS}) for row in rows]
+        read = [*VOXEL_METRICS, *(metric for metric in LESION_METRICS if rows and rows[0].get(metric))]
+        values = [(row["class_name"], row["case"],
+                   undefined_when_empty({metric: float(row[metric]) for metric in read}, row["flags"]))
+                  for row in rows]
     except (OSError, KeyError, ValueError) as err:
         raise DatasetError(f"{path}: cannot read the per-case scores ({type(err).__name__}: {err}); rerun "
                            f"python scripts/crossval.py on the sweep") from None
@@ -202,9 +217,9 @@ def read_scores(path: Path) -> Scores:
     for output, case, metrics in values:
         for metric, value in metrics.items():
             scores.setdefault((output, metric), {})[case] = value
-    for metric in METRICS:
+    for metric in VOXEL_METRICS:
         per_case = [scores[(output, metric)] for output in outputs]
-        scores[(FOREGROUND, metric)] = {case: math.fsum(o.get(case, math.nan) for o in per_case) / len(per_case)
+        scores[(FOREGROUND, metric)] = {case: defined_mean(o.get(case, math.nan) for o in per_case)
                                         for case in per_case[0]}
     return scores
 
@@ -271,6 +286,22 @@ def check_same_dataset(settings: Sequence[Setting]) -> None:
         log.warning("cannot check that %s were scored on the same dataset as the others: their cross-validation "
                     "predates the record of the labels (rerun python scripts/crossval.py on the sweep)",
                     "; ".join(unrecorded))
+
+
+def keep_shared_metrics(settings: Sequence[Setting]) -> None:
+    """Leave out of every setting's scores the :data:`LESION_METRICS` that some setting lacks (its cross-validation
+    predates them), naming those settings in a warning."""
+    recorded = {setting.label: {metric for _, metric in setting.scores} for setting in settings}
+    lacking = [metric for metric in LESION_METRICS
+               if any(metric in metrics for metrics in recorded.values())
+               and not all(metric in metrics for metrics in recorded.values())]
+    if not lacking:
+        return
+    log.warning("the lesion-wise measures are left out of the comparison: %s did not record them (rerun python "
+                "scripts/crossval.py on the sweep)",
+                "; ".join(label for label, metrics in recorded.items() if not set(lacking) <= metrics))
+    for setting in settings:
+        setting.scores = {key: values for key, values in setting.scores.items() if key[1] not in lacking}
 
 
 def read_settings(sweep: Sweep) -> list[Setting]:
@@ -396,6 +427,7 @@ def build_comparison(sweep_dir: str | Path, reference: str = DEFAULT_REFERENCE, 
     settings = read_settings(sweep)
     check_same_dataset(settings)
     settings += external_settings(sweep, settings, external, progress)
+    keep_shared_metrics(settings)
     if len(settings) < 2:
         raise ConfigError(f"{sweep_dir}: {len(settings)} cross-validated setting(s); a comparison needs two or more "
                           f"(cross-validate with python scripts/crossval.py {sweep_dir})")
@@ -448,6 +480,25 @@ def external_notes(comparison: Comparison) -> list[str]:
             f"{'; '.join(sources)}."] if sources else []
 
 
+def undefined_notes(comparison: Comparison) -> list[str]:
+    """The paragraph of ``compare.md`` on the cases left out as undefined: per output, how many cases of each setting
+    hold it in neither label nor prediction (Dice and NSD undefined), and the lesion-wise measures' rule."""
+    counts = {output: {setting.label: sum(math.isnan(value) for value in values.values())
+                       for setting in comparison.settings if (values := setting.scores.get((output, "dice")))}
+              for output, metric in comparison.reference.scores if metric == "dice" and output != FOREGROUND}
+    empty = [f"{output}: " + ", ".join(f"{count} of {comparison.reference.cases} in {label}"
+                                       for label, count in by_setting.items())
+             for output, by_setting in counts.items() if any(by_setting.values())]
+    lesion = any(metric in LESION_METRICS for _, metric in comparison.reference.scores)
+    return ([f"Undefined, not perfect (Metrics Reloaded): a case that holds an output in neither its label nor the "
+             f"prediction (of a seed) has no {' nor '.join(UNDEFINED_WHEN_EMPTY)} and is left out of them and of the "
+             f"foreground mean: {'; '.join(empty) if empty else 'no such case'}."] +
+            ([f"Lesion-wise ({', '.join(LESION_METRICS)}): a lesion is a connected component of the output's label "
+              f"(full connectivity), found when a predicted voxel lies in it; a predicted component touching no "
+              f"lesion is a false positive, counted in every case; sensitivity is undefined in a case without a "
+              f"lesion, the Dice per found lesion in a case where none is found."] if lesion else []))
+
+
 def render_markdown(comparison: Comparison) -> str:
     """The text of ``compare.md``."""
     compared = len(comparison.settings) - 1
@@ -458,6 +509,7 @@ def render_markdown(comparison: Comparison) -> str:
         "## Foreground mean Dice, and compute",
         setting_table(comparison, markdown_table),
         *external_notes(comparison),
+        *undefined_notes(comparison),
         "![forest plot](compare.png)",
         "## Every output and metric (HD95: lower is better; cases with an infinite HD95 left out)",
         detail_table(comparison),
@@ -508,30 +560,48 @@ VERDICT_COLOURS = {BETTER: "tab:green", WORSE: "tab:red"}
 """Forest-plot colours; *no evidence* is grey."""
 
 
+def plot_panels(comparison: Comparison) -> list[list[tuple[str, list[tuple[str, Row]]]]]:
+    """The forest plot's panels by row of the figure, each ``(metric, [(label, row)])``: the foreground mean of each
+    of :data:`VOXEL_METRICS` by setting, then (when recorded) each of :data:`LESION_METRICS` by setting and output."""
+    labels = [s.label for s in comparison.settings if s is not comparison.reference]
+    voxel = [(metric, [(label, comparison.foreground(metric)[label]) for label in labels]) for metric in VOXEL_METRICS]
+    by_key = {(row.setting, row.output, row.metric): row for row in comparison.rows}
+    outputs = list(dict.fromkeys(output for output, metric in comparison.reference.scores if metric in LESION_METRICS))
+    lesion = [(metric, [(f"{label}: {output}", by_key[(label, output, metric)]) for label in labels
+                        for output in outputs]) for metric in LESION_METRICS
+              if any((output, metric) in comparison.reference.scores for output in outputs)]
+    return [voxel, lesion] if lesion else [voxel]
+
+
 def render_plot(comparison: Comparison) -> Any:
     """The forest plot (a matplotlib Figure, Agg canvas): a panel per metric of the foreground mean, one row per
-    setting with its mean difference and confidence interval, and a line at zero."""
+    setting with its mean difference and confidence interval, and a line at zero; below them, a panel per lesion-wise
+    measure, one row per setting and output."""
     from matplotlib.backends.backend_agg import FigureCanvasAgg
     from matplotlib.figure import Figure
 
-    labels = [s.label for s in comparison.settings if s is not comparison.reference]
-    fig = Figure(figsize=(4.2 * len(METRICS), 1.4 + 0.45 * len(labels)), layout="constrained")
+    panels = plot_panels(comparison)
+    heights = [1.0 + 0.45 * len(figure_row[0][1]) for figure_row in panels]
+    columns = max(len(figure_row) for figure_row in panels)
+    fig = Figure(figsize=(4.2 * columns, 0.4 + sum(heights)), layout="constrained")
     FigureCanvasAgg(fig)
-    for index, metric in enumerate(METRICS):
-        ax = fig.add_subplot(1, len(METRICS), index + 1)
-        rows = comparison.foreground(metric)
-        for y, label in enumerate(labels):
-            d = rows[label].difference
-            if not math.isnan(d.mean):
-                ax.errorbar(d.mean, y, xerr=[[d.mean - d.low], [d.high - d.mean]], fmt="o", capsize=3,
-                            color=VERDICT_COLOURS.get(rows[label].verdict, "tab:gray"))
-        ax.axvline(0.0, color="black", linewidth=0.8)
-        ax.set_yticks(range(len(labels)), labels if index == 0 else [""] * len(labels), fontsize="small")
-        ax.set_ylim(len(labels) - 0.5, -0.5)
-        ax.set_xlabel(f"Δ {metric} ({'higher' if METRICS[metric] else 'lower'} is better)")
-        ax.grid(axis="x", alpha=0.3)
-    fig.suptitle(f"setting − {comparison.reference.label}: foreground mean, {CONFIDENCE:.0%} CI "
-                 f"(green better, red worse, grey no evidence)", fontsize="medium")
+    grid = fig.add_gridspec(len(panels), columns, height_ratios=heights)
+    for line, figure_row in enumerate(panels):
+        for index, (metric, rows) in enumerate(figure_row):
+            ax = fig.add_subplot(grid[line, index])
+            for y, (_, row) in enumerate(rows):
+                d = row.difference
+                if not math.isnan(d.mean):
+                    ax.errorbar(d.mean, y, xerr=[[d.mean - d.low], [d.high - d.mean]], fmt="o", capsize=3,
+                                color=VERDICT_COLOURS.get(row.verdict, "tab:gray"))
+            ax.axvline(0.0, color="black", linewidth=0.8)
+            ax.set_yticks(range(len(rows)), [label for label, _ in rows] if index == 0 else [""] * len(rows),
+                          fontsize="small")
+            ax.set_ylim(len(rows) - 0.5, -0.5)
+            ax.set_xlabel(f"Δ {metric} ({'higher' if METRICS[metric] else 'lower'} is better)")
+            ax.grid(axis="x", alpha=0.3)
+    fig.suptitle(f"setting − {comparison.reference.label}: foreground mean{', lesions per output' * (len(panels) > 1)}"
+                 f", {CONFIDENCE:.0%} CI (green better, red worse, grey no evidence)", fontsize="medium")
     return fig
 
 

@@ -1,25 +1,42 @@
-"""Lesion-wise detection: which connected components of the reference a prediction finds, and what it adds.
+"""Lesion-wise detection: which connected components of the reference a prediction finds, how well, and what it adds.
 
 Dice per class rewards the voxels of large structures; a small lesion missed, or an empty case scored 1 because
 neither map holds the class, hardly moves it. Detection counts lesions instead. A lesion is a connected component of
 a class's reference mask (full connectivity: voxels that share a face, an edge or a corner, as
-``scipy.ndimage.label`` with a full structuring element); it is *found* when at least one predicted voxel of the class
-lies in it. A *false positive* is a connected component of the prediction that touches no reference voxel of the class.
+``scipy.ndimage.label`` with a full structuring element), and so is a predicted component of the prediction's mask.
+
+Matching is by overlap:
+
+* a lesion is *found* when at least one predicted voxel of the class lies in it;
+* a *false positive* is a predicted component that touches no reference voxel of the class;
+* the *Dice of a found lesion* ``L`` is ``2 |P ∩ L| / (|P| + |L|)``, where ``P`` is the union of the predicted
+  components that overlap ``L``, without the voxels that belong to other lesions: a component that bridges two
+  lesions is shared by both (each is scored against its own part of it and the component's voxels outside every
+  lesion), a lesion split into several components is scored against all of them.
+
+The per-case values (:meth:`Detection.columns`) are columns of ``metrics.csv`` (:mod:`medseg.scoring.per_case`);
+:func:`detection_summary` pools them over the cases of a class. Where a case lacks what a measure counts, the measure
+is undefined (NaN), following Metrics Reloaded, not a perfect score: sensitivity without a reference lesion, Dice per
+lesion without a found one. False positives are counted in every case, empty or not.
 """
 
 from __future__ import annotations
 
 import math
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
+from typing import Any
 
 import numpy as np
 from scipy import ndimage
 
+LESION_COLUMNS = ("lesions", "lesions_found", "lesion_sensitivity", "lesion_false_positives", "lesion_dice")
+"""The per-case detection columns of ``metrics.csv`` (:meth:`Detection.columns`)."""
+
 
 @dataclass(frozen=True)
 class Detection:
-    """Lesion counts of one case and class (or summed over cases)."""
+    """Lesion-wise detection of one class in one case."""
 
     lesions: int
     """Connected components of the reference."""
@@ -27,10 +44,23 @@ class Detection:
     """Of them, those that at least one predicted voxel lies in."""
     false_positives: int
     """Connected components of the prediction that touch no reference voxel."""
+    lesion_dice: tuple[float, ...] = ()
+    """The Dice of each found lesion (``found`` values, in the order of the reference's component labels)."""
 
-    def __add__(self, other: Detection) -> Detection:
-        return Detection(self.lesions + other.lesions, self.found + other.found,
-                         self.false_positives + other.false_positives)
+    @property
+    def sensitivity(self) -> float:
+        """``found / lesions``; NaN without a reference lesion."""
+        return self.found / self.lesions if self.lesions else math.nan
+
+    @property
+    def mean_lesion_dice(self) -> float:
+        """The mean Dice over the found lesions; NaN when none is found."""
+        return math.fsum(self.lesion_dice) / len(self.lesion_dice) if self.lesion_dice else math.nan
+
+    def columns(self) -> dict[str, float | int]:
+        """The :data:`LESION_COLUMNS` of a ``metrics.csv`` row."""
+        return dict(zip(LESION_COLUMNS, (self.lesions, self.found, self.sensitivity, self.false_positives,
+                                         self.mean_lesion_dice)))
 
 
 def components(mask: np.ndarray) -> tuple[np.ndarray, int]:
@@ -42,21 +72,48 @@ def components(mask: np.ndarray) -> tuple[np.ndarray, int]:
 
 
 def detect_lesions(prediction: np.ndarray, reference: np.ndarray) -> Detection:
-    """Detection of one class in one case: ``prediction`` and ``reference`` are boolean masks of the same shape."""
+    """Detection of one class in one case (see the module docstring for the matching).
+
+    Args:
+        prediction: boolean mask of the predicted class, any shape (X, Y, Z) or (H, W).
+        reference: boolean mask of the class in the reference, the same shape.
+
+    Raises:
+        ValueError: the shapes differ.
+    """
     if prediction.shape != reference.shape:
         raise ValueError(f"prediction {prediction.shape} and reference {reference.shape} differ in shape")
-    reference_components, lesions = components(reference)
-    found = np.unique(reference_components[prediction & reference])
-    predicted_components, predicted = components(prediction)
-    touching = np.unique(predicted_components[prediction & reference])
-    return Detection(lesions=lesions, found=int(np.count_nonzero(found)),
-                     false_positives=predicted - int(np.count_nonzero(touching)))
+    prediction, reference = prediction.astype(bool, copy=False), reference.astype(bool, copy=False)
+    lesion_labels, lesions = components(reference)
+    predicted_labels, predicted = components(prediction)
+    # every (lesion, predicted component) pair that shares voxels, with their count; lesion 0: outside every lesion
+    pairs, counts = np.unique(lesion_labels[prediction].astype(np.int64) * (predicted + 1)
+                              + predicted_labels[prediction], return_counts=True)
+    lesion_of, component_of = np.divmod(pairs, predicted + 1)
+    outside = np.zeros(predicted + 1, np.int64)
+    outside[component_of[lesion_of == 0]] = counts[lesion_of == 0]
+    inside = lesion_of > 0
+    lesion_of, component_of, counts = lesion_of[inside], component_of[inside], counts[inside]
+    if not len(counts):
+        return Detection(lesions=lesions, found=0, false_positives=predicted)
+    found, starts = np.unique(lesion_of, return_index=True)  # pairs come sorted by lesion
+    shared = np.add.reduceat(counts, starts)
+    matched = shared + np.add.reduceat(outside[component_of], starts)  # |P|: its own voxels and those in no lesion
+    sizes = np.bincount(lesion_labels[reference], minlength=lesions + 1)[found]
+    return Detection(lesions=lesions, found=len(found),
+                     false_positives=predicted - len(np.unique(component_of)),
+                     lesion_dice=tuple(float(d) for d in 2 * shared / (matched + sizes)))
 
 
-def detection_summary(per_case: Sequence[Detection]) -> dict[str, float | int]:
-    """Over the cases of one class: lesions, found, ``sensitivity`` (found / lesions; NaN without lesions) and
-    ``false_positives_per_case``."""
-    total = sum(per_case, Detection(0, 0, 0))
-    return {"lesions": total.lesions, "found": total.found,
-            "sensitivity": total.found / total.lesions if total.lesions else math.nan,
-            "false_positives_per_case": total.false_positives / len(per_case) if per_case else math.nan}
+def detection_summary(rows: Sequence[Mapping[str, Any]]) -> dict[str, float | int]:
+    """Pooled over the ``metrics.csv`` rows of one class (each with the :data:`LESION_COLUMNS`): ``lesions``,
+    ``found``, ``sensitivity`` (found / lesions; NaN without lesions), ``false_positives_per_case`` and
+    ``dice_per_lesion`` (the mean Dice over every found lesion; NaN when none is found)."""
+    lesions = sum(int(row["lesions"]) for row in rows)
+    found = sum(int(row["lesions_found"]) for row in rows)
+    dice_sum = math.fsum(int(row["lesions_found"]) * float(row["lesion_dice"]) for row in rows
+                         if int(row["lesions_found"]))
+    return {"lesions": lesions, "found": found, "sensitivity": found / lesions if lesions else math.nan,
+            "false_positives_per_case": (sum(int(row["lesion_false_positives"]) for row in rows) / len(rows)
+                                         if rows else math.nan),
+            "dice_per_lesion": dice_sum / found if found else math.nan}

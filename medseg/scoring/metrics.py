@@ -18,6 +18,10 @@ prediction empty, reference not 0.0     0.0     inf    ``pred_empty``
 
 Means (:func:`aggregate`) average Dice and NSD over every case; HD95 means skip NaN and inf and
 report how many values they skipped (``hd95_excluded``).
+
+A comparison of settings follows Metrics Reloaded instead (:func:`undefined_when_empty`, :func:`defined_mean`): a case
+without the class in reference and prediction has no Dice nor NSD (NaN), so an empty case never counts as a perfect
+score in a mean.
 """
 
 from __future__ import annotations
@@ -35,6 +39,9 @@ from monai.metrics import compute_dice, compute_hausdorff_distance, compute_surf
 
 BOTH_EMPTY, REF_EMPTY, PRED_EMPTY = "both_empty", "ref_empty", "pred_empty"
 METRIC_NAMES = ("dice", "hd95_mm", "nsd", "pred_ml", "ref_ml")
+UNDEFINED_WHEN_EMPTY = ("dice", "nsd")
+"""The metrics that Metrics Reloaded leaves undefined where reference and prediction are both empty (HD95 is NaN there
+already)."""
 
 
 @dataclass(frozen=True)
@@ -175,6 +182,19 @@ def _finite_mean(values: Sequence[float]) -> tuple[float, int]:
     """Mean of the finite values (NaN if none) and how many values were not finite."""
     finite = [v for v in values if math.isfinite(v)]
     return (float(np.mean(finite)) if finite else math.nan), len(values) - len(finite)
+
+
+def undefined_when_empty(values: Mapping[str, float], flag: str) -> dict[str, float]:
+    """``values`` (metric name -> value) of one case and class, with each of :data:`UNDEFINED_WHEN_EMPTY` NaN when
+    ``flag`` is ``both_empty``: the case is then left out of those metrics' means, not counted as a 1."""
+    return {name: math.nan if flag == BOTH_EMPTY and name in UNDEFINED_WHEN_EMPTY else value
+            for name, value in values.items()}
+
+
+def defined_mean(values: Iterable[float]) -> float:
+    """The mean of the values that are defined (not NaN); NaN when none is, inf when one is (an infinite HD95)."""
+    defined = [value for value in values if not math.isnan(value)]
+    return math.fsum(defined) / len(defined) if defined else math.nan
 
 
 def aggregate(per_class: Mapping[str, Sequence[ClassMetrics]]) -> dict[str, Any]:

@@ -1,8 +1,8 @@
 """Scoring predictions against labels in the original geometry: metric rows, ``metrics.csv``, means, the table.
 
 Every output of a case (foreground class, or region) is scored with the label's own voxel spacing
-(:mod:`medseg.scoring.metrics`): its predicted mask against the voxels of the label that hold its values, both without
-the voxels of the ignore label.
+(:mod:`medseg.scoring.metrics`) and lesion by lesion (:mod:`medseg.scoring.detection`): its predicted mask against the
+voxels of the label that hold its values, both without the voxels of the ignore label.
 """
 
 from __future__ import annotations
@@ -20,10 +20,11 @@ from medseg.data.labels import LabelSpec, member_masks
 from medseg.data.reading import affine_difference, check_label_values, drop_trailing_singletons, read_file
 from medseg.errors import DatasetError
 from medseg.io import atomic_write_text
+from medseg.scoring.detection import LESION_COLUMNS, detect_lesions
 from medseg.scoring.metrics import METRIC_NAMES, ClassMetrics, aggregate, class_metrics, voxel_spacing
 from medseg.tables import text_table
 
-CSV_COLUMNS = ("case", "class_index", "class_name", *METRIC_NAMES, "flags")
+CSV_COLUMNS = ("case", "class_index", "class_name", *METRIC_NAMES, *LESION_COLUMNS, "flags")
 
 
 def read_reference(path: str, shape: tuple[int, ...], affine: np.ndarray, image_file: str,
@@ -77,12 +78,14 @@ def scored_masks(masks: np.ndarray, reference: np.ndarray, labels: LabelSpec) ->
 def score_masks(case: str, masks: np.ndarray, reference: np.ndarray, spacing: Sequence[float],
                 labels: LabelSpec, tolerance_mm: float) -> list[dict[str, Any]]:
     """One metric row per output of ``labels`` for the predicted ``masks`` (R, X, Y, Z) against ``reference`` (X, Y, Z)
-    in the dataset's label values; ``class_index`` is the output number (from 1)."""
+    in the dataset's label values; ``class_index`` is the output number (from 1). A row holds :data:`CSV_COLUMNS`:
+    the voxel metrics, then the lesion-wise detection (:meth:`~medseg.scoring.detection.Detection.columns`)."""
     rows = []
     for (index, name), mask, ref in zip(labels.outputs.items(), *scored_masks(masks, reference, labels)):
         values = class_metrics(mask, ref, spacing, tolerance_mm).as_dict()
         flags = values.pop("flag")
-        rows.append({"case": case, "class_index": index, "class_name": name, **values, "flags": flags})
+        rows.append({"case": case, "class_index": index, "class_name": name, **values,
+                     **detect_lesions(mask, ref).columns(), "flags": flags})
     return rows
 
 

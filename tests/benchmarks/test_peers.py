@@ -72,7 +72,8 @@ def _result(system: str, dice: float, patch: list[int], curve: list[tuple[float,
     return SystemResult(
         system=system, dice={"organ": dice}, hd95_mm={"organ": 2.0}, mean_dice=dice,
         dice_empty_left_out={"organ": dice - 0.1},
-        detection={"organ": {"lesions": 4, "found": 3, "sensitivity": 0.75, "false_positives_per_case": 0.5}},
+        detection={"organ": {"lesions": 4, "found": 3, "sensitivity": 0.75, "false_positives_per_case": 0.5,
+                             "dice_per_lesion": 0.625}},
         seconds={"training": 60.0, "total": 90.0}, steps=10, step_seconds=6.0, peak_ram_gb=1.5,
         plan={"target spacing (mm)": [1, 1, 1], "patch size": patch, "pooling per axis": [[2, 2, 2]],
               "features per stage": [32, 64], "normalisation": "zscore", "batch size (patches)": 2,
@@ -90,7 +91,7 @@ def test_report_names_each_plan_difference_and_the_time_to_reach_nnunet() -> Non
     markdown = to_markdown({"dataset": "d", "fold": 0, "budget_minutes": 1.0, "machine": "m", "num_train": 6,
                             "num_val": 2}, [nnunet, medseg])
     assert "| medseg | 0.85" in markdown
-    assert "| medseg | organ | 0.8500 | 0.7500 | 3 of 4 | 0.7500 | 0.5000 |" in markdown, "the lesions table"
+    assert "| medseg | organ | 0.8500 | 0.7500 | 3 of 4 | 0.7500 | 0.5000 | 0.6250 |" in markdown, "the lesions table"
     assert "medseg: validation Dice during training reached nnunet's final 0.8000 after 20 s" in markdown
 
 

@@ -8,6 +8,7 @@ overrides and metrics.json, ``crossval/<setting>/metrics.csv`` written by hand),
 
 from __future__ import annotations
 
+import csv
 import json
 import logging
 from pathlib import Path
@@ -22,8 +23,9 @@ from scipy import ndimage, stats
 from medseg.commands import compare
 from medseg.data.labels import LabelSpec
 from medseg.errors import ConfigError, DatasetError
-from medseg.evaluation.compare import FILES, FOREGROUND, build_comparison
+from medseg.evaluation.compare import FILES, FOREGROUND, build_comparison, plot_panels
 from medseg.runs.folders import FLOPS_KEY
+from medseg.scoring.detection import LESION_COLUMNS
 from medseg.scoring.paired import BETTER, NO_EVIDENCE, WORSE
 from medseg.scoring.per_case import score_masks
 from medseg.sweeps.callbacks import SummarizeSweep
@@ -213,3 +215,92 @@ def test_two_multiruns_of_different_keys_in_one_folder_are_labelled_by_what_each
     comparison = build_comparison(sweep)
     assert [setting.label for setting in comparison.settings] == ["model.bottleneck=none", cnn]
     assert comparison.reference.label == "model.bottleneck=none"
+
+
+LESION_CASES = 12
+"""Cases of the lesion sweep; the last :data:`EMPTY_CASES` hold no lesion."""
+EMPTY_CASES = 3
+ORGAN_DICE = 5 / 6
+"""By hand: a cube of side 6 predicted one voxel off along one axis."""
+
+
+def lesion_sweep(tmp_path: Path) -> Path:
+    """An organ (a cube of side 6, predicted one voxel off by every setting) and a lesion (a 2-voxel cube) in all but
+    the last cases. none (the reference) predicts no lesion; masa finds every lesion exactly; identity misses them and
+    predicts one stray lesion component in every case."""
+    labels = LabelSpec.plain({0: "background", 1: "organ", 2: "lesion"})
+    rows: dict[str, list[dict[str, Any]]] = {f"model.bottleneck={b}": [] for b in ("none", "masa", "identity")}
+    for number in range(LESION_CASES):
+        reference = np.zeros((16, 16, 16), np.int64)
+        reference[2:8, 2:8, 2:8] = 1
+        organ = np.roll(reference == 1, 1, axis=0)
+        lesion = np.zeros_like(organ)
+        if number < LESION_CASES - EMPTY_CASES:
+            reference[11:13, 11:13, 11:13] = 2
+            lesion[11:13, 11:13, 11:13] = True
+        stray = np.zeros_like(organ)
+        stray[13:15, 2:4, 12:14] = True
+        for setting, predicted in zip(rows, (np.zeros_like(organ), lesion, stray)):
+            rows[setting] += score_masks(f"case_{number:02d}", np.stack([organ, predicted]), reference,
+                                         (1.0, 1.0, 1.0), labels, 1.0)
+    return make_crossvalidated_sweep(tmp_path / "multirun", {setting: [r] for setting, r in rows.items()})
+
+
+def test_lesions_found_and_false_positives_get_their_verdicts(tmp_path: Path) -> None:
+    sweep = lesion_sweep(tmp_path)
+    comparison = build_comparison(sweep)
+    rows = {(row.setting, row.output, row.metric): row for row in comparison.rows}
+    lesion_cases = LESION_CASES - EMPTY_CASES
+
+    found = rows[("model.bottleneck=masa", "lesion", "lesion_sensitivity")]
+    assert found.verdict == BETTER and found.difference.cases == lesion_cases, "no sensitivity without a lesion"
+    assert (found.difference.mean, found.difference.low, found.difference.high) == (1.0, 1.0, 1.0)
+    missed = rows[("model.bottleneck=identity", "lesion", "lesion_sensitivity")]
+    assert missed.verdict == NO_EVIDENCE and missed.difference.mean == 0.0
+    stray = rows[("model.bottleneck=identity", "lesion", "lesion_false_positives")]
+    assert stray.verdict == WORSE and stray.difference.mean == 1.0 and stray.difference.cases == LESION_CASES
+    assert rows[("model.bottleneck=masa", "lesion", "lesion_false_positives")].difference.mean == 0.0
+    assert rows[("model.bottleneck=masa", "lesion", "lesion_dice")].difference.cases == 0, "none found by none"
+    assert ("model.bottleneck=masa", FOREGROUND, "lesion_sensitivity") not in rows, "lesions are per output"
+
+    # Metrics Reloaded: a case without the lesion in label and prediction has no Dice, here nor in the foreground
+    dice = rows[("model.bottleneck=masa", "lesion", "dice")]
+    assert dice.difference.cases == lesion_cases and dice.difference.reference_mean == 0.0
+    assert rows[("model.bottleneck=identity", "lesion", "dice")].difference.cases == lesion_cases
+    reference_foreground = (lesion_cases * ORGAN_DICE / 2 + EMPTY_CASES * ORGAN_DICE) / LESION_CASES
+    assert comparison.reference.dice == pytest.approx(reference_foreground)
+    masa = next(s for s in comparison.settings if s.label == "model.bottleneck=masa")
+    assert masa.dice == pytest.approx((lesion_cases * (ORGAN_DICE + 1) / 2 + EMPTY_CASES * ORGAN_DICE) / LESION_CASES)
+
+
+def test_the_report_shows_the_undefined_cases_and_a_panel_per_lesion_measure(tmp_path: Path) -> None:
+    sweep = lesion_sweep(tmp_path)
+    assert compare([str(sweep)]) == 0
+    markdown = (sweep / "compare.md").read_text()
+    assert (f"lesion: {EMPTY_CASES} of {LESION_CASES} in model.bottleneck=none, {EMPTY_CASES} of {LESION_CASES} in "
+            f"model.bottleneck=masa, 0 of {LESION_CASES} in model.bottleneck=identity") in markdown
+    assert "| model.bottleneck=identity | lesion | lesion_false_positives |" in markdown
+    voxel, lesion = plot_panels(build_comparison(sweep))
+    assert [metric for metric, _ in voxel] == ["dice", "hd95_mm", "nsd"]
+    assert [metric for metric, _ in lesion] == ["lesion_sensitivity", "lesion_false_positives", "lesion_dice"]
+    assert [label for label, _ in lesion[0][1]] == [f"model.bottleneck={b}: {o}" for b in ("masa", "identity")
+                                                    for o in ("organ", "lesion")]
+    assert (sweep / "compare.png").read_bytes().startswith(PNG_MAGIC)
+
+
+def test_a_cross_validation_without_the_lesion_columns_still_compares(
+        tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
+    """An older metrics.csv (no lesion columns) beside newer ones: the lesion rows are left out, with a warning."""
+    sweep = lesion_sweep(tmp_path)
+    older = sweep / "crossval" / "model.bottleneck=identity" / "metrics.csv"
+    table = read_csv(older)
+    kept = [column for column in table[0] if column not in LESION_COLUMNS]
+    with older.open("w", newline="") as handle:
+        writer = csv.DictWriter(handle, fieldnames=kept, extrasaction="ignore", lineterminator="\n")
+        writer.writeheader()
+        writer.writerows(table)
+    with caplog.at_level(logging.WARNING, logger="medseg"):
+        comparison = build_comparison(sweep)
+    assert {row.metric for row in comparison.rows} == {"dice", "hd95_mm", "nsd"}
+    assert "model.bottleneck=identity did not record them" in caplog.text
+    assert len(plot_panels(comparison)) == 1

@@ -16,9 +16,11 @@ from medseg.scoring.metrics import (
     ClassMetrics,
     aggregate,
     class_metrics,
+    defined_mean,
     dice,
     hd95,
     surface_dice,
+    undefined_when_empty,
     volume_ml,
     voxel_spacing,
 )
@@ -145,3 +147,14 @@ def test_aggregate_excludes_non_finite_hd95_and_counts_them() -> None:
     assert b["hd95_mm"] == 4.0 and b["hd95_excluded"] == 0
     assert summary["foreground_mean"]["dice"] == pytest.approx((2 / 3 + 0.5) / 2)
     assert summary["foreground_mean"]["hd95_mm"] == pytest.approx(3.0)
+
+
+def test_metrics_reloaded_leaves_a_case_without_the_class_undefined() -> None:
+    """Where label and prediction both lack the class, Dice and NSD are undefined (not 1); other flags and other
+    measures keep their values; means skip the undefined, not the infinite."""
+    values = {"dice": 1.0, "nsd": 1.0, "hd95_mm": math.nan, "lesion_false_positives": 0.0}
+    empty = undefined_when_empty(values, BOTH_EMPTY)
+    assert math.isnan(empty["dice"]) and math.isnan(empty["nsd"]) and empty["lesion_false_positives"] == 0.0
+    assert undefined_when_empty({"dice": 0.0, "nsd": 0.0}, REF_EMPTY) == {"dice": 0.0, "nsd": 0.0}
+    assert defined_mean([1.0, math.nan, 0.5]) == 0.75 and math.isnan(defined_mean([math.nan]))
+    assert defined_mean([1.0, math.inf]) == math.inf
