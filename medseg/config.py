@@ -237,6 +237,11 @@ class DataConfig:
     """Folds of the cross-validation split."""
     split_seed: int = unconstrained(12345, "any integer seeds Python's random shuffle")
     """Seed of the fold split (stored once per dataset and reused)."""
+    splits: str | None = None
+    """A splits file whose fold k is data.fold=k, case for case: nnU-Net's splits_final.json (a list of {train, val}
+    per fold), medseg's splits_seed*_k*.json of the cache folder (the same), or a run's splits.json (its fold only).
+    data.num_folds must equal the file's number of folds. It wins over data.split_seed and a dataset.json
+    validation list; null = medseg's own split."""
     spacing: list[float] | None = ranged(None, gt=0)
     """Target spacing in mm in RAS axis order (three entries, also in 2D); null = planned."""
     patch_size: list[int] | None = ranged(None, ge=1)
