@@ -12,6 +12,7 @@ from medseg.data.datalist import DatasetInfo
 from medseg.errors import CheckpointError, ConfigError
 from medseg.planning.from_config import (
     apply_plan,
+    check_planning,
     dataset_fingerprint,
     plan_from_config,
     plannable_values,
@@ -19,17 +20,13 @@ from medseg.planning.from_config import (
     with_plannable,
 )
 from medseg.planning.plan import Plan
-from medseg.planning.plan_file import apply_plan_file, read_plan_file
+from medseg.planning.plan_file import PlanFile, apply_plan_file, read_plan_file
 from medseg.planning.report import memory_text
 from medseg.runs.checkpoint import load_checkpoint
 from medseg.runtime.device import resolve_device
+from medseg.training.checks import check_config
 
 log = logging.getLogger("medseg")
-
-
-PLAN_SOURCES = ("data", "init")
-"""The values of ``data.plan_from``: plan the null plannable keys from the dataset, or take them all from the
-checkpoint the run starts from (:func:`plan_of_checkpoint`)."""
 
 
 def plan_config(cfg: TrainConfig, info: DatasetInfo, progress: bool,
@@ -50,11 +47,11 @@ def plan_config(cfg: TrainConfig, info: DatasetInfo, progress: bool,
     if cfg.data.plan_from == "init":
         cfg = plan_of_checkpoint(cfg, start)
     fingerprint = dataset_fingerprint(info, cfg.data, progress)
-    plan_file = read_plan_file(cfg.plan.file, fingerprint, cfg.model.spatial_dims) if cfg.plan.file else None
+    plan_file = (read_plan_file(cfg.plan.file, fingerprint, cfg.model.spatial_dims, cfg.plan.nnunet_configuration)
+                 if cfg.plan.file else None)
     kept = [key for key, value in plannable_values(cfg.data, cfg.model).items() if value is not None]
     if plan_file is not None:
-        data, model, planning = apply_plan_file(cfg.data, cfg.model, cfg.plan, plan_file)
-        cfg = replace(cfg, data=data, model=model, plan=planning)
+        cfg = with_plan_file(cfg, plan_file)
     planned = unset_keys(cfg.data, cfg.model)
     plan = plan_from_config(fingerprint, cfg.data, cfg.model, cfg.trainer, cfg.plan)
     if plan_file is not None:
@@ -80,6 +77,25 @@ def plan_config(cfg: TrainConfig, info: DatasetInfo, progress: bool,
     if plan.memory is not None:
         log.info("memory: %s%s", memory_text(plan.memory), f"; the patch fits {plan.budget}" if plan.budget else "")
     return replace(cfg, data=data, model=model), plan
+
+
+def with_plan_file(cfg: TrainConfig, plan_file: PlanFile) -> TrainConfig:
+    """``cfg`` with the values of ``plan_file`` applied (:func:`~medseg.planning.plan_file.apply_plan_file`) and
+    checked as the command line's are (:func:`~medseg.training.checks.check_config`: types, ranges, choices, the
+    builders' checks), and a warning naming what the plan holds that medseg builds otherwise.
+
+    Raises:
+        ConfigError: a value of the file that the command line would be refused, named with ``plan.file``.
+    """
+    data, model, planning = apply_plan_file(cfg.data, cfg.model, cfg.plan, plan_file)
+    try:
+        checked = check_config(replace(cfg, data=data, model=model, plan=planning))
+        check_planning(checked.plan)
+    except ConfigError as err:
+        raise ConfigError(f"plan.file={cfg.plan.file}: {err}") from None
+    if plan_file.notes:
+        log.warning("plan.file=%s: what medseg builds otherwise: %s", cfg.plan.file, "; ".join(plan_file.notes))
+    return checked
 
 
 def plan_of_checkpoint(cfg: TrainConfig, path: Path | None) -> TrainConfig:
