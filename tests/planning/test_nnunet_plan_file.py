@@ -200,6 +200,13 @@ def test_a_plan_file_with_a_key_missing_or_unknown_is_refused_in_one_line(tmp_pa
     assert "\n" not in str(error.value)
 
 
+def test_a_medseg_plan_file_takes_no_nnunet_configuration(tmp_path: Path, no_gpu: None) -> None:  # noqa: F811
+    write_and_read(tmp_path, NAMED_CT, PlanningConfig(device="cuda"))
+    with pytest.raises(ConfigError, match=r"^plan\.nnunet_configuration=2d names a configuration of nnU-Net's plans; "
+                                          r"plan\.file=.*plan\.json is a medseg plan file"):
+        read_plan_file(tmp_path / "plan.json", NAMED_CT, 3, "2d")
+
+
 def test_a_plan_file_s_values_pass_the_command_line_s_checks(tmp_path: Path, no_gpu: None) -> None:  # noqa: F811
     """The spacing [-0.8, 0.8, 2] the command line refuses is refused from a plan file too, with the same words."""
     write_and_read(tmp_path, NAMED_CT, PlanningConfig(device="cuda"))
