@@ -13,6 +13,7 @@ from medseg.config import DataConfig, ModelConfig, PlanningConfig, TrainConfig
 from medseg.data.datalist import load_dataset
 from medseg.errors import ConfigError
 from medseg.planning.fingerprint import compute_fingerprint
+from medseg.planning.nnunet_plans import ras_axes, read_configuration
 from medseg.planning.plan_file import read_plan_file, write_plan_file
 from medseg.training.checks import check_config
 from medseg.training.planning import with_plan_file
@@ -156,6 +157,18 @@ def test_a_configuration_without_nnunet_s_plans_is_refused() -> None:
     with pytest.raises(ConfigError, match=r"^plan\.nnunet_configuration=2d names a configuration of nnU-Net's plans: "
                                           r"set plan\.file=<nnUNetPlans\.json>$"):
         check_config(TrainConfig(data=DataConfig(root="x"), plan=PlanningConfig(nnunet_configuration="2d")))
+
+
+def test_nnunet_s_axes_follow_its_reader_and_configurations_inherit(tmp_path: Path) -> None:
+    """nibabel's reorienting reader gives nnU-Net RAS arrays, reversed (S, A, R), whatever the files' orientation; a
+    configuration that inherits from 3d_fullres is 3d_fullres with its own entries on top."""
+    _, fingerprint = _ct(tmp_path)
+    assert ras_axes(CT_RESENC_M, fingerprint, "w") == [2, 0, 1], "SimpleITK's arrays of (P, S, L) files: (S, L, P)"
+    assert ras_axes({**CT_RESENC_M, "image_reader_writer": "NibabelIOWithReorient"}, fingerprint, "w") == [1, 2, 0]
+    plans = copy.deepcopy(CT_RESENC_M)
+    plans["configurations"]["3d_fullres_bs8"] = {"inherits_from": "3d_fullres", "batch_size": 8}
+    config = read_configuration(plans, "3d_fullres_bs8", 3, "w")
+    assert (config.batch_size, config.patch_size, config.encoder_blocks) == (8, [20, 64, 56], [1, 3, 4, 6, 6])
 
 
 def test_cases_stored_in_orientations_that_map_nnunet_s_axes_differently_are_refused(tmp_path: Path) -> None:
