@@ -7,7 +7,7 @@ fingerprint it was planned from (:func:`fingerprint_digest`: the cases' spacings
 intensities, not their paths, so the same data under another root matches). Reading checks the digest and the
 network's dimensions, so a plan never trains on data or a network it was not made for; a key it lacks or does not
 know is refused in one line naming the key and the file, and its values pass the command line's checks when the run
-applies them (:func:`medseg.training.planning.plan_config`).
+applies them (:func:`medseg.training.planning.with_plan_file`).
 
 ``plan.file`` may also name nnU-Net's plans file (``nnUNetPlans.json``, ``nnUNetResEncUNetMPlans.json``, ...): its
 configuration ``plan.nnunet_configuration`` is read into the same keys, in RAS order, and what medseg builds

@@ -35,12 +35,14 @@ def plan_config(cfg: TrainConfig, info: DatasetInfo, progress: bool,
 
     Under ``data.plan_from=init`` the plannable keys are first taken from ``start``, the checkpoint the run starts
     from (``trainer.init_from`` or the one it resumes), so none is left to plan; with ``plan.file`` from that plan
-    file (:mod:`medseg.planning.plan_file`), which must have been planned for this dataset. Logs the resolved
+    file, medseg's or nnU-Net's (:mod:`medseg.planning.plan_file`), which must have been planned for this dataset and
+    whose values are checked as the command line's (:func:`with_plan_file`). Logs the resolved
     preprocessing and network, where they came from, the machine the plan is for (a warning, once, when the run
     trains on another device) and the estimated training memory.
 
     Raises:
-        ConfigError: ``plan.file`` with ``data.plan_from=init``, or a plan file that does not fit the data or network.
+        ConfigError: ``plan.file`` with ``data.plan_from=init``, or a plan file that does not fit the data or network,
+            lacks or does not know a key, or holds a value the command line would be refused.
     """
     if cfg.plan.file and cfg.data.plan_from == "init":
         raise ConfigError(f"plan.file={cfg.plan.file} and data.plan_from=init both give the plan: keep one")
