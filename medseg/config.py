@@ -237,6 +237,11 @@ class DataConfig:
     """Folds of the cross-validation split."""
     split_seed: int = unconstrained(12345, "any integer seeds Python's random shuffle")
     """Seed of the fold split (stored once per dataset and reused)."""
+    splits: str | None = None
+    """A splits file whose fold k is data.fold=k, case for case: nnU-Net's splits_final.json (a list of {train, val}
+    per fold), medseg's splits_seed*_k*.json of the cache folder (the same), or a run's splits.json (its fold only).
+    data.num_folds must equal the file's number of folds. It wins over data.split_seed and a dataset.json
+    validation list; null = medseg's own split."""
     spacing: list[float] | None = ranged(None, gt=0)
     """Target spacing in mm in RAS axis order (three entries, also in 2D); null = planned."""
     patch_size: list[int] | None = ranged(None, ge=1)
@@ -355,7 +360,14 @@ class PlanningConfig:
     file: str | None = None
     """A plan file (JSON, like nnU-Net's plans.json): scripts/plan.py writes the plan into it, scripts/train.py
     takes its spacing, patch, normalization, strides and channels from it (keys set in the config win) after checking
-    that it was planned for the same dataset. null = plan when training."""
+    that it was planned for the same dataset. scripts/train.py also takes nnU-Net's plans (nnUNetPlans.json,
+    nnUNetResEncUNetMPlans.json, ...): plan.nnunet_configuration's spacing, patch, normalization, strides, widths,
+    kernel size, encoder blocks and decoder convs, in RAS order, warning of what medseg builds otherwise. null = plan
+    when training."""
+    nnunet_configuration: str | None = None
+    """With plan.file an nnU-Net plans file: the configuration to train from (3d_fullres, 3d_lowres, 2d, or another
+    of the file's; scripts/plan.py compares nnunet_plans' with it); null = 3d_fullres for model.spatial_dims=3, 2d
+    for 2."""
 
 
 @dataclass
@@ -534,8 +546,8 @@ class PlanCommandConfig:
     plan: PlanningConfig = field(default_factory=PlanningConfig)
     """What the planned patch and network are sized for."""
     nnunet_plans: str | None = None
-    """An nnU-Net v2 plans file (nnUNetPlans.json) of the same dataset: the report compares its 3d_fullres (or 2d)
-    patch and depth with this plan's."""
+    """An nnU-Net v2 plans file (nnUNetPlans.json) of the same dataset: the report compares its 3d_fullres (or 2d, or
+    plan.nnunet_configuration) patch and depth with this plan's."""
     progress: bool = True
     """Progress bar while fingerprinting."""
 

@@ -299,22 +299,81 @@ def splits_path(cache_dir: str | Path, data: DataConfig) -> Path:
     return Path(cache_dir) / f"splits_seed{data.split_seed}_k{data.num_folds}.json"
 
 
+def _listed(cases: Iterable[str], limit: int = 5) -> str:
+    """``a, b, c`` for at most ``limit`` sorted case ids, then how many more."""
+    cases = sorted(cases)
+    more = f" (and {len(cases) - limit} more)" if len(cases) > limit else ""
+    return ", ".join(cases[:limit]) + more
+
+
+def _fold_entry(entry: Any, where: str, fold: int) -> dict[str, list[str]]:
+    """One fold of a splits file, ``{"train": [ids], "val": [ids]}``, its types checked."""
+    if not (isinstance(entry, dict) and all(isinstance(entry.get(key), list) and all(
+            isinstance(case, str) for case in entry[key]) for key in ("train", "val"))):
+        raise ConfigError(f"{where}: fold {fold} is not {{\"train\": [case ids], \"val\": [case ids]}}")
+    return {"train": entry["train"], "val": entry["val"]}
+
+
+def read_splits(path: str | Path, fold: int, num_folds: int, ids: Iterable[str]) -> dict[str, list[str]]:
+    """Fold ``fold`` of the splits file at ``path`` (``data.splits``), checked against the dataset's case ``ids``.
+
+    The file is nnU-Net's ``splits_final.json`` or medseg's cached ``splits_seed*_k*.json`` (a list of
+    ``{"train": [ids], "val": [ids]}``, entry k being fold k; its length must be ``num_folds``), or a run's
+    ``splits.json`` (``{"fold": k, "train": [...], "val": [...]}``, fold k only).
+
+    Raises:
+        ConfigError: no such file, not JSON, not a splits file, another number of folds than ``num_folds``, or a
+            run's file of another fold. DatasetError: the fold names cases the dataset lacks, misses some of its
+            cases, or puts a case in both its training and validation cases.
+    """
+    where = f"data.splits={path}"
+    try:
+        content = json.loads(Path(path).expanduser().read_text())
+    except FileNotFoundError:
+        raise ConfigError(f"{where}: no such file") from None
+    except (OSError, json.JSONDecodeError) as err:
+        raise ConfigError(f"{where}: not readable as JSON ({err})") from None
+    if isinstance(content, dict) and "fold" in content:  # a run's splits.json
+        if content["fold"] != fold:
+            raise ConfigError(f"{where}: a run's splits of fold {content['fold']} only; data.fold={fold}")
+        entry = _fold_entry(content, where, fold)
+    elif isinstance(content, list):
+        if len(content) != num_folds:
+            raise ConfigError(f"{where}: {len(content)} folds, data.num_folds={num_folds}: set "
+                              f"data.num_folds={len(content)}")
+        entry = _fold_entry(content[fold], where, fold)
+    else:
+        raise ConfigError(f"{where}: not a splits file (expected nnU-Net's splits_final.json, a list of "
+                          "{\"train\": [...], \"val\": [...]} per fold, or a run's splits.json)")
+    ids, train, val = set(ids), set(entry["train"]), set(entry["val"])
+    for problem, cases in (("names cases the dataset lacks", (train | val) - ids),
+                           ("misses cases of the dataset", ids - train - val),
+                           ("puts cases in both train and val", train & val)):
+        if cases:
+            raise DatasetError(f"{where}: fold {fold} {problem}: {_listed(cases)}")
+    return entry
+
+
 def split_cases(
-    info: DatasetInfo, fold: int | str, num_folds: int = 5, seed: int = 12345, splits_file: Path | None = None
+    info: DatasetInfo, fold: int | str, num_folds: int = 5, seed: int = 12345, splits_file: Path | None = None,
+    given: str | Path | None = None,
 ) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
     """Split the training cases into (train, validation) for ``fold``.
 
-    An explicit validation list in the dataset file wins. ``fold="all"`` trains on every case and
-    validates on them too (nnU-Net's convention). Otherwise the cases are shuffled with ``seed`` and
+    ``given`` (``data.splits``) names a splits file whose fold ``fold`` is taken as it is (:func:`read_splits`); it
+    wins over an explicit validation list in the dataset file, which wins over the rest. ``fold="all"`` trains on
+    every case and validates on them too (nnU-Net's convention). Otherwise the cases are shuffled with ``seed`` and
     dealt into ``num_folds`` folds; the split is stored in ``splits_file`` (if given) and reused, so
     a fold means the same cases across runs.
     """
+    ids = sorted(entry["case"] for entry in info.training)
+    if given is not None and fold != "all":
+        return _split_by(info, read_splits(given, int(fold), num_folds, ids)["val"])
     if info.validation:
         return info.training, info.validation
     if fold == "all":
         return info.training, info.training
     fold = int(fold)
-    ids = sorted(entry["case"] for entry in info.training)
     if splits_file is not None and splits_file.is_file():
         splits = json.loads(splits_file.read_text())
     else:
@@ -326,7 +385,12 @@ def split_cases(
             atomic_write_json(splits_file, splits)
     if len(splits) != num_folds or set(splits[fold]["train"]) | set(splits[fold]["val"]) != set(ids):
         raise DatasetError(f"{splits_file}: stored splits do not match this dataset's cases; delete it")
-    val_ids = set(splits[fold]["val"])
+    return _split_by(info, splits[fold]["val"])
+
+
+def _split_by(info: DatasetInfo, val_ids: Iterable[str]) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
+    """(train, validation) entries of ``info.training``: the validation ones those of ``val_ids``."""
+    val_ids = set(val_ids)
     return ([e for e in info.training if e["case"] not in val_ids],
             [e for e in info.training if e["case"] in val_ids])
 

@@ -143,7 +143,7 @@ def _dataset_cases(json_path: Path, split: str, trained_on: DataConfig | None) -
                                       f"score a fold's checkpoint")
             stored = splits_path(dataset_cache_dir(info.root, trained_on.cache_dir), trained_on)
             _, entries = split_cases(info, trained_on.fold, trained_on.num_folds, trained_on.split_seed,
-                                     splits_file=stored if stored.is_file() else None)
+                                     splits_file=stored if stored.is_file() else None, given=trained_on.splits)
         else:
             entries = {"training": info.training, "test": info.test, "validation": info.validation or []}[split]
     except DatasetError as err:

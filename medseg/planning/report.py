@@ -115,7 +115,7 @@ def plan_report(cfg: PlanCommandConfig) -> str:
     plan = plan_from_config(fingerprint, data, model, cfg.trainer, cfg.plan)
     text = format_plan(plan, fingerprint)
     if cfg.nnunet_plans:
-        nnunet = read_nnunet_plans(cfg.nnunet_plans, model.spatial_dims)
+        nnunet = read_nnunet_plans(cfg.nnunet_plans, model.spatial_dims, cfg.plan.nnunet_configuration)
         text += "\n" + comparison_text(plan, nnunet, cfg.nnunet_plans)
     kept = [f"{key}={value}" for key, value in plannable_values(data, model).items() if value is not None]
     if kept:

@@ -25,9 +25,12 @@ from medseg.models import check_model, check_patch
 from medseg.optim import OPTIMIZERS, SCHEDULES
 from medseg.runtime.device import PRECISIONS
 from medseg.training.losses import LOSSES
-from medseg.training.planning import PLAN_SOURCES
 from medseg.training.prepare import CACHE_MODES
 from medseg.typed_config import check_choices, to_typed
+
+PLAN_SOURCES = ("data", "init")
+"""The values of ``data.plan_from``: plan the null plannable keys from the dataset, or take them all from the
+checkpoint the run starts from (:func:`medseg.training.planning.plan_of_checkpoint`)."""
 
 
 def _choices() -> dict[str, Sequence[str]]:
@@ -117,6 +120,9 @@ def _check_values(cfg: TrainConfig) -> None:
         raise ConfigError(f"data.regions={data.regions!r}: expected a mapping region name -> list of label values, "
                           f"e.g. {{whole_tumor:[1,2,4],tumor_core:[2,4],enhancing:[4]}}")
     _check_start(cfg)
+    if cfg.plan.nnunet_configuration is not None and not cfg.plan.file:
+        raise ConfigError(f"plan.nnunet_configuration={cfg.plan.nnunet_configuration} names a configuration of "
+                          "nnU-Net's plans: set plan.file=<nnUNetPlans.json>")
     if data.fold != "all" and not (isinstance(data.fold, int) and 0 <= data.fold < data.num_folds):
         raise ConfigError(f"data.fold={data.fold!r}: expected 0..{data.num_folds - 1} or all")
 

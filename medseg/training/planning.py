@@ -12,6 +12,7 @@ from medseg.data.datalist import DatasetInfo
 from medseg.errors import CheckpointError, ConfigError
 from medseg.planning.from_config import (
     apply_plan,
+    check_planning,
     dataset_fingerprint,
     plan_from_config,
     plannable_values,
@@ -19,17 +20,13 @@ from medseg.planning.from_config import (
     with_plannable,
 )
 from medseg.planning.plan import Plan
-from medseg.planning.plan_file import apply_plan_file, read_plan_file
+from medseg.planning.plan_file import PlanFile, apply_plan_file, read_plan_file
 from medseg.planning.report import memory_text
 from medseg.runs.checkpoint import load_checkpoint
 from medseg.runtime.device import resolve_device
+from medseg.training.checks import check_config
 
 log = logging.getLogger("medseg")
-
-
-PLAN_SOURCES = ("data", "init")
-"""The values of ``data.plan_from``: plan the null plannable keys from the dataset, or take them all from the
-checkpoint the run starts from (:func:`plan_of_checkpoint`)."""
 
 
 def plan_config(cfg: TrainConfig, info: DatasetInfo, progress: bool,
@@ -38,23 +35,25 @@ def plan_config(cfg: TrainConfig, info: DatasetInfo, progress: bool,
 
     Under ``data.plan_from=init`` the plannable keys are first taken from ``start``, the checkpoint the run starts
     from (``trainer.init_from`` or the one it resumes), so none is left to plan; with ``plan.file`` from that plan
-    file (:mod:`medseg.planning.plan_file`), which must have been planned for this dataset. Logs the resolved
+    file, medseg's or nnU-Net's (:mod:`medseg.planning.plan_file`), which must have been planned for this dataset and
+    whose values are checked as the command line's (:func:`with_plan_file`). Logs the resolved
     preprocessing and network, where they came from, the machine the plan is for (a warning, once, when the run
     trains on another device) and the estimated training memory.
 
     Raises:
-        ConfigError: ``plan.file`` with ``data.plan_from=init``, or a plan file that does not fit the data or network.
+        ConfigError: ``plan.file`` with ``data.plan_from=init``, or a plan file that does not fit the data or network,
+            lacks or does not know a key, or holds a value the command line would be refused.
     """
     if cfg.plan.file and cfg.data.plan_from == "init":
         raise ConfigError(f"plan.file={cfg.plan.file} and data.plan_from=init both give the plan: keep one")
     if cfg.data.plan_from == "init":
         cfg = plan_of_checkpoint(cfg, start)
     fingerprint = dataset_fingerprint(info, cfg.data, progress)
-    plan_file = read_plan_file(cfg.plan.file, fingerprint, cfg.model.spatial_dims) if cfg.plan.file else None
+    plan_file = (read_plan_file(cfg.plan.file, fingerprint, cfg.model.spatial_dims, cfg.plan.nnunet_configuration)
+                 if cfg.plan.file else None)
     kept = [key for key, value in plannable_values(cfg.data, cfg.model).items() if value is not None]
     if plan_file is not None:
-        data, model, planning = apply_plan_file(cfg.data, cfg.model, cfg.plan, plan_file)
-        cfg = replace(cfg, data=data, model=model, plan=planning)
+        cfg = with_plan_file(cfg, plan_file)
     planned = unset_keys(cfg.data, cfg.model)
     plan = plan_from_config(fingerprint, cfg.data, cfg.model, cfg.trainer, cfg.plan)
     if plan_file is not None:
@@ -80,6 +79,25 @@ def plan_config(cfg: TrainConfig, info: DatasetInfo, progress: bool,
     if plan.memory is not None:
         log.info("memory: %s%s", memory_text(plan.memory), f"; the patch fits {plan.budget}" if plan.budget else "")
     return replace(cfg, data=data, model=model), plan
+
+
+def with_plan_file(cfg: TrainConfig, plan_file: PlanFile) -> TrainConfig:
+    """``cfg`` with the values of ``plan_file`` applied (:func:`~medseg.planning.plan_file.apply_plan_file`) and
+    checked as the command line's are (:func:`~medseg.training.checks.check_config`: types, ranges, choices, the
+    builders' checks), and a warning naming what the plan holds that medseg builds otherwise.
+
+    Raises:
+        ConfigError: a value of the file that the command line would be refused, named with ``plan.file``.
+    """
+    data, model, planning = apply_plan_file(cfg.data, cfg.model, cfg.plan, plan_file)
+    try:
+        checked = check_config(replace(cfg, data=data, model=model, plan=planning))
+        check_planning(checked.plan)
+    except ConfigError as err:
+        raise ConfigError(f"plan.file={cfg.plan.file}: {err}") from None
+    if plan_file.notes:
+        log.warning("plan.file=%s: what medseg builds otherwise: %s", cfg.plan.file, "; ".join(plan_file.notes))
+    return checked
 
 
 def plan_of_checkpoint(cfg: TrainConfig, path: Path | None) -> TrainConfig:

@@ -99,7 +99,7 @@ def prepare_data(cfg: TrainConfig, info: DatasetInfo, plan: Plan, output_dir: Pa
     data, spatial_dims = cfg.data, cfg.model.spatial_dims
     cache_dir = dataset_cache_dir(info.root, data.cache_dir)
     train_cases, val_cases = split_cases(info, data.fold, data.num_folds, data.split_seed,
-                                         splits_file=splits_path(cache_dir, data))
+                                         splits_file=splits_path(cache_dir, data), given=data.splits)
     if dist.is_main:
         atomic_write_json(RunLayout(output_dir).splits_file, {
             "fold": data.fold, "train": [c["case"] for c in train_cases], "val": [c["case"] for c in val_cases]})

@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 
 from medseg.data.datalist import DatasetInfo, case_id, load_dataset, split_cases
-from medseg.errors import DatasetError
+from medseg.errors import ConfigError, DatasetError
 
 
 def _write_msd(root: Path, ids: list[str], validation: list[str] | None = None) -> Path:
@@ -117,3 +117,61 @@ def test_stale_splits_file_is_an_error(tmp_path: Path) -> None:
     split_cases(_info(10), 0, splits_file=splits)
     with pytest.raises(DatasetError, match="do not match"):
         split_cases(_info(12), 0, splits_file=splits)
+
+
+def _nnunet_splits(path: Path, ids: list[str], num_folds: int) -> list[dict[str, list[str]]]:
+    """An nnU-Net ``splits_final.json`` of ``ids``: fold k validates every num_folds-th case from the k-th, in
+    reverse order (no shuffle medseg's split would make)."""
+    order = ids[::-1]
+    splits = [{"train": sorted(set(order) - set(order[k::num_folds])), "val": order[k::num_folds]}
+              for k in range(num_folds)]
+    path.write_text(json.dumps(splits))
+    return splits
+
+
+def test_fold_k_of_a_given_splits_file_is_its_fold_k_case_for_case(tmp_path: Path) -> None:
+    info = _info(11)
+    info.validation = [{"case": "v", "image": "", "label": ""}]  # data.splits wins over a validation list
+    ids = [e["case"] for e in info.training]
+    given = tmp_path / "splits_final.json"
+    splits = _nnunet_splits(given, ids, 3)
+    for fold in range(3):
+        train, val = split_cases(info, fold, 3, splits_file=tmp_path / "unused.json", given=given)
+        assert sorted(e["case"] for e in val) == sorted(splits[fold]["val"])
+        assert sorted(e["case"] for e in train) == splits[fold]["train"]
+    assert not (tmp_path / "unused.json").exists(), "a given split is not cached"
+    run = tmp_path / "splits.json"  # a run's file: its fold only
+    run.write_text(json.dumps({"fold": 1, **splits[1]}))
+    assert sorted(e["case"] for e in split_cases(info, 1, 3, given=run)[1]) == sorted(splits[1]["val"])
+    with pytest.raises(ConfigError, match=r"^data\.splits=.*splits\.json: a run's splits of fold 1 only; data\.fold=2"):
+        split_cases(info, 2, 3, given=run)
+
+
+@pytest.mark.parametrize(("change", "message"), [
+    (lambda s: s[0]["val"].append("c99"), r"fold 0 names cases the dataset lacks: c99$"),
+    (lambda s: s[0]["train"].remove("c00"), r"fold 0 misses cases of the dataset: c00$"),
+    (lambda s: s[0]["train"].extend(s[0]["val"]), r"fold 0 puts cases in both train and val: c\d\d, c\d\d$"),
+])
+def test_a_splits_file_that_does_not_fit_the_dataset_is_one_line_naming_the_cases(tmp_path: Path, change,
+                                                                                   message: str) -> None:
+    info = _info(6)
+    path = tmp_path / "splits_final.json"
+    splits = _nnunet_splits(path, [e["case"] for e in info.training], 3)
+    change(splits)
+    path.write_text(json.dumps(splits))
+    with pytest.raises(DatasetError, match=rf"^data\.splits={path}: {message}") as error:
+        split_cases(info, 0, 3, given=path)
+    assert "\n" not in str(error.value)
+
+
+def test_data_num_folds_must_agree_with_the_splits_file(tmp_path: Path) -> None:
+    info = _info(10)
+    path = tmp_path / "splits_final.json"
+    _nnunet_splits(path, [e["case"] for e in info.training], 5)
+    with pytest.raises(ConfigError, match=r"splits_final\.json: 5 folds, data\.num_folds=3: set data\.num_folds=5$"):
+        split_cases(info, 0, 3, given=path)
+    path.write_text(json.dumps({"train": []}))
+    with pytest.raises(ConfigError, match=r"splits_final\.json: not a splits file"):
+        split_cases(info, 0, 5, given=path)
+    with pytest.raises(ConfigError, match=r"missing\.json: no such file$"):
+        split_cases(info, 0, 5, given=tmp_path / "missing.json")

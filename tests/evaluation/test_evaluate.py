@@ -306,6 +306,11 @@ def test_validation_split_is_the_fold_the_checkpoint_was_trained_with(tiny_demo_
     stored = [{"train": ids[i + 1:] + ids[:i], "val": [ids[i]]} for i in range(3)]
     splits_path(tmp_path, trained_on).write_text(json.dumps(stored))
     assert [c.case for c in find_cases(tiny_demo_root, "validation", 1, trained_on)] == [ids[1]]
+    # and a splits file the run trained on (data.splits, nnU-Net's splits_final.json) wins over both
+    given = [{"train": ids[:i] + ids[i + 2:], "val": ids[i:i + 2]} for i in range(3)]
+    (tmp_path / "splits_final.json").write_text(json.dumps(given))
+    trained_on.splits = str(tmp_path / "splits_final.json")
+    assert [c.case for c in find_cases(tiny_demo_root, "validation", 1, trained_on)] == ids[1:3]
 
 
 def test_validation_split_of_a_checkpoint_trained_on_every_case_is_refused(tiny_demo_root: Path,

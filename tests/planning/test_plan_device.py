@@ -39,10 +39,12 @@ def nnunet_plans_json(path: Path, expected: dict) -> Path:
     """An nnUNetPlans.json holding ``expected``'s 3d_fullres plan as nnU-Net writes it: axes (S, A, R), a first
     stage of stride 1, ``architecture.arch_kwargs`` (nnU-Net 2.3 and later)."""
     strides = [[1, 1, 1], *([level[2], level[1], level[0]] for level in expected["strides"])]
+    arch = {"n_stages": len(strides), "features_per_stage": expected["features"], "strides": strides,
+            "kernel_sizes": [[3, 3, 3]] * len(strides), "n_conv_per_stage": [2] * len(strides),
+            "n_conv_per_stage_decoder": [2] * (len(strides) - 1)}
     config = {"batch_size": 2, "patch_size": expected["patch"][::-1], "spacing": expected["spacing"][::-1],
               "architecture": {"network_class_name": "dynamic_network_architectures.architectures.unet.PlainConvUNet",
-                               "arch_kwargs": {"n_stages": len(strides), "features_per_stage": expected["features"],
-                                               "strides": strides}}}
+                               "arch_kwargs": arch}}
     path.write_text(json.dumps({"dataset_name": "Dataset900_CT", "configurations": {"3d_fullres": config}}))
     return path
 
@@ -101,9 +103,9 @@ def test_nnunet_s_plans_file_is_read_in_both_formats(tmp_path: Path) -> None:
     new = read_nnunet_plans(nnunet_plans_json(tmp_path / "new.json", expected), 3)
     assert (new.patch_size, new.stages, new.features, new.batch_size) == (
         [28, 256, 256], 7, expected["features"], 2)
-    old = {"configurations": {"3d_fullres": {"batch_size": 2, "patch_size": [28, 256, 256],
+    old = {"configurations": {"3d_fullres": {"batch_size": 2, "patch_size": [28, 256, 256], "spacing": [3, 1, 1],
                                              "pool_op_kernel_sizes": [[1, 1, 1]] + [[2, 2, 2]] * 6,
-                                             "UNet_base_num_features": 32}}}
+                                             "conv_kernel_sizes": [[3, 3, 3]] * 7, "UNet_base_num_features": 32}}}
     (tmp_path / "old.json").write_text(json.dumps(old))
     assert read_nnunet_plans(tmp_path / "old.json", 3).features == [32, 64, 128, 256, 320, 320, 320]
     with pytest.raises(ConfigError, match=r"^nnunet_plans=.*new\.json: no 2d configuration"):
@@ -144,8 +146,8 @@ def test_a_plan_file_refuses_other_data_another_network_and_other_files(tmp_path
         read_plan_file(tmp_path / "plan.json", other, 3)
     with pytest.raises(ConfigError, match=r"planned for a 3D network, model\.spatial_dims=2$"):
         read_plan_file(tmp_path / "plan.json", NAMED_CT, 2)
-    (tmp_path / "foreign.json").write_text(json.dumps({"configurations": {}}))
-    with pytest.raises(ConfigError, match=r"foreign\.json: not a medseg plan file"):
+    (tmp_path / "foreign.json").write_text(json.dumps({"plans": {}}))
+    with pytest.raises(ConfigError, match=r"foreign\.json: not a medseg plan file .* nor nnU-Net's plans"):
         read_plan_file(tmp_path / "foreign.json", NAMED_CT, 3)
     with pytest.raises(ConfigError, match=r"missing\.json: no such file; write it with `python scripts/plan\.py"):
         read_plan_file(tmp_path / "missing.json", NAMED_CT, 3)
