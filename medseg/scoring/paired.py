@@ -54,6 +54,9 @@ class PairedDifference:
     """The standard error of :attr:`mean`: the bootstrap's with several seeds, ``sd / sqrt(cases)`` with one."""
     case_variance: float = math.nan
     """The variance over the cases of the per-case difference, seeds averaged (ddof 1)."""
+    seed_variance: float = 0.0
+    """The part of ``se²`` that more cases would not shrink: each side's seed variance over its seeds
+    (:func:`seed_variance`), summed; 0 with one seed a side."""
     seed_differences: tuple[float, ...] = ()
     """Each of the setting's seeds alone: its mean over the cases minus the reference's (seeds averaged)."""
     training_noise: bool = False
@@ -132,6 +135,19 @@ def mean_interval(differences: np.ndarray, confidence: float = CONFIDENCE, resam
     return float(result.confidence_interval.low), float(result.confidence_interval.high)
 
 
+def seed_variance(values: np.ndarray) -> float:
+    """The variance of a training seed's shift of every case, divided by the S seeds of ``values`` (S, N): the part
+    of the variance of their mean that does not shrink with the cases. For ``v_si = mu_i + a_s + e_si``, the seed means
+    vary by ``var(a) + var(e) / N`` and each case over the seeds by ``var(a) + var(e)``, so
+    ``var(a) = (N * var(seed means) - mean over cases of var over seeds) / (N - 1)`` (method of moments, clipped at 0;
+    0 with one seed or one case)."""
+    seeds, cases = values.shape
+    if seeds < 2 or cases < 2:
+        return 0.0
+    between = cases * values.mean(axis=1).var(ddof=1) - values.var(axis=0, ddof=1).mean()
+    return max(0.0, float(between) / (cases - 1)) / seeds
+
+
 def finite_cases(groups: Sequence[np.ndarray]) -> list[np.ndarray]:
     """``groups`` ((S_k, N) or (N,) each) as (S_k, N') arrays of the N' cases finite in every seed of every group
     (HD95 of an empty mask is not)."""
@@ -169,6 +185,7 @@ def paired_difference(values: np.ndarray, reference: np.ndarray, resamples: int 
     result = contrast([values, reference], (1.0, -1.0), resamples=resamples, seed=seed)
     return PairedDifference(result.estimate, float(values.mean()), float(reference.mean()), result.low, result.high,
                             result.p, cases, result.se, result.case_variance,
+                            seed_variance(values) + seed_variance(reference),
                             tuple(float(d) for d in values.mean(axis=1) - reference.mean()), result.training_noise)
 
 

@@ -17,6 +17,8 @@ import math
 
 from scipy import stats
 
+from medseg.scoring.paired import PairedDifference
+
 POWER = 0.8
 """The power of every detectable difference."""
 WILCOXON_EFFICIENCY = 3 / math.pi
@@ -46,3 +48,18 @@ def cases_needed(case_variance: float, difference: float, alpha: float, power: f
     if room <= 0:
         return math.inf
     return float(max(2, math.ceil(case_variance / room)))
+
+
+def sensitivity(difference: PairedDifference, alpha: float, detect: float | None = None) -> tuple[float, float]:
+    """What a paired ``difference`` could have seen at ``alpha``: the smallest difference detected with
+    :data:`POWER`, and the cases a difference of ``detect`` needs at its seeds (NaN without ``detect``). The test's
+    efficiency is Wilcoxon's with one seed a side, the bootstrap's (1) with more; ``se²`` splits into the seed
+    variance (:attr:`~medseg.scoring.paired.PairedDifference.seed_variance`, fixed) and the rest, which shrinks as
+    1 / cases."""
+    efficiency = 1.0 if difference.training_noise else WILCOXON_EFFICIENCY
+    detectable = detectable_difference(difference.se, alpha, efficiency=efficiency)
+    if detect is None or difference.cases < 2:
+        return detectable, math.nan
+    fixed = min(difference.seed_variance, difference.se**2)
+    per_case = (difference.se**2 - fixed) * difference.cases
+    return detectable, cases_needed(per_case, detect, alpha, efficiency=efficiency, seed_variance=fixed)
