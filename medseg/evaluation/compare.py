@@ -541,19 +541,21 @@ def rank_settings(settings: Sequence[Setting], metric: str, resamples: int = RES
                    rank_distribution(resampled, METRICS[metric]))
 
 
-def swept_values(sweep: Sweep, settings: Sequence[Setting]) -> tuple[str, list[tuple[float, Setting]]] | None:
-    """The one key in which the sweep's own settings differ, with each one's numeric value (ascending), when it is
-    numeric and takes three or more values; else None."""
+def swept_values(sweep: Sweep, settings: Sequence[Setting],
+                 reference: Setting) -> tuple[str, list[tuple[float, Setting]]] | None:
+    """The one key in which the sweep's own settings differ (or, failing that, those but the reference: a gamma
+    sweep of one block against ``none``), with each one's numeric value (ascending), when it is numeric and takes
+    three or more values; else None."""
     own = [setting for setting in settings if setting.runs]
-    keys = setting_keys(sweep.swept)
-    varying = [key for key in keys if len({s.runs[0].overrides.get(key) for s in own}) > 1]
-    if len(varying) != 1 or len(own) < 3:
-        return None
-    try:
-        values = [(float(s.runs[0].overrides[varying[0]]), s) for s in own]
-    except (KeyError, TypeError, ValueError):
-        return None
-    return varying[0], sorted(values, key=lambda pair: pair[0])
+    for group in (own, [setting for setting in own if setting is not reference]):
+        varying = [key for key in setting_keys(sweep.swept) if len({s.runs[0].overrides.get(key) for s in group}) > 1]
+        if len(varying) == 1 and len(group) >= 3:
+            try:
+                values = [(float(s.runs[0].overrides[varying[0]]), s) for s in group]
+            except (KeyError, TypeError, ValueError):
+                return None
+            return varying[0], sorted(values, key=lambda pair: pair[0])
+    return None
 
 
 def best_value(key: str, metric: str, values: Sequence[tuple[float, Setting]], means: Sequence[float],
@@ -571,10 +573,10 @@ def best_value(key: str, metric: str, values: Sequence[tuple[float, Setting]], m
     return f"the data cannot tell which value of {key} is best ({against}: {said})"
 
 
-def curves(sweep: Sweep, settings: Sequence[Setting], resamples: int = RESAMPLES) -> list[Curve]:
+def curves(sweep: Sweep, settings: Sequence[Setting], reference: Setting, resamples: int = RESAMPLES) -> list[Curve]:
     """For a sweep whose settings differ in one numeric key (:func:`swept_values`): per metric, the slope of the
     foreground mean against the values (one test, :func:`~medseg.scoring.trend.slope`) and the best value."""
-    swept = swept_values(sweep, settings)
+    swept = swept_values(sweep, settings, reference)
     if swept is None:
         return []
     key, values = swept
@@ -641,7 +643,7 @@ def build_comparison(sweep_dir: str | Path, reference: str = DEFAULT_REFERENCE, 
     rankings = ([ranking for metric in METRICS if (ranking := rank_settings(settings, metric, resamples))]
                 if len(settings) >= 3 else [])
     return Comparison(sweep_dir, chosen, settings, compare_settings(settings, chosen, resamples, detect), rankings,
-                      curves(sweep, settings, resamples), detect)
+                      curves(sweep, settings, chosen, resamples), detect)
 
 
 def _interval(difference: PairedDifference | Contrast) -> str:
@@ -778,8 +780,9 @@ def curve_notes(comparison: Comparison) -> list[str]:
     lines = [f"- {c.metric}: slope {c.slope.estimate:+.4g} per unit of {key} {_interval(c.slope)}, p {_p(c.slope.p)} "
              f"({_trend_words(c.slope)}); {c.best}" for c in comparison.curves]
     name = report_name(comparison.reference.label, CURVE)
+    values = ", ".join(f"{value:g}" for value in comparison.curves[0].values)
     return [f"## {key} as a curve",
-            f"The settings differ in `{key}` only ({', '.join(f'{v:g}' for v in comparison.curves[0].values)}): the "
+            f"The settings of the curve differ in `{key}` only ({values}): the "
             f"least-squares slope of each foreground metric against the values, one test for the whole curve (the "
             f"per-case slopes, paired like a difference), and the best value named only when it beats the runner-up.",
             "\n".join(lines), f"![{key} against the reference]({name})"]
@@ -812,7 +815,8 @@ def row_record(row: Row) -> dict[str, Any]:
             "higher_is_better": METRICS[row.metric], "cases": d.cases, "mean": d.setting_mean,
             "reference_mean": d.reference_mean, "difference": d.mean, "ci_low": d.low, "ci_high": d.high, "p": d.p,
             "p_holm": row.p_holm, "verdict": row.verdict, "training_noise": d.training_noise, "se": d.se,
-            "seeds_on_its_side": _on_its_side(d), "detectable_difference": row.detectable,
+            "seeds_on_its_side": _on_its_side(d), "holds_in_every_seed": d.holds_in_every_seed,
+            "detectable_difference": row.detectable,
             "cases_needed": row.cases_needed}
 
 

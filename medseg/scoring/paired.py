@@ -52,8 +52,6 @@ class PairedDifference:
     """The number of paired cases with finite values on both sides."""
     se: float = math.nan
     """The standard error of :attr:`mean`: the bootstrap's with several seeds, ``sd / sqrt(cases)`` with one."""
-    case_variance: float = math.nan
-    """The variance over the cases of the per-case difference, seeds averaged (ddof 1)."""
     seed_variance: float = 0.0
     """The part of ``se²`` that more cases would not shrink: each side's seed variance over its seeds
     (:func:`seed_variance`), summed; 0 with one seed a side."""
@@ -77,8 +75,10 @@ class Contrast(NamedTuple):
     high: float
     p: float
     se: float
-    case_variance: float
+    """Its standard error: the bootstrap's with several seeds, ``sd / sqrt(cases)`` of the per-case contrasts with
+    one."""
     training_noise: bool
+    """Whether the seeds were resampled."""
 
 
 def listed(cases: Sequence[str], shown: int = 5) -> str:
@@ -167,11 +167,10 @@ def contrast(groups: Sequence[np.ndarray], weights: Sequence[float], confidence:
     case_variance = float(per_case.var(ddof=1)) if cases > 1 else math.nan
     if all(group.shape[0] == 1 for group in groups):
         low, high = mean_interval(per_case, confidence, resamples, seed)
-        return Contrast(estimate, low, high, wilcoxon_p(per_case), math.sqrt(case_variance / cases), case_variance,
-                        False)
+        return Contrast(estimate, low, high, wilcoxon_p(per_case), math.sqrt(case_variance / cases), False)
     resampled = resampled_means(groups, resamples, seed) @ np.asarray(weights, float)
     return Contrast(estimate, *percentile_interval(resampled, confidence), bootstrap_p(resampled, estimate),
-                    float(resampled.std(ddof=1)), case_variance, True)
+                    float(resampled.std(ddof=1)), True)
 
 
 def paired_difference(values: np.ndarray, reference: np.ndarray, resamples: int = RESAMPLES,
@@ -184,8 +183,7 @@ def paired_difference(values: np.ndarray, reference: np.ndarray, resamples: int 
         return PairedDifference(math.nan, math.nan, math.nan, math.nan, math.nan, math.nan, 0)
     result = contrast([values, reference], (1.0, -1.0), resamples=resamples, seed=seed)
     return PairedDifference(result.estimate, float(values.mean()), float(reference.mean()), result.low, result.high,
-                            result.p, cases, result.se, result.case_variance,
-                            seed_variance(values) + seed_variance(reference),
+                            result.p, cases, result.se, seed_variance(values) + seed_variance(reference),
                             tuple(float(d) for d in values.mean(axis=1) - reference.mean()), result.training_noise)
 
 

@@ -134,6 +134,19 @@ def test_a_swept_value_is_one_tested_curve(tmp_path: Path) -> None:
     assert curve.best.startswith("the data cannot tell which value of model.attention.gamma is best")
 
 
+def test_a_swept_value_against_a_baseline_of_another_block(tmp_path: Path) -> None:
+    rng = np.random.default_rng(6)
+    base = rng.uniform(0.6, 0.85, len(CASES))
+    rows = {"model.bottleneck=none": [dice_rows(base)]}
+    for index, gamma in enumerate((0.8, 0.85, 0.9)):
+        rows[f"model.bottleneck=masa model.attention.gamma={gamma}"] = [
+            dice_rows(base + 0.02 * index + rng.normal(0, 0.01, len(CASES)))]
+    comparison = build_comparison(make_crossvalidated_sweep(tmp_path / "multirun", rows), resamples=RESAMPLES)
+    curve = next(c for c in comparison.curves if c.metric == "dice")
+    assert curve.key == "model.attention.gamma" and len(curve.settings) == 3 and comparison.reference.label not in \
+        curve.settings
+
+
 def test_the_ranking_shows_its_uncertainty(tmp_path: Path) -> None:
     """masa +0.05 on every case is first in (nearly) every resample; none and identity, the same distribution,
     share the second and third ranks."""
