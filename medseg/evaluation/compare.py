@@ -569,7 +569,8 @@ def best_value(key: str, metric: str, values: Sequence[tuple[float, Setting]], m
     against = (f"{key}={best:g} against the runner-up {key}={second:g}: {difference.mean:+.4f} "
                f"{_interval(difference)}, p {_p(difference.p)}")
     if said == BETTER:
-        return f"{key}={best:g} is best ({against})"
+        edge = best in (values[0][0], values[-1][0])
+        return f"{key}={best:g} is best ({against}){'; it is the end of the range tested' if edge else ''}"
     return f"the data cannot tell which value of {key} is best ({against}: {said})"
 
 
@@ -930,9 +931,10 @@ def render_curve(comparison: Comparison) -> Any:
         ax.errorbar(xs, means, yerr=[lows, highs], fmt="o-", capsize=3, color="tab:blue")
         ax.axhline(0.0, color="black", linewidth=0.8)
         ax.set_xlabel(curve.key)
-        ax.set_ylabel(f"Δ {curve.metric} vs {comparison.reference.label}")
+        ax.set_ylabel(f"Δ {curve.metric} ({'higher' if METRICS[curve.metric] else 'lower'} is better)")
         ax.set_title(f"slope {curve.slope.estimate:+.3g}, p {_p(curve.slope.p)}", fontsize="small")
         ax.grid(alpha=0.3)
+    fig.suptitle(f"setting − {comparison.reference.label}: foreground mean, {CONFIDENCE:.0%} CI", fontsize="medium")
     return fig
 
 
