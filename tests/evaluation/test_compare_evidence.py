@@ -59,6 +59,13 @@ def test_one_seed_is_said_in_the_table_and_no_evidence_says_what_could_have_been
     assert "cases for Δ=0.01" in markdown
 
 
+def test_detect_must_be_a_positive_difference(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    for bad in ("detect=-0.01", "detect=abc", "detect="):
+        with pytest.raises(SystemExit) as exit_code:
+            compare([str(tmp_path), bad])
+        assert exit_code.value.code == 2 and "expected a positive difference" in capsys.readouterr().err
+
+
 def test_seed_spread_and_agreement(tmp_path: Path) -> None:
     """Two seeds of masa: one +0.05 on every case, one -0.01; the seed sd is that of their means, 1 of 2 on the side
     of the mean difference, and the interval is wider than the seed-averaged one."""
