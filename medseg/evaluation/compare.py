@@ -294,10 +294,9 @@ class Comparison:
     def unpredicted(self) -> list[str]:
         """The outputs in the labels that no setting predicted in any case (where every setting recorded it)."""
         outputs = dict.fromkeys(output for setting in self.settings for output in setting.volumes)
-        return [output for output in outputs
-                if all(output in s.volumes for s in self.settings)
-                and any(s.volumes[output][1] for s in self.settings) and not any(s.volumes[output][0]
-                                                                                 for s in self.settings)]
+        recorded = {output: [s.volumes[output] for s in self.settings if output in s.volumes] for output in outputs}
+        return [output for output, volumes in recorded.items() if len(volumes) == len(self.settings)
+                and any(present for _, present in volumes) and not any(predicted for predicted, _ in volumes)]
 
 
 def read_rows(path: Path) -> list[dict[str, str]]:
@@ -730,9 +729,11 @@ def external_notes(comparison: Comparison) -> list[str]:
 
 def unpredicted_notes(comparison: Comparison) -> list[str]:
     """The warning above the table of ``compare.md`` on outputs that no setting predicted in any case."""
-    return [f"**No setting predicted {', '.join(f'`{output}`' for output in comparison.unpredicted)} in any case**: "
-            f"its rows compare empty predictions (Dice of a missed structure, not a segmentation of it)."
-            ] if comparison.unpredicted else []
+    if not comparison.unpredicted:
+        return []
+    outputs = ", ".join(f"`{output}`" for output in comparison.unpredicted)
+    return [f"**No setting predicted {outputs} in any case**: its rows compare empty predictions, not segmentations "
+            f"of it."]
 
 
 def noise_notes(comparison: Comparison) -> list[str]:
