@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import argparse
 import difflib
+import math
 import sys
 from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING
@@ -174,60 +175,74 @@ def check_data() -> int:
 # --------------------------------------------------------------------------------------------- argparse commands
 
 COMPARE_METHOD = """\
-Each setting's out-of-fold per-case Dice, HD95 and NSD (seeds averaged per case) is paired with the reference's on
-the same cases: the mean difference with a bootstrap 95% interval and a Wilcoxon signed-rank p, Holm-corrected across
-the settings; the verdict is better or worse when that p < 0.05 and the interval excludes 0, else no evidence."""
+Each setting's out-of-fold per-case Dice, HD95 and NSD is paired with the reference's on the same cases: the mean
+difference with a bootstrap 95% interval (cases and seeds resampled) and a Wilcoxon or bootstrap p, Holm-corrected
+across the settings; better or worse when that p < 0.05 and the interval excludes 0, else no evidence."""
 
 COMPARE_INPUT = """\
 DIR is a multirun that sweeps data.fold (say `-m model.bottleneck=none,identity,masa data.fold=0,1,2,3,4
 trainer.seed=0,1`), cross-validated (its callback did it, or `medseg crossval DIR`). nnunet=RESULTS adds nnU-Net v2's
 cross-validation (its trained-model folder, with fold_<k>/validation/) as the setting `nnunet`, and extra=NAME=DIR any
 other tool's out-of-fold label maps, both scored by medseg on the same cases (train the sweep on nnU-Net's folds with
-data.splits=<its splits_final.json>); reference=nnunet makes it the reference. Writes compare.md, compare.csv,
-compare.json and compare.png into DIR and prints the table. Exit code 0, or 1 with one line of error."""
+data.splits=<its splits_final.json>); reference=nnunet makes it the reference. detect=0.01 adds the cases a
+difference of 0.01 (in each metric's unit) needs. Writes compare.md, compare.csv, compare.json and compare.png (and
+compare.curve.png when the settings differ in one numeric key) into DIR, named compare.<reference>.* for a reference
+other than the default, and prints the table. Exit code 0, or 1 with one line of error."""
 
 
-def compare_options(options: Sequence[str], parser: argparse.ArgumentParser) -> tuple[str, list[ExternalSource]]:
-    """``reference=...``, ``nnunet=...`` and ``extra=NAME=DIR`` options of ``compare``: the reference and the sources
-    of other tools' predictions (a bad option ends the command with argparse's usage error)."""
+def compare_options(options: Sequence[str],
+                    parser: argparse.ArgumentParser) -> tuple[str, list[ExternalSource], float | None]:
+    """``reference=...``, ``nnunet=...``, ``extra=NAME=DIR`` and ``detect=...`` options of ``compare``: the reference,
+    the sources of other tools' predictions and the difference to size the cases for (a bad option ends the command
+    with argparse's usage error)."""
     from medseg.errors import ConfigError
     from medseg.evaluation.compare import DEFAULT_REFERENCE
     from medseg.evaluation.external import parse_source
 
-    reference, sources = DEFAULT_REFERENCE, []
+    reference, sources, detect = DEFAULT_REFERENCE, [], None
     for option in options:
         key, _, value = option.partition("=")
         if key == "reference" and value:
             reference = value
             continue
+        if key == "detect":
+            try:
+                detect = float(value)
+            except ValueError:
+                detect = math.nan
+            if not detect > 0 or math.isinf(detect):
+                parser.error(f"detect={value}: expected a positive difference, in the metrics' units (detect=0.01)")
+            continue
         try:
             sources.append(parse_source(option))
         except ConfigError as err:
             parser.error(f"{err} (or reference=KEY=VALUE, e.g. reference={DEFAULT_REFERENCE})")
-    return reference, sources
+    return reference, sources, detect
 
 
 def compare(argv: Sequence[str] | None = None) -> int:
     """Paired verdicts of a cross-validated sweep's settings against a reference (DIR [reference=KEY=VALUE]
-    [nnunet=RESULTS] [extra=NAME=DIR ...])."""
-    from medseg.evaluation.compare import DEFAULT_REFERENCE, FILES, compare_sweep, setting_table
+    [nnunet=RESULTS] [extra=NAME=DIR ...] [detect=DIFFERENCE])."""
+    from medseg.evaluation.compare import DEFAULT_REFERENCE, compare_sweep, setting_table
 
     parser = argparse.ArgumentParser(description=COMPARE_METHOD, formatter_class=argparse.RawDescriptionHelpFormatter,
                                      epilog=COMPARE_INPUT)
     parser.add_argument("sweep_dir", help="the multirun directory (one folder per job, and crossval/)")
-    parser.add_argument("options", nargs="*", metavar="reference=KEY=VALUE | nnunet=RESULTS | extra=NAME=DIR",
+    parser.add_argument("options", nargs="*",
+                        metavar="reference=KEY=VALUE | nnunet=RESULTS | extra=NAME=DIR | detect=DIFFERENCE",
                         help=f"reference: the setting the others are compared with, key=value pairs (quoted and "
                              f"space-separated for several) that pick one setting, or a name (nnunet) (default: "
-                             f"reference={DEFAULT_REFERENCE}); nnunet, extra: other tools' out-of-fold predictions")
+                             f"reference={DEFAULT_REFERENCE}); nnunet, extra: other tools' out-of-fold predictions; "
+                             f"detect: the cases a difference of this size needs")
     args = parser.parse_args(argv)
-    reference, sources = compare_options(args.options, parser)
+    reference, sources, detect = compare_options(args.options, parser)
     try:
-        comparison = compare_sweep(args.sweep_dir, reference, external=sources)
+        comparison = compare_sweep(args.sweep_dir, reference, external=sources, detect=detect)
     except MedsegError as err:
         print(f"error: {err}", file=sys.stderr)
         return 1
     print(setting_table(comparison))
-    print(f"\nwritten: {', '.join(f'{args.sweep_dir}/{name}' for name in FILES)}")
+    print(f"\nwritten: {', '.join(f'{args.sweep_dir}/{name}' for name in comparison.files)}")
     return 0
 
 

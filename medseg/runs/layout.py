@@ -87,11 +87,17 @@ class RunLayout:
         return self.path / OVERRIDES_FILE
 
 
+def file_label(label: str) -> str:
+    """A setting's label (``model.bottleneck=masa trainer.seed=1``) as a file name: every run of characters other
+    than word characters and ``.,=+-`` replaced by ``_`` (``model.bottleneck=masa_trainer.seed=1``)."""
+    return re.sub(r"[^\w.,=+-]+", "_", label)
+
+
 def crossval_dir(sweep_dir: str | Path, label: str = "") -> Path:
     """Where ``scripts/crossval.py`` writes a cross-validation: ``DIR/crossval``, or ``DIR/crossval/<setting>`` for
     one setting (``label``) of a sweep of several."""
     folder = Path(sweep_dir) / CROSSVAL_FOLDER
-    return folder / re.sub(r"[^\w.,=+-]+", "_", label) if label else folder
+    return folder / file_label(label) if label else folder
 
 
 def external_dir(sweep_dir: str | Path, name: str) -> Path:

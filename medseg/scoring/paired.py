@@ -1,7 +1,10 @@
 """Paired comparison of two settings on the same cases: the mean difference with a bootstrap interval, the Wilcoxon
 signed-rank test, Holm's correction across the settings compared, and a verdict in words.
 
-Pure functions of per-case values (``case -> value``, or arrays of shape (N,) in case order). The difference is always
+Pure functions of per-case values (``case -> value``, or arrays of shape (N,) in case order, or (S, N) for S training
+seeds of the same cases). With one seed on each side, the interval is the BCa bootstrap of the cases and the test is
+Wilcoxon's; with several on either side, both resample the seeds as well as the cases (:mod:`medseg.scoring.bootstrap`:
+the percentile interval and the bootstrap test), so they hold training noise too. The difference is always
 *setting minus reference*; whether a positive difference is better depends on the metric (Dice and NSD: higher is
 better; HD95: lower). The verdict is *better* or *worse* only when the Holm-adjusted p-value is below ``alpha`` and the
 whole confidence interval lies on the same side of zero; otherwise *no evidence of a difference*.
@@ -12,22 +15,22 @@ from __future__ import annotations
 import math
 from collections.abc import Collection, Mapping, Sequence
 from dataclasses import dataclass
+from typing import NamedTuple
 
 import numpy as np
 from scipy import stats
 
 from medseg.errors import DatasetError
+from medseg.scoring.bootstrap import RESAMPLES, SEED, bootstrap_p, percentile_interval, resampled_means
 
 ALPHA = 0.05
 """The significance level of every verdict, after Holm's correction."""
 CONFIDENCE = 0.95
 """The level of the bootstrap confidence interval of the mean difference."""
-RESAMPLES = 9999
-"""Bootstrap resamples of the cases (scipy's default)."""
-SEED = 0
-"""The bootstrap's seed: the same values give the same interval."""
 BETTER, WORSE, NO_EVIDENCE = "better", "worse", "no evidence of a difference"
 """The verdicts."""
+NOT_MEASURABLE = "not measurable"
+"""The cell of a metric without a finite pair (followed by the reason): never a verdict."""
 
 
 @dataclass(frozen=True)
@@ -47,6 +50,35 @@ class PairedDifference:
     """The two-sided Wilcoxon signed-rank p-value (1 when every difference is zero, NaN without cases)."""
     cases: int
     """The number of paired cases with finite values on both sides."""
+    se: float = math.nan
+    """The standard error of :attr:`mean`: the bootstrap's with several seeds, ``sd / sqrt(cases)`` with one."""
+    seed_variance: float = 0.0
+    """The part of ``se²`` that more cases would not shrink: each side's seed variance over its seeds
+    (:func:`seed_variance`), summed; 0 with one seed a side."""
+    seed_differences: tuple[float, ...] = ()
+    """Each of the setting's seeds alone: its mean over the cases minus the reference's (seeds averaged)."""
+    training_noise: bool = False
+    """Whether the interval and the test resampled seeds (several seeds on either side)."""
+
+    @property
+    def holds_in_every_seed(self) -> bool:
+        """Whether every seed of the setting alone differs from the reference on the side of :attr:`mean`."""
+        side = np.sign(self.mean)
+        return bool(math.isfinite(self.mean) and side) and all(np.sign(d) == side for d in self.seed_differences)
+
+
+class Contrast(NamedTuple):
+    """A weighted sum of the groups' means over the cases, with its interval and test."""
+
+    estimate: float
+    low: float
+    high: float
+    p: float
+    se: float
+    """Its standard error: the bootstrap's with several seeds, ``sd / sqrt(cases)`` of the per-case contrasts with
+    one."""
+    training_noise: bool
+    """Whether the seeds were resampled."""
 
 
 def listed(cases: Sequence[str], shown: int = 5) -> str:
@@ -103,16 +135,56 @@ def mean_interval(differences: np.ndarray, confidence: float = CONFIDENCE, resam
     return float(result.confidence_interval.low), float(result.confidence_interval.high)
 
 
+def seed_variance(values: np.ndarray) -> float:
+    """The variance of a training seed's shift of every case, divided by the S seeds of ``values`` (S, N): the part
+    of the variance of their mean that does not shrink with the cases. For ``v_si = mu_i + a_s + e_si``, the seed means
+    vary by ``var(a) + var(e) / N`` and each case over the seeds by ``var(a) + var(e)``, so
+    ``var(a) = (N * var(seed means) - mean over cases of var over seeds) / (N - 1)`` (method of moments, clipped at 0;
+    0 with one seed or one case)."""
+    seeds, cases = values.shape
+    if seeds < 2 or cases < 2:
+        return 0.0
+    between = cases * values.mean(axis=1).var(ddof=1) - values.var(axis=0, ddof=1).mean()
+    return max(0.0, float(between) / (cases - 1)) / seeds
+
+
+def finite_cases(groups: Sequence[np.ndarray]) -> list[np.ndarray]:
+    """``groups`` ((S_k, N) or (N,) each) as (S_k, N') arrays of the N' cases finite in every seed of every group
+    (HD95 of an empty mask is not)."""
+    groups = [np.atleast_2d(np.asarray(group, float)) for group in groups]
+    finite = np.logical_and.reduce([np.isfinite(group).all(axis=0) for group in groups])
+    return [group[:, finite] for group in groups]
+
+
+def contrast(groups: Sequence[np.ndarray], weights: Sequence[float], confidence: float = CONFIDENCE,
+             resamples: int = RESAMPLES, seed: int = SEED) -> Contrast:
+    """``sum_k weights[k] * mean(groups[k])`` over the same cases (each group (S_k, N), finite, N >= 1), with its
+    interval and two-sided p-value against zero. With one seed in every group: the BCa interval of the cases and
+    Wilcoxon's test of the per-case contrasts; with more: the percentile interval and the bootstrap test of
+    :func:`~medseg.scoring.bootstrap.resampled_means` (cases and seeds resampled)."""
+    per_case = sum(weight * group.mean(axis=0) for weight, group in zip(weights, groups))
+    estimate, cases = float(per_case.mean()), len(per_case)
+    case_variance = float(per_case.var(ddof=1)) if cases > 1 else math.nan
+    if all(group.shape[0] == 1 for group in groups):
+        low, high = mean_interval(per_case, confidence, resamples, seed)
+        return Contrast(estimate, low, high, wilcoxon_p(per_case), math.sqrt(case_variance / cases), False)
+    resampled = resampled_means(groups, resamples, seed) @ np.asarray(weights, float)
+    return Contrast(estimate, *percentile_interval(resampled, confidence), bootstrap_p(resampled, estimate),
+                    float(resampled.std(ddof=1)), True)
+
+
 def paired_difference(values: np.ndarray, reference: np.ndarray, resamples: int = RESAMPLES,
                       seed: int = SEED) -> PairedDifference:
-    """Mean of ``values - reference`` (both (N,), case by case), its bootstrap interval and the Wilcoxon p-value; the
-    cases where either value is not finite (HD95 of an empty mask) are left out."""
-    finite = np.isfinite(values) & np.isfinite(reference)
-    values, reference = values[finite], reference[finite]
-    differences = values - reference
-    means = [float(array.mean()) if len(array) else math.nan for array in (differences, values, reference)]
-    low, high = mean_interval(differences, resamples=resamples, seed=seed)
-    return PairedDifference(*means, low, high, wilcoxon_p(differences), len(differences))
+    """Mean of ``values - reference`` (each (N,), or (S, N) for S seeds, case by case), its interval and p-value
+    (:func:`contrast`); the cases where a value of either side is not finite (HD95 of an empty mask) are left out."""
+    values, reference = finite_cases([values, reference])
+    cases = values.shape[1]
+    if not cases:
+        return PairedDifference(math.nan, math.nan, math.nan, math.nan, math.nan, math.nan, 0)
+    result = contrast([values, reference], (1.0, -1.0), resamples=resamples, seed=seed)
+    return PairedDifference(result.estimate, float(values.mean()), float(reference.mean()), result.low, result.high,
+                            result.p, cases, result.se, seed_variance(values) + seed_variance(reference),
+                            tuple(float(d) for d in values.mean(axis=1) - reference.mean()), result.training_noise)
 
 
 def holm(p_values: Sequence[float]) -> list[float]:

@@ -143,7 +143,8 @@ class SummarizeSweep(Callback):
 
             reference = reference or DEFAULT_REFERENCE
             comparison = compare_sweep(sweep_dir, reference)
-            log.info("comparison written to %s/compare.{md,csv,json,png}\n%s", sweep_dir, setting_table(comparison))
+            log.info("comparison written to %s: %s\n%s", sweep_dir, ", ".join(comparison.files),
+                     setting_table(comparison))
         except Exception as err:  # a comparison must never turn a finished sweep into a failed one
             log.error("could not compare the settings of the sweep in %s (%s: %s); retry with: python "
                       "scripts/compare.py %s 'reference=%s'", sweep_dir, type(err).__name__, err, sweep_dir, reference)

@@ -25,7 +25,7 @@ from pathlib import Path
 from typing import Any
 
 from medseg.errors import MedsegError
-from medseg.evaluation.compare import FILES, FOREGROUND, NEEDS_FOLDS, paired, read_settings
+from medseg.evaluation.compare import DEFAULT_REFERENCE, FOREGROUND, NEEDS_FOLDS, paired, read_settings, report_name
 from medseg.io import atomic_write, atomic_write_text
 from medseg.runs.folders import (
     COMPUTE_KEYS,
@@ -284,9 +284,10 @@ def render_markdown(summary: SweepSummary) -> str:
             render_table(markdown_table, summary.group_headers, summary.group_rows, summary.swept),
         ]
     parts += [f"**{summary.best}**", "![summary](summary.png)"]
-    if (summary.sweep_dir / FILES[0]).is_file():
-        parts.append("Every setting against the reference, paired on the out-of-fold cases: `compare.md` "
-                     "(`scripts/compare.py`).")
+    compared = sorted(path.name for path in summary.sweep_dir.glob(f"{report_name(DEFAULT_REFERENCE, '')}*.md"))
+    if compared:
+        parts.append(f"Every setting against the reference, paired on the out-of-fold cases: "
+                     f"{', '.join(f'`{name}`' for name in compared)} (`scripts/compare.py`, one report per reference).")
     if crossval_dir(summary.sweep_dir).is_dir():
         parts.append(f"Scores of the out-of-fold predictions in the original geometry: `{CROSSVAL_FOLDER}/`"
                      f" (`scripts/crossval.py`).")

@@ -84,7 +84,7 @@ def test_nnunet_is_a_setting_scored_on_the_same_cases(fresh: tuple[Path, Path], 
         index = int(row["class_index"])
         assert float(row["dice"]) == pytest.approx(reference_dice(label == index, label == index)) == 1.0
 
-    report = json.loads((sweep / "compare.json").read_text())
+    report = json.loads((sweep / "compare.nnunet.json").read_text())
     assert report["reference"] == NNUNET
     settings = {s["setting"]: s for s in report["settings"]}
     assert settings[NNUNET]["dice"] == pytest.approx(1.0) and settings[NNUNET]["cases"] == 8
@@ -94,7 +94,7 @@ def test_nnunet_is_a_setting_scored_on_the_same_cases(fresh: tuple[Path, Path], 
     medseg_row = next(c for c in report["comparisons"] if c["setting"] == "(all runs)" and c["output"] == FOREGROUND
                       and c["metric"] == "dice")
     assert medseg_row["cases"] == 8 and medseg_row["verdict"] == WORSE and medseg_row["ci_high"] < 0
-    markdown = (sweep / "compare.md").read_text()
+    markdown = (sweep / "compare.nnunet.md").read_text()
     assert f"Reference: `{NNUNET}`" in markdown and str(results) in markdown
     if importlib.util.find_spec("nnunetv2") is None:
         assert "parameters blank: nnunetv2 is not installed" in markdown

@@ -113,11 +113,13 @@ def test_a_sweep_over_gamma_and_folds_gets_a_cross_validation_per_gamma(tmp_path
     assert ("no best setting: model.attention.gamma=0.9 -> best_val_dice 0.7250 ± 0.0354 over 2 folds (runs 2, 3) "
             "has the highest mean but is not significantly better than the runner-up model.attention.gamma=0.8 on 8 "
             "out-of-fold cases (Dice difference +0.0000") in markdown
-    compared = json.loads((sweep / "compare.json").read_text())
+    assert "`compare.model.attention.gamma=0.8.md`" in markdown, "the summary links the report of its reference"
+    compared = json.loads((sweep / "compare.model.attention.gamma=0.8.json").read_text())
     assert compared["reference"] == "model.attention.gamma=0.8"
     row = next(r for r in compared["comparisons"] if r["output"] == "foreground mean" and r["metric"] == "dice")
     assert (row["setting"], row["cases"], row["difference"], row["p"]) == ("model.attention.gamma=0.9", 8, 0.0, 1.0)
-    assert row["verdict"] == "no evidence of a difference" and (sweep / "compare.png").is_file()
+    assert row["verdict"] == "no evidence of a difference"
+    assert (sweep / "compare.model.attention.gamma=0.8.png").is_file()
 
 
 def test_a_multirun_without_finished_folds(tmp_path: Path, tiny_demo_root: Path) -> None:
