@@ -925,7 +925,7 @@ def render_csv(comparison: Comparison) -> str:
 
 
 VERDICT_COLOURS = {BETTER: "tab:green", WORSE: "tab:red"}
-"""Forest-plot colours; *no evidence* is grey."""
+"""Forest-plot colours; *no evidence* is grey; a *not measurable* row is left empty."""
 
 
 def plot_panels(comparison: Comparison) -> list[list[tuple[str, list[tuple[str, Row]]]]]:
@@ -980,7 +980,7 @@ def render_plot(comparison: Comparison) -> Any:
             ax = fig.add_subplot(grid[line, index])
             for y, (_, row) in enumerate(rows):
                 d = row.difference
-                if not math.isnan(d.mean):
+                if not math.isnan(d.mean) and not row.verdict.startswith(NOT_MEASURABLE):
                     ax.errorbar(d.mean, y, xerr=[[d.mean - d.low], [d.high - d.mean]], fmt="o", capsize=3,
                                 color=VERDICT_COLOURS.get(row.verdict, "tab:gray"))
             ax.axvline(0.0, color="black", linewidth=0.8)
