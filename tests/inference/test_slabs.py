@@ -1,4 +1,4 @@
-"""Slab by slab equals the whole volume: the sliding window's slabs (:func:`medseg.inference.sliding_window.infer_slabs`)
+"""Slab by slab equals the whole volume: the slabs of :func:`medseg.inference.sliding_window.infer_slabs`
 along any axis, in 2D and 3D, mirrored or not, on odd shapes and with slabs that do not divide the length."""
 
 from __future__ import annotations
