@@ -120,7 +120,10 @@ class Inferer:
 
     def infer(self, case: Case, progress: bool = False) -> Prediction:
         """The case's prediction on its image file's voxel grid, its probabilities kept (see :class:`Prediction`)."""
-        data = self.preprocess(case)
+        return self.infer_preprocessed(self.preprocess(case), progress)
+
+    def infer_preprocessed(self, data: dict[str, Any], progress: bool = False) -> Prediction:
+        """:meth:`infer` for a case :meth:`preprocess` has read (``data`` is not changed)."""
         return collect(self.file_slabs(data, progress), Grids.of(data[IMAGE]).file_shape, original_affine(data),
                        self.net.label_spec, keep_probabilities=True)
 

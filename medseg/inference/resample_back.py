@@ -115,9 +115,8 @@ class Grids:
         return start, stop
 
     def to_file(self, maps: torch.Tensor) -> np.ndarray:
-        """``(K, *)`` maps on a slab of the RAS grid -> float32 ``(K, *)`` in the file's axis order."""
-        return np.ascontiguousarray(np.moveaxis(from_ras(np.moveaxis(maps.cpu().numpy(), 0, -1), self.file_affine),
-                                                -1, 0))
+        """``(K, *)`` maps on a slab of the RAS grid -> float32 ``(K, *)`` in the file's axis order (a view)."""
+        return np.moveaxis(from_ras(np.moveaxis(maps.cpu().numpy(), 0, -1), self.file_affine), -1, 0)
 
 
 def back_to_file(grids: Grids, slabs: Iterator[tuple[int, torch.Tensor]],
