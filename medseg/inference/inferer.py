@@ -132,7 +132,7 @@ class Inferer:
         grid, ``inference.slab_slices`` slices at a time (:data:`FileSlabs`): from the sliding windows (and their
         mirrorings), windows holding one value per channel answered from one run unless ``inference.skip_constant``
         is false."""
-        image = data[IMAGE].as_tensor().unsqueeze(0).to(self.device)  # a plain tensor: no metadata on each window
+        image = data[IMAGE].unsqueeze(0).to(self.device)
         grids = Grids.of(data[IMAGE])
         slabs = infer_slabs(self.network, image, self.net.window.roi_size, self.net.spatial_dims,
                             self.net.window.slice_axis, amp_dtype=self.amp_dtype, progress=progress,

@@ -101,7 +101,8 @@ class Grids:
             return maps.narrow(self.axis + 1, start - low, stop - start).float()
         size = list(self.ras_shape)
         size[self.axis] = stop - start
-        source = MetaTensor(maps, affine=torch.as_tensor(_shifted(self.affine, self.axis, low)))
+        affine = torch.as_tensor(_shifted(self.affine, self.axis, low))
+        source = MetaTensor(maps.as_subclass(torch.Tensor), affine=affine)
         resampled = SpatialResample(dtype=torch.float32)(
             source, dst_affine=torch.as_tensor(_shifted(self.ras_affine, self.axis, start)), spatial_size=size,
             **self.resample)

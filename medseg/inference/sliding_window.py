@@ -229,6 +229,7 @@ def infer_slabs(
     """
     device = device or image.device
     sw_device = sw_device or image.device
+    image = image.as_subclass(torch.Tensor)  # a MONAI MetaTensor's metadata would follow every window and slab
     network = model if spatial_dims == 3 else slice_network(model, slice_axis)
     flips = [tuple(a + 2 for a in combo) for combo in mirrorings(mirror_axes)]  # the spatial axes of (B, C, ...)
     predictor = mirrored(ConstantWindows(network) if skip_constant else network, flips)
