@@ -151,7 +151,15 @@ class LabelSpec:
         region's sigmoid above :data:`REGION_THRESHOLD`."""
         if self.region_based:
             return probabilities > REGION_THRESHOLD
-        return probabilities.argmax(0).astype(np.uint8 if len(probabilities) <= 256 else np.uint16)
+        # argmax(0) without numpy's contiguous copy of the classes moved last: a running maximum, the first
+        # class of the highest probability winning as argmax's
+        winner = np.zeros(probabilities.shape[1:], np.uint8 if len(probabilities) <= 256 else np.uint16)
+        best = probabilities[0].copy()
+        for index in range(1, len(probabilities)):
+            higher = probabilities[index] > best
+            winner[higher] = index
+            np.maximum(best, probabilities[index], out=best)
+        return winner
 
     def output_masks(self, outputs: np.ndarray) -> np.ndarray:
         """``(R, *spatial)`` bool, one mask per output, of :meth:`prediction_outputs`: each foreground class where it
