@@ -143,3 +143,5 @@ def back_to_file(grids: Grids, slabs: Iterator[tuple[int, torch.Tensor]],
         maps = torch.cat([part for _, part in held], dim=grids.axis + 1)
         ras = grids.to_ras(maps.narrow(grids.axis + 1, low - base, high - low), low, start, stop)
         yield *grids.file_range(start, stop), grids.to_file(ras)
+    for _ in slabs:  # the rest, which no slab of the file's grid interpolates from: the stream ends, not waits
+        pass

@@ -257,11 +257,11 @@ def infer_slabs(
 
     done = 0  # positions before this along the axis are given out
     total = len(image) * len(flips) * len(windows)
-    with tqdm(total=total, desc="windows", unit="window", disable=not progress, leave=False) as bar, \
-            torch.no_grad():
+    with tqdm(total=total, desc="windows", unit="window", disable=not progress, leave=False) as bar:
         for begin in range(0, len(windows), sw_batch_size):
             batch = windows[begin:begin + sw_batch_size]
-            with autocast(device, amp_dtype):
+            # no_grad around the network only: a context held across a yield would leak to the caller
+            with torch.no_grad(), autocast(device, amp_dtype):
                 crops = torch.cat([image[(slice(None), slice(None), *window)] for window in batch]).to(device)
                 logits = predictor(crops).float().to(sw_device)
             bar.update(len(crops) * len(flips))

@@ -59,6 +59,15 @@ def test_slabs_equal_the_whole_volume(spatial_dims: int, shape: tuple[int, int, 
                 assert torch.equal(joined > 0.5, whole > 0.5)
 
 
+def test_a_slab_stream_left_unfinished_leaves_autograd_on() -> None:
+    """The network runs without autograd, but the stream does not hold that switch across its slabs: a caller that
+    stops early (or trains next) still computes gradients."""
+    model = SlottedUNet(3, 1, 3, channels=(4, 8), strides=(2,)).eval()
+    slabs = infer_slabs(model, torch.randn(1, 1, 20, 20, 20), ROI[3], 3, SLICE_AXIS, slab=2)
+    _, first = next(slabs)
+    assert torch.is_grad_enabled() and not first.requires_grad
+
+
 @pytest.fixture(scope="module")
 def checkpoints(tmp_path_factory: pytest.TempPathFactory) -> dict[int, Path]:
     """Tiny 3D and 2D checkpoints whose spacing (1 x 1 x 1.5 mm) is not the scans' (so they resample)."""
