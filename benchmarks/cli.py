@@ -34,6 +34,7 @@ SUBCOMMANDS: dict[str, Subcommand] = {
     "prediction": Subcommand("benchmarks.prediction", "whole-volume CPU prediction of a large CT, dense vs fast"),
     "scan_prediction": Subcommand("benchmarks.scan_prediction",
                                   "one large scan predicted on the CPU by medseg and nnU-Net"),
+    "long_scan": Subcommand("benchmarks.long_scan", "peak RAM of predicting long scans with many classes vs length"),
     "gpu": Subcommand("tools.gpu_check", "the GPU check: scripts/gpu_check.py under its older name"),
 }
 """``benchmark.py <name>`` -> its module (under the clone's root) and help."""

@@ -5,11 +5,11 @@ nnU-Net v2's ``nnUNetPredictor``, from the file to the written segmentation.
 
 Each run is a process of its own (``python -m benchmarks.scan_prediction SPEC RESULT`` in the clone's root), so that
 its peak RSS (:class:`medseg.runtime.host_memory.PeakRam`) is its own. medseg's runs go through the predict stage's
-inferer (:class:`medseg.inference.inferer.Inferer`: ``preprocess``, ``window_probabilities``, ``to_original``) with each
-stage timed: reading (the file, in RAS), resampling, normalisation (each transform of the inferer's chain timed by
-:class:`StageTimes`), the windows (the network's share of them timed apart by the inferer's ``network``, a
-:class:`~benchmarks.common.TimedNetwork`; the rest is cutting, padding and gaussian blending), resampling back to the
-file's grid, writing. The
+inferer (:class:`medseg.inference.inferer.Inferer`: ``preprocess``, ``file_slabs``) with each stage timed: reading
+(the file, in RAS), resampling, normalisation (each transform of the inferer's chain timed by :class:`StageTimes`),
+the windows (the network's share of them timed apart by the inferer's ``network``, a
+:class:`~benchmarks.common.TimedNetwork`; the rest is cutting, padding, gaussian blending and resampling back to the
+file's grid, slab by slab), writing. The
 settings (``--settings``; none: nnU-Net alone):
 
 * ``dense``: torch, fp32, every window run: the reference that the others must equal (Dice >= 0.999; without it
@@ -59,7 +59,7 @@ SETTINGS: dict[str, dict[str, Any]] = {
 }
 """medseg setting -> what it changes of the ``inference`` node's defaults (torch, fp32 on the CPU, constant windows
 answered)."""
-STAGES = ("reading", "resampling", "normalisation", "network", "blending", "resampling back", "writing")
+STAGES = ("reading", "resampling", "normalisation", "network", "blending and back", "writing")
 DICE_TARGET = 0.999
 """Every medseg setting against medseg's dense result, per class."""
 TIME_TARGET = 0.5
@@ -104,9 +104,10 @@ def predict_medseg(spec: Mapping[str, Any]) -> dict[str, Any]:
     from medseg.inference.backends import window_network
     from medseg.inference.cases import Case
     from medseg.inference.checks import check_config
-    from medseg.inference.inferer import Inferer, Prediction, original_affine
+    from medseg.inference.inferer import Inferer, collect, original_affine
     from medseg.inference.model import load_model
     from medseg.inference.output import write_label_map
+    from medseg.inference.resample_back import Grids
 
     stages = dict.fromkeys(STAGES, 0.0)
     cfg = check_config({"ckpt": spec["ckpt"], "input": spec["image"], "output": spec["output"],
@@ -122,13 +123,10 @@ def predict_medseg(spec: Mapping[str, Any]) -> dict[str, Any]:
     case = Case(spec["case"], spec["image"])
     data = inferer.preprocess(case)
     started = time.perf_counter()
-    probs = inferer.window_probabilities(data)
+    prediction = collect(inferer.file_slabs(data), Grids.of(data["image"]).file_shape, original_affine(data),
+                         net.label_spec)
     stages["network"] = timed.seconds
-    stages["blending"] = time.perf_counter() - started - timed.seconds
-    started = time.perf_counter()
-    prediction = Prediction(inferer.to_original(data, probs), original_affine(data), net.label_spec)
-    stages["resampling back"] = time.perf_counter() - started
-    del probs
+    stages["blending and back"] = time.perf_counter() - started - timed.seconds
     started = time.perf_counter()
     write_label_map(Path(spec["output"]), case, prediction.label_map(), prediction.affine)
     stages["writing"] = time.perf_counter() - started

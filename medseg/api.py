@@ -107,8 +107,8 @@ def predict(image: str | Path | SpatialImage | np.ndarray, ckpt: Checkpoints, af
         raise ConfigError("predict(): ckpt= mixes loaded models and paths; give one kind")
     ensemble = Ensemble(loaded, inference) if loaded else Ensemble.load(names, inference)
     steps = from_setting(postprocessing, ensemble.checkpoints, ensemble.label_spec.outputs)
-    prediction = ensemble.infer(Case("image", source))
-    labels = ensemble.label_spec.label_map(segment(prediction, steps))
+    prediction = ensemble.infer(Case("image", source), keep_probabilities=return_probabilities)
+    labels = segment(prediction, steps).label_map()
     return (labels, prediction.probabilities) if return_probabilities else labels
 
 

@@ -398,6 +398,10 @@ class InferenceConfig:
     skip_constant: bool = True
     """Answer the windows that hold one value per channel (air, padding) from one run of the network on such a
     window; false runs the network on every window (the dense result)."""
+    slab_slices: int | None = ranged(8, ge=1)
+    """Prediction blends, resamples back and decides the image file's slices this many at a time (its last axis), so
+    it holds the probabilities of a slab plus a window's depth, not of the whole scan; null: the whole scan at once
+    (the same result). Training validates whole volumes."""
     progress: bool = True
     """Progress bars of prediction: over the cases (x models), and over the windows for a single model; training
     shows its own (trainer.progress)."""

@@ -145,16 +145,36 @@ class LabelSpec:
         return self.label_values != list(range(self.num_classes)) or self.ignore_value is not None
 
     # --- masks and label maps --------------------------------------------------------------------
+    def prediction_outputs(self, probabilities: np.ndarray) -> np.ndarray:
+        """What ``(C, *spatial)`` probabilities (the network's outputs) decide, in the least memory: softmax, the
+        ``(*spatial)`` winning class index (uint8, uint16 from 256 classes); regions, ``(R, *spatial)`` bool, each
+        region's sigmoid above :data:`REGION_THRESHOLD`."""
+        if self.region_based:
+            return probabilities > REGION_THRESHOLD
+        # argmax(0) without numpy's contiguous copy of the classes moved last: a running maximum, the first
+        # class of the highest probability winning as argmax's
+        winner = np.zeros(probabilities.shape[1:], np.uint8 if len(probabilities) <= 256 else np.uint16)
+        best = probabilities[0].copy()
+        for index in range(1, len(probabilities)):
+            higher = probabilities[index] > best
+            winner[higher] = index
+            np.maximum(best, probabilities[index], out=best)
+        return winner
+
+    def output_masks(self, outputs: np.ndarray) -> np.ndarray:
+        """``(R, *spatial)`` bool, one mask per output, of :meth:`prediction_outputs`: each foreground class where it
+        wins, or the regions' masks themselves."""
+        if self.region_based:
+            return outputs
+        return np.stack([outputs == c for c in range(1, self.num_classes)])
+
     def prediction_masks(self, probabilities: np.ndarray) -> np.ndarray:
         """``(R, *spatial)`` bool, one mask per output, from ``(C, *spatial)`` probabilities (the network's outputs).
 
         Softmax: each foreground class where it is the most probable. Regions: the sigmoid above
         :data:`REGION_THRESHOLD`.
         """
-        if self.region_based:
-            return probabilities > REGION_THRESHOLD
-        winner = probabilities.argmax(0)
-        return np.stack([winner == c for c in range(1, len(probabilities))])
+        return self.output_masks(self.prediction_outputs(probabilities))
 
     def label_map(self, masks: np.ndarray) -> np.ndarray:
         """The ``(*spatial)`` label map of ``(R, *spatial)`` output masks in the dataset's values: 0, then each output
@@ -162,11 +182,22 @@ class LabelSpec:
 
         uint8, or uint16 for values above 255.
         """
-        values = self.written_values
-        out = np.zeros(masks.shape[1:], np.uint8 if max(values, default=0) < 256 else np.uint16)
-        for mask, value in zip(masks, values):
+        out = np.zeros(masks.shape[1:], self._label_dtype)
+        for mask, value in zip(masks, self.written_values):
             out[mask] = value
         return out
+
+    def outputs_label_map(self, outputs: np.ndarray) -> np.ndarray:
+        """:meth:`label_map` of :meth:`prediction_outputs`; for classes, each voxel's winning class's value, without
+        the masks."""
+        if self.region_based:
+            return self.label_map(outputs)
+        return np.asarray([0, *self.written_values], self._label_dtype)[outputs]
+
+    @property
+    def _label_dtype(self) -> type[np.unsignedinteger]:
+        """uint8, or uint16 for label values above 255."""
+        return np.uint8 if max(self.written_values, default=0) < 256 else np.uint16
 
     def class_indices(self, label: np.ndarray, source: str | Path) -> np.ndarray:
         """``label`` (a label file's voxels) as int64 class indices, :data:`IGNORE_INDEX` at ignore voxels.

@@ -1,5 +1,5 @@
 """Ensembles: several checkpoints predict each case, and their probabilities (softmax classes, or sigmoid regions) are
-averaged on its own grid.
+averaged on its own grid, slab by slab (the models predict the same slab in turn, :meth:`Ensemble.infer`).
 
 ``ckpt`` names the models: a checkpoint file, a training run folder (its ``checkpoints/best.pt``), a multirun
 folder (the ``checkpoints/best.pt`` of every run whose ``metrics.json`` says completed: the folds of a
@@ -19,16 +19,18 @@ import logging
 from collections.abc import Callable, Sequence
 from pathlib import Path
 
+import numpy as np
 from monai.transforms import Compose
 
 from medseg.config import DataConfig, InferenceConfig
 from medseg.data.labels import LabelSpec
-from medseg.data.reading import IMAGE
+from medseg.data.transforms import IMAGE
 from medseg.errors import CheckpointError
 from medseg.inference.cases import Case
-from medseg.inference.inferer import Inferer, Prediction
+from medseg.inference.inferer import FileSlabs, Inferer, Prediction, collect, original_affine
 from medseg.inference.modality import ModalityCheck
 from medseg.inference.model import EvalModel, load_model
+from medseg.inference.resample_back import Grids
 from medseg.runs.folders import Sweep, setting_keys, swept_keys
 from medseg.runs.layout import RunLayout
 
@@ -144,28 +146,40 @@ class Ensemble:
         """A single model's training data config (its validation fold); None for an ensemble."""
         return self.nets[0].data if len(self.nets) == 1 else None
 
-    def infer(self, case: Case, on_model: Callable[[], object] = lambda: None) -> Prediction:
-        """The mean of the models' probabilities on the case's grid; ``on_model()`` after each model.
+    def infer(self, case: Case, on_model: Callable[[], object] = lambda: None, keep_probabilities: bool = False,
+              on_slab: Callable[[int, int, np.ndarray], object] | None = None) -> Prediction:
+        """The mean of the models' probabilities on the case's grid, decided slab by slab
+        (:func:`~medseg.inference.inferer.collect`: ``keep_probabilities`` keeps them whole, ``on_slab`` sees each
+        averaged slab); ``on_model()`` after each model.
 
-        The sliding windows of a single model show a progress bar when ``inference.progress`` is set. A case not of
-        the models' training modality is warned of (:mod:`.modality`).
+        The models predict in step, one slab each in turn, so the probabilities held are a slab's (and a window's
+        depth) for each model. The sliding windows of a single model show a progress bar when
+        ``inference.progress`` is set. A case not of the models' training modality is warned of (:mod:`.modality`).
 
         Raises:
             DatasetError: an unreadable image, or a channel count other than the models'.
         """
         windows = self.inference.progress and len(self.nets) == 1
         preprocessed: dict[str, dict] = {}
-        total = None
+        streams = []
         for inferer in self.inferers:
             key = inferer.net.preprocessing_key
             if key not in preprocessed:
                 preprocessed[key] = inferer.preprocess(case)
                 self.modality.check(inferer.net, case, preprocessed[key][IMAGE].meta)
-            prediction = inferer.infer_preprocessed(preprocessed[key], progress=windows)
-            if total is None:
-                total = prediction.probabilities
-            else:
-                total += prediction.probabilities
+            streams.append(inferer.file_slabs(preprocessed[key], progress=windows))
+        data = next(iter(preprocessed.values()))
+        prediction = collect(self._mean(streams), Grids.of(data[IMAGE]).file_shape, original_affine(data),
+                             self.label_spec, keep_probabilities, on_slab)
+        for _ in self.inferers:
             on_model()
-        assert total is not None
-        return Prediction(total / len(self.inferers), prediction.affine, prediction.label_spec)
+        return prediction
+
+    @staticmethod
+    def _mean(streams: Sequence[FileSlabs]) -> FileSlabs:
+        """The slab-wise mean of the models' probability slabs (they cut the same slices)."""
+        for slabs in zip(*streams, strict=True):
+            total = slabs[0][2]
+            for _, _, maps in slabs[1:]:
+                total += maps
+            yield slabs[0][0], slabs[0][1], total / len(slabs) if len(slabs) > 1 else total

@@ -1,36 +1,42 @@
-"""Whole-case prediction in the original geometry: preprocess, sliding windows (+ mirroring TTA), and back.
+"""Whole-case prediction in the original geometry: preprocess, sliding windows (+ mirroring TTA), and back, slab by
+slab.
 
 The case goes through :func:`medseg.data.transforms.eval_transforms` (read in RAS, resample, normalise), is
-predicted by :func:`medseg.inference.sliding_window.infer_volume`, and its probabilities (softmax classes, or sigmoid
-regions) are resampled back to the original voxel grid with MONAI's ``Invertd`` (linear interpolation), then
-reordered from RAS to the image file's own axis order (:func:`medseg.data.reading.from_ras`).
+predicted by :func:`medseg.inference.sliding_window.infer_slabs`, and its probabilities (softmax classes, or sigmoid
+regions) are resampled back to the original voxel grid (linear interpolation, as MONAI's ``Invertd`` would) and
+reordered from RAS to the image file's own axis order (:mod:`medseg.inference.resample_back`), ``inference.slab_slices``
+slices of the file at a time: the probabilities held are those of a slab (and a window's depth), whatever the scan's
+length. A :class:`Prediction` keeps what the probabilities decide (the winning class, or the regions' masks).
 """
 
 from __future__ import annotations
 
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
 import torch
-from monai.data import MetaTensor
-from monai.transforms import Compose, Invertd
+from monai.transforms import Compose
 from torch import nn
 
 from medseg.config import InferenceConfig
 from medseg.data.labels import LabelSpec
-from medseg.data.reading import from_ras, source_name
+from medseg.data.reading import source_name
 from medseg.data.transforms import IMAGE
 from medseg.errors import DatasetError
 from medseg.inference.backends import check_backend, window_network
 from medseg.inference.cases import Case
 from medseg.inference.model import EvalModel
-from medseg.inference.sliding_window import infer_volume
+from medseg.inference.resample_back import Grids, back_to_file
+from medseg.inference.sliding_window import infer_slabs
 from medseg.postprocessing.components import Postprocessing
 from medseg.runtime.device import amp_dtype, resolve_device
 from medseg.scoring.metrics import voxel_spacing
 
-PRED = "pred"
+FileSlabs = Iterator[tuple[int, int, np.ndarray]]
+"""``(first, stop, maps)``: float32 ``(K, X, Y, stop - first)`` maps on slices ``[first, stop)`` of a case's image
+file, in the file's axis order (:func:`~medseg.inference.resample_back.back_to_file`)."""
 
 
 def mirror_axes(spatial_dims: int, slice_axis: int) -> tuple[int, ...]:
@@ -51,23 +57,25 @@ def window_options(inference: InferenceConfig, device: torch.device, spatial_dim
 
 @dataclass
 class Prediction:
-    """A case's prediction on its first image file's voxel grid."""
+    """A case's prediction on its first image file's voxel grid, spatial axes in the file's own order."""
 
-    probabilities: np.ndarray
-    """(C, X, Y, Z) float32 class probabilities (softmax), or one sigmoid per region; spatial axes in the file's own
-    order."""
+    outputs: np.ndarray
+    """What the probabilities decide (:meth:`LabelSpec.prediction_outputs`): ``(X, Y, Z)`` the winning class index
+    (softmax), or ``(R, X, Y, Z)`` bool, each region's sigmoid above 0.5."""
     affine: np.ndarray
     """(4, 4) the image file's voxel-to-world (RAS mm) affine."""
     label_spec: LabelSpec
-    """What the channels of ``probabilities`` are, and the label values to write."""
+    """What the outputs are, and the label values to write."""
+    probabilities: np.ndarray | None = None
+    """(C, X, Y, Z) float32 class probabilities (softmax), or one sigmoid per region, where they were kept."""
 
     def masks(self) -> np.ndarray:
-        """(R, X, Y, Z) bool, one mask per output (:meth:`LabelSpec.prediction_masks`)."""
-        return self.label_spec.prediction_masks(self.probabilities)
+        """(R, X, Y, Z) bool, one mask per output (:meth:`LabelSpec.output_masks`)."""
+        return self.label_spec.output_masks(self.outputs)
 
     def label_map(self) -> np.ndarray:
-        """(X, Y, Z) the predicted label map in the dataset's label values (:meth:`LabelSpec.label_map`)."""
-        return self.label_spec.label_map(self.masks())
+        """(X, Y, Z) the predicted label map in the dataset's label values (:meth:`LabelSpec.outputs_label_map`)."""
+        return self.label_spec.outputs_label_map(self.outputs)
 
 
 class Inferer:
@@ -90,7 +98,6 @@ class Inferer:
             net.model, inference.backend, [net.in_channels, *net.window.net_patch], inference.precision)
         self.amp_dtype = amp_dtype(inference.precision, self.device) if inference.backend == "torch" else None
         self.transform: Compose = transform or net.preprocessing
-        self.inverter = Invertd(keys=PRED, transform=self.transform, orig_keys=IMAGE, nearest_interp=False)
 
     def preprocess(self, case: Case) -> dict[str, Any]:
         """The case through the eval chain: ``image`` is a ``(C, X', Y', Z')`` MetaTensor on the target grid.
@@ -112,32 +119,54 @@ class Inferer:
         return data
 
     def infer(self, case: Case, progress: bool = False) -> Prediction:
-        """The case's class probabilities on its image file's voxel grid (see :class:`Prediction`)."""
+        """The case's prediction on its image file's voxel grid, its probabilities kept (see :class:`Prediction`)."""
         return self.infer_preprocessed(self.preprocess(case), progress)
 
     def infer_preprocessed(self, data: dict[str, Any], progress: bool = False) -> Prediction:
         """:meth:`infer` for a case :meth:`preprocess` has read (``data`` is not changed)."""
-        probs = self.window_probabilities(data, progress)
-        return Prediction(self.to_original(data, probs), original_affine(data), self.net.label_spec)
+        return collect(self.file_slabs(data, progress), Grids.of(data[IMAGE]).file_shape, original_affine(data),
+                       self.net.label_spec, keep_probabilities=True)
 
-    def window_probabilities(self, data: dict[str, Any], progress: bool = False) -> torch.Tensor:
-        """``(K, X', Y', Z')`` the probabilities of a preprocessed case (:meth:`preprocess`) on its preprocessed grid,
-        from the sliding windows (and their mirrorings); windows holding one value per channel are answered from
-        one run unless ``inference.skip_constant`` is false."""
+    def file_slabs(self, data: dict[str, Any], progress: bool = False) -> FileSlabs:
+        """The probabilities of a preprocessed case (:meth:`preprocess`; ``data`` is not changed) on its image file's
+        grid, ``inference.slab_slices`` slices at a time (:data:`FileSlabs`): from the sliding windows (and their
+        mirrorings), windows holding one value per channel answered from one run unless ``inference.skip_constant``
+        is false."""
         image = data[IMAGE].unsqueeze(0).to(self.device)
-        return infer_volume(
-            self.network, image, self.net.window.roi_size, self.net.spatial_dims, self.net.window.slice_axis,
-            amp_dtype=self.amp_dtype, progress=progress, activation=self.net.label_spec.activation, **self.window,
-        )[0]
+        grids = Grids.of(data[IMAGE])
+        slabs = infer_slabs(self.network, image, self.net.window.roi_size, self.net.spatial_dims,
+                            self.net.window.slice_axis, amp_dtype=self.amp_dtype, progress=progress,
+                            activation=self.net.label_spec.activation, axis=grids.axis, slab=self.inference.slab_slices,
+                            **self.window)
+        return back_to_file(grids, ((start, probs[0]) for start, probs in slabs), self.inference.slab_slices)
 
     def to_original(self, data: dict[str, Any], maps: torch.Tensor) -> np.ndarray:
         """``(K, X', Y', Z')`` maps on the preprocessed grid of ``data`` (:meth:`preprocess`) -> float32
-        ``(K, X, Y, Z)`` on the image file's voxel grid, in its own axis order: the preprocessing inverted with linear
-        interpolation, as class probabilities are."""
-        # a MetaTensor, so that Invertd takes the image's applied operations (it skips plain tensors)
-        inverted = self.inverter({**data, PRED: MetaTensor(maps.detach().cpu())})[PRED]  # (K, X, Y, Z), RAS order
-        ras = (inverted.as_tensor() if isinstance(inverted, MetaTensor) else torch.as_tensor(inverted)).float()
-        return np.moveaxis(from_ras(np.moveaxis(ras.numpy(), 0, -1), original_affine(data)), -1, 0)
+        ``(K, X, Y, Z)`` on the image file's voxel grid, in its own axis order: the resampling undone with linear
+        interpolation, as class probabilities are (:func:`~medseg.inference.resample_back.back_to_file`)."""
+        ((_, _, back),) = back_to_file(Grids.of(data[IMAGE]), iter([(0, maps.detach().cpu())]), None)
+        return back
+
+
+def collect(slabs: FileSlabs, shape: tuple[int, ...], affine: np.ndarray, label_spec: LabelSpec,
+            keep_probabilities: bool = False, on_slab: Callable[[int, int, np.ndarray], object] | None = None
+            ) -> Prediction:
+    """The :class:`Prediction` of the probability ``slabs`` of a file of spatial ``shape``: each slab's outputs
+    (:meth:`LabelSpec.prediction_outputs`) placed as it comes, then the slab dropped, or kept too
+    (``keep_probabilities``); ``on_slab(first, stop, maps)`` sees each slab first (e.g. to write it)."""
+    outputs = probabilities = None
+    for first, stop, maps in slabs:
+        if on_slab is not None:
+            on_slab(first, stop, maps)
+        decided = label_spec.prediction_outputs(maps)
+        if outputs is None:
+            outputs = np.zeros((*decided.shape[:-1], shape[-1]), decided.dtype)
+            probabilities = np.zeros((len(maps), *shape), np.float32) if keep_probabilities else None
+        outputs[..., first:stop] = decided
+        if probabilities is not None:
+            probabilities[..., first:stop] = maps
+    assert outputs is not None, "no slabs"
+    return Prediction(outputs, affine, label_spec, probabilities)
 
 
 def original_affine(data: dict[str, Any]) -> np.ndarray:
@@ -145,7 +174,11 @@ def original_affine(data: dict[str, Any]) -> np.ndarray:
     return np.asarray(data[IMAGE].meta["original_affine"], dtype=np.float64)
 
 
-def segment(prediction: Prediction, postprocessing: Postprocessing | None = None) -> np.ndarray:
-    """The ``(R, X, Y, Z)`` bool output masks of ``prediction`` (a class's or a region's), postprocessed."""
-    masks = prediction.masks()
-    return masks if postprocessing is None else postprocessing.apply(masks, voxel_spacing(prediction.affine))
+def segment(prediction: Prediction, postprocessing: Postprocessing | None = None) -> Prediction:
+    """``prediction`` with its outputs postprocessed (each class's or region's mask on its own), without its
+    probabilities."""
+    if postprocessing is None:
+        return Prediction(prediction.outputs, prediction.affine, prediction.label_spec)
+    spacing = voxel_spacing(prediction.affine)
+    apply = postprocessing.apply if prediction.label_spec.region_based else postprocessing.apply_to_classes
+    return Prediction(apply(prediction.outputs, spacing), prediction.affine, prediction.label_spec)

@@ -1,8 +1,12 @@
 """What evaluation writes per case into ``output/``: the label map (NIfTI on the input's grid; a DICOM-SEG with
-``output_format=dicom_seg``: :mod:`.dicom_seg`), probabilities and output masks."""
+``output_format=dicom_seg``: :mod:`.dicom_seg`), probabilities (slab by slab: :class:`ProbabilityWriter`) and output
+masks."""
 
 from __future__ import annotations
 
+import shutil
+import tempfile
+import zipfile
 from collections.abc import Sequence
 from pathlib import Path
 
@@ -12,7 +16,6 @@ from medseg.data.reading import nifti_header
 from medseg.errors import PredictionError
 from medseg.inference.cases import Case
 from medseg.inference.dicom_seg import seg_path
-from medseg.inference.inferer import Prediction
 from medseg.io import atomic_write, write_nifti
 
 
@@ -29,10 +32,54 @@ def write_label_map(output: Path, case: Case, labels: np.ndarray, affine: np.nda
     return write_nifti(label_map_path(output, case.case), labels, affine, nifti_header(case.image_files[0]))
 
 
-def write_probabilities(output: Path, case: Case, prediction: Prediction) -> Path:
-    """Write ``output/<case>.npz`` with float16 ``probabilities`` ``(C, X, Y, Z)`` (the label map's grid)."""
-    half = prediction.probabilities.astype(np.float16)
-    return atomic_write(output / f"{case.case}.npz", lambda handle: np.savez_compressed(handle, probabilities=half))
+PROBABILITIES = "probabilities"
+"""The array of ``<case>.npz``: float16 ``(C, X, Y, Z)``, as nnU-Net's ``--save_probabilities`` (``np.load`` reads
+it back)."""
+COPY_CHUNK = 16 << 20
+"""Bytes copied at a time from the slabs' file into the ``.npz``."""
+
+
+class ProbabilityWriter:
+    """``output/<case>.npz`` with float16 ``probabilities`` ``(C, X, Y, Z)`` (the label map's grid), written slab by
+    slab as a prediction gives them (:meth:`write`, in any order) into a temp file of ``output`` (never whole in
+    memory: the array is stored in Fortran order, where the slices of the last axis follow each other); :meth:`save`
+    puts them into the ``.npz`` (deflated, as ``np.savez_compressed``), atomically. Leaving the ``with`` block
+    removes the temp file (a killed run leaves one that :func:`medseg.io.remove_temporaries` finds)."""
+
+    def __init__(self, output: Path, case: str) -> None:
+        self.path = output / f"{case}.npz"
+        output.mkdir(parents=True, exist_ok=True)
+        handle, name = tempfile.mkstemp(prefix=f".{self.path.name}.", suffix=".tmp.slabs", dir=output)
+        self.slabs = Path(name)
+        self.file = open(handle, "w+b")  # noqa: SIM115 - closed by __exit__
+
+    def __enter__(self) -> ProbabilityWriter:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.file.close()
+        self.slabs.unlink(missing_ok=True)
+
+    def write(self, first: int, stop: int, maps: np.ndarray) -> None:
+        """Store ``maps`` ``(C, X, Y, stop - first)``, the probabilities of slices ``[first, stop)``."""
+        half = maps.astype(np.float16)
+        self.file.seek(first * half[..., 0].nbytes)
+        self.file.write(half.tobytes(order="F"))
+
+    def save(self, shape: Sequence[int]) -> Path:
+        """Write ``output/<case>.npz`` of the probabilities ``(C, X, Y, Z)`` = ``shape`` written so far."""
+        header = {"descr": np.lib.format.dtype_to_descr(np.dtype(np.float16)), "fortran_order": True,
+                  "shape": tuple(int(n) for n in shape)}
+
+        def archive(handle: object) -> None:
+            self.file.flush()
+            self.file.seek(0)
+            with zipfile.ZipFile(handle, "w", zipfile.ZIP_DEFLATED, allowZip64=True) as npz, \
+                    npz.open(f"{PROBABILITIES}.npy", "w", force_zip64=True) as member:
+                np.lib.format.write_array_header_1_0(member, header)
+                shutil.copyfileobj(self.file, member, COPY_CHUNK)
+
+        return atomic_write(self.path, archive)
 
 
 def masks_path(output: Path, case: str) -> Path:

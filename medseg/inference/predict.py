@@ -38,6 +38,7 @@ import logging
 import sys
 import time
 from collections.abc import Callable, Mapping, Sequence
+from contextlib import nullcontext
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
@@ -53,7 +54,7 @@ from medseg.inference.checks import check_config
 from medseg.inference.dicom_seg import check_seg_inputs, write_dicom_seg
 from medseg.inference.ensemble import Ensemble
 from medseg.inference.inferer import Prediction, segment
-from medseg.inference.output import check_output, write_label_map, write_masks, write_probabilities
+from medseg.inference.output import ProbabilityWriter, check_output, write_label_map, write_masks
 from medseg.io import atomic_write_json, check_writable, json_safe, remove_temporaries
 from medseg.postprocessing.components import Postprocessing, from_setting
 from medseg.runtime.host_memory import release_freed_memory
@@ -61,8 +62,9 @@ from medseg.runtime.host_memory import release_freed_memory
 log = logging.getLogger("medseg")
 
 CaseHook = Callable[[Case, np.ndarray, Prediction], list[dict[str, Any]]]
-"""Called with each predicted case, its postprocessed masks ``(R, X, Y, Z)`` and its prediction before anything of it
-is written (evaluation scores it there); returns that case's rows. An error it raises fails the case."""
+"""Called with each predicted case, its postprocessed masks ``(R, X, Y, Z)`` and its prediction (without its
+probabilities) before its label map is written (evaluation scores it there); returns that case's rows. An error it
+raises fails the case."""
 
 
 @dataclass
@@ -146,18 +148,19 @@ class Predictor:
                 the file. Nothing of the case is written then.
         """
         ensemble = self.ensemble
-        prediction = ensemble.infer(case, on_model)
-        masks = segment(prediction, self.postprocessing)
-        rows = on_case(case, masks, prediction) if on_case is not None else []
-        if self.cfg.output_format == "dicom_seg":
-            model = ", ".join(path.name for path in ensemble.checkpoints) or "medseg"
-            write_dicom_seg(self.output, case, masks, ensemble.label_spec, model)
-        else:
-            write_label_map(self.output, case, ensemble.label_spec.label_map(masks), prediction.affine)
-        if self.cfg.save_probabilities:
-            write_probabilities(self.output, case, prediction)
+        with ProbabilityWriter(self.output, case.case) if self.cfg.save_probabilities else nullcontext() as writer:
+            prediction = ensemble.infer(case, on_model, on_slab=writer.write if writer else None)
+            segmented = segment(prediction, self.postprocessing)
+            rows = on_case(case, segmented.masks(), prediction) if on_case is not None else []
+            if self.cfg.output_format == "dicom_seg":
+                model = ", ".join(path.name for path in ensemble.checkpoints) or "medseg"
+                write_dicom_seg(self.output, case, segmented.masks(), ensemble.label_spec, model)
+            else:
+                write_label_map(self.output, case, segmented.label_map(), prediction.affine)
+            if writer:
+                writer.save((ensemble.label_spec.num_outputs, *prediction.outputs.shape[-3:]))
         if save_masks:
-            write_masks(self.output, case, masks)
+            write_masks(self.output, case, segmented.masks())
         return rows
 
     def run(self, cases: Sequence[Case], on_case: CaseHook | None = None) -> PredictionResult:

@@ -75,6 +75,15 @@ class Postprocessing:
             out[index - 1] = apply_step(masks[index - 1], step, spacing)
         return out
 
+    def apply_to_classes(self, classes: np.ndarray, spacing: Sequence[float]) -> np.ndarray:
+        """``classes`` (X, Y, Z), each voxel's class index (the masks of exclusive classes at once), with every
+        class's step applied (a new array): the voxels a step removes become background (0)."""
+        out = classes.copy()
+        for index, step in self.classes.items():
+            mask = classes == index
+            out[mask & ~apply_step(mask, step, spacing)] = 0
+        return out
+
     def describe(self) -> str:
         """``"class 1: largest_component, class 2: remove_small < 12.5 mm³"``, or ``"none"``."""
         parts = [f"class {index}: {step.step}" + (f" < {step.min_volume_mm3:.4g} mm³" if step.min_volume_mm3 else "")

@@ -137,6 +137,20 @@ def test_region_label_map_follows_regions_class_order() -> None:
     np.testing.assert_array_equal(spec.prediction_masks(probabilities), probabilities > 0.5)
 
 
+def test_class_outputs_are_argmax_and_their_label_map_the_class_values() -> None:
+    """The winning class of each voxel, the first of a tie as ``argmax``'s, on any view of the probabilities (a
+    slab in a file's axis order is a permuted, flipped view); its label map is the masks' one."""
+    spec = LabelSpec({0: "background", 1: "a", 2: "b", 3: "c"}, [0, 2, 5, 300])
+    probabilities = np.random.default_rng(0).random((4, 9, 7, 5)).astype(np.float32)
+    probabilities[1, 0, 0, 0] = probabilities[3, 0, 0, 0] = 2.0
+    view = np.moveaxis(np.moveaxis(probabilities, 0, -1)[::-1, :, ::-1].copy(), -1, 0)
+    for maps in (probabilities, view, np.moveaxis(np.moveaxis(probabilities, 0, -1).copy(), -1, 0)):
+        outputs = spec.prediction_outputs(maps)
+        np.testing.assert_array_equal(outputs, maps.argmax(0))
+        np.testing.assert_array_equal(spec.outputs_label_map(outputs), spec.label_map(spec.prediction_masks(maps)))
+    assert spec.prediction_outputs(probabilities)[0, 0, 0] == 1 and spec.outputs_label_map(outputs).dtype == np.uint16
+
+
 def test_region_targets_carry_ignore_in_every_channel(brats: dict[str, Path]) -> None:
     info = dataset_from_config(msd_config(brats["msd"], regions=REGIONS_OVERRIDE, regions_class_order=BRATS_ORDER))
     entry = info.training[0]

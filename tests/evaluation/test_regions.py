@@ -246,7 +246,7 @@ def test_ensemble_averages_sigmoids(brats: dict[str, Path], regions: LabelSpec, 
     case = Case("brats_000", images)
     a, b = (Inferer(load_model(path), INFERENCE).infer(case).probabilities for path in paths)
     assert a.shape == (3, 24, 24, 12) and not np.allclose(a, b)
-    prediction = Ensemble.load(paths, INFERENCE).infer(case)
+    prediction = Ensemble.load(paths, INFERENCE).infer(case, keep_probabilities=True)
     np.testing.assert_allclose(prediction.probabilities, (a + b) / 2, atol=1e-6)
     assert not np.allclose(prediction.probabilities.sum(0), 1.0), "independent sigmoids, not a softmax"
     mean = (a + b) / 2 > 0.5

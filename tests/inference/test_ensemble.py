@@ -39,12 +39,12 @@ def test_probabilities_averaged_on_the_input_grid(two_spacings: tuple[Path, Path
     case = Case("demo_000", str(tiny_demo_root / "imagesTr" / "demo_000.nii.gz"))
     a, b = (Inferer(load_model(path), INFERENCE).infer(case).probabilities for path in two_spacings)
     assert a.shape == b.shape == (3, *nib.load(case.image).shape)
-    ensemble = Ensemble.load(list(two_spacings), INFERENCE).infer(case)
+    ensemble = Ensemble.load(list(two_spacings), INFERENCE).infer(case, keep_probabilities=True)
     np.testing.assert_allclose(ensemble.probabilities, (a + b) / 2, atol=1e-6)
     # models with the same preprocessing read the case once and share it
     shared = Ensemble.load([two_spacings[0], two_spacings[0]], INFERENCE)
     assert shared.inferers[1].transform is shared.inferers[0].transform
-    np.testing.assert_allclose(shared.infer(case).probabilities, a, atol=1e-6)
+    np.testing.assert_allclose(shared.infer(case, keep_probabilities=True).probabilities, a, atol=1e-6)
 
 
 def test_evaluate_an_ensemble(two_spacings: tuple[Path, Path], tiny_demo_root: Path, tmp_path: Path,

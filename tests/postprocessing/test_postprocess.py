@@ -60,6 +60,9 @@ def test_largest_component_and_small_components() -> None:
     expected[18, 2, 2] = 0
     np.testing.assert_array_equal(both.apply(masks, SPACING), masks_of(expected))
     np.testing.assert_array_equal(masks, original)
+    kept = labels.copy()
+    np.testing.assert_array_equal(both.apply_to_classes(labels, SPACING), expected)  # the class map at once
+    np.testing.assert_array_equal(labels, kept)
     assert "class 2: remove_small < 1.6 mm³" in both.describe() and Postprocessing().describe() == "none"
 
 
