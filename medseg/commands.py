@@ -223,7 +223,8 @@ def compare_options(options: Sequence[str],
 def compare(argv: Sequence[str] | None = None) -> int:
     """Paired verdicts of a cross-validated sweep's settings against a reference (DIR [reference=KEY=VALUE]
     [nnunet=RESULTS] [extra=NAME=DIR ...] [detect=DIFFERENCE])."""
-    from medseg.evaluation.compare import DEFAULT_REFERENCE, compare_sweep, setting_table
+    from medseg.evaluation.compare import DEFAULT_REFERENCE
+    from medseg.evaluation.compare_report import compare_sweep, setting_table
 
     parser = argparse.ArgumentParser(description=COMPARE_METHOD, formatter_class=argparse.RawDescriptionHelpFormatter,
                                      epilog=COMPARE_INPUT)

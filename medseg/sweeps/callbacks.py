@@ -139,7 +139,8 @@ class SummarizeSweep(Callback):
     def _compare(sweep_dir: str, reference: str | None) -> None:
         """``scripts/compare.py sweep_dir reference=...``; log, never raise."""
         try:
-            from medseg.evaluation.compare import DEFAULT_REFERENCE, compare_sweep, setting_table
+            from medseg.evaluation.compare import DEFAULT_REFERENCE
+            from medseg.evaluation.compare_report import compare_sweep, setting_table
 
             reference = reference or DEFAULT_REFERENCE
             comparison = compare_sweep(sweep_dir, reference)
