@@ -84,13 +84,17 @@ def plan_config(cfg: TrainConfig, info: DatasetInfo, progress: bool,
 def with_plan_file(cfg: TrainConfig, plan_file: PlanFile) -> TrainConfig:
     """``cfg`` with the values of ``plan_file`` applied (:func:`~medseg.planning.plan_file.apply_plan_file`) and
     checked as the command line's are (:func:`~medseg.training.checks.check_config`: types, ranges, choices, the
-    builders' checks), and a warning naming what the plan holds that medseg builds otherwise.
+    builders' checks), and a warning naming what the plan holds that medseg builds otherwise. The file's values are
+    checked whole, those that keys set in the config win over included, so a file that the command line would refuse
+    never trains.
 
     Raises:
         ConfigError: a value of the file that the command line would be refused, named with ``plan.file``.
     """
     data, model, planning = apply_plan_file(cfg.data, cfg.model, cfg.plan, plan_file)
+    file_data, file_model = with_plannable(cfg.data, cfg.model, plan_file.values)  # every value, those the config wins
     try:
+        check_config(replace(cfg, data=file_data, model=file_model, plan=planning))  # over too: no bad file passes
         checked = check_config(replace(cfg, data=data, model=model, plan=planning))
         check_planning(checked.plan)
     except ConfigError as err:

@@ -231,6 +231,10 @@ def test_a_plan_file_s_values_pass_the_command_line_s_checks(tmp_path: Path, no_
     with pytest.raises(ConfigError) as from_file:
         with_plan_file(cfg, read_plan_file(path, NAMED_CT, 3))
     assert str(from_file.value) == f"plan.file={path}: {command_line.value}"
+    kept = TrainConfig(data=DataConfig(root="x", spacing=[0.8, 0.8, 2.0]), plan=PlanningConfig(file=str(path)))
+    with pytest.raises(ConfigError) as config_wins:  # the config's spacing would win: the file is refused all the same
+        with_plan_file(kept, read_plan_file(path, NAMED_CT, 3))
+    assert str(config_wins.value) == f"plan.file={path}: {command_line.value}"
     write_and_read(tmp_path, NAMED_CT, PlanningConfig(device="cuda"))
     path = _edited_plan_file(tmp_path, lambda c: c["values"].update({"model.strides": [[2, 2, 3]] * 3}))
     with pytest.raises(ConfigError, match=rf"^plan\.file={path}: model\.strides"):
