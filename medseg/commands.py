@@ -175,9 +175,9 @@ def check_data() -> int:
 # --------------------------------------------------------------------------------------------- argparse commands
 
 COMPARE_METHOD = """\
-Each setting's out-of-fold per-case Dice, HD95 and NSD is paired with the reference's on the same cases: the mean
-difference with a bootstrap 95% interval (cases and seeds resampled) and a Wilcoxon or bootstrap p, Holm-corrected
-across the settings; better or worse when that p < 0.05 and the interval excludes 0, else no evidence."""
+Each setting's out-of-fold per-case Dice, HD95, NSD and lesion-wise detection are paired with the reference's on the
+same cases: the mean difference with a bootstrap 95% interval (cases and seeds resampled) and a Wilcoxon or bootstrap
+p, Holm-corrected across the settings; better or worse when p < 0.05 and the interval excludes 0, else no evidence."""
 
 COMPARE_INPUT = """\
 DIR is a multirun that sweeps data.fold (say `-m model.bottleneck=none,identity,masa data.fold=0,1,2,3,4
