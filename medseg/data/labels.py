@@ -16,12 +16,13 @@ A dataset's labels become one :class:`LabelSpec`:
 The network's **outputs** are the foreground classes (softmax) or the regions (sigmoid), numbered from 1 like the
 classes of a label map. Validation, evaluation and postprocessing work on one boolean mask per output,
 ``(R, *spatial)``: :meth:`LabelSpec.prediction_masks` from the network's probabilities, :func:`member_masks` from a
-label map (a region's reference is the union of its labels).
+label map (a region's reference is the union of its labels). Evaluation takes them one output at a time
+(:meth:`LabelSpec.each_output_mask`, :func:`each_member_mask`), so that its memory does not grow with the outputs.
 """
 
 from __future__ import annotations
 
-from collections.abc import Hashable, Mapping, Sequence
+from collections.abc import Hashable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from itertools import combinations
 from pathlib import Path
@@ -161,12 +162,15 @@ class LabelSpec:
             np.maximum(best, probabilities[index], out=best)
         return winner
 
+    def each_output_mask(self, outputs: np.ndarray) -> Iterator[np.ndarray]:
+        """``(*spatial)`` bool, the mask of each output of :meth:`prediction_outputs` in turn, one at a time (only the
+        one asked for is made): each foreground class where it wins, or each region's mask itself."""
+        return iter(outputs) if self.region_based else (outputs == c for c in range(1, self.num_classes))
+
     def output_masks(self, outputs: np.ndarray) -> np.ndarray:
-        """``(R, *spatial)`` bool, one mask per output, of :meth:`prediction_outputs`: each foreground class where it
-        wins, or the regions' masks themselves."""
-        if self.region_based:
-            return outputs
-        return np.stack([outputs == c for c in range(1, self.num_classes)])
+        """``(R, *spatial)`` bool, one mask per output, of :meth:`prediction_outputs` (:meth:`each_output_mask`
+        stacked; the regions' masks themselves)."""
+        return outputs if self.region_based else np.stack(list(self.each_output_mask(outputs)))
 
     def prediction_masks(self, probabilities: np.ndarray) -> np.ndarray:
         """``(R, *spatial)`` bool, one mask per output, from ``(C, *spatial)`` probabilities (the network's outputs).
@@ -214,9 +218,15 @@ class LabelSpec:
         return table[label]
 
 
+def each_member_mask(labels: np.ndarray, members: Sequence[Sequence[int]]) -> Iterator[np.ndarray]:
+    """``(*spatial)`` bool, for each entry of ``members`` in turn, one at a time: where ``labels`` holds one of its
+    values."""
+    return (np.isin(labels, list(values)) for values in members)
+
+
 def member_masks(labels: np.ndarray, members: Sequence[Sequence[int]]) -> np.ndarray:
-    """``(R, *spatial)`` bool: for each entry of ``members``, where ``labels`` holds one of its values."""
-    return np.stack([np.isin(labels, list(values)) for values in members])
+    """``(R, *spatial)`` bool: :func:`each_member_mask` stacked."""
+    return np.stack(list(each_member_mask(labels, members)))
 
 
 # ------------------------------------------------------------------------------------ transforms

@@ -31,7 +31,6 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-import numpy as np
 from omegaconf import DictConfig
 
 from medseg.config import EvaluateConfig
@@ -73,18 +72,19 @@ class Scorer:
         self.labels, self.tolerance_mm = labels, tolerance_mm
         self.scored: list[str] = []
 
-    def __call__(self, case: Case, masks: np.ndarray, prediction: Prediction) -> list[dict[str, Any]]:
-        """One metric row per output for a case with a label; none without.
+    def __call__(self, case: Case, prediction: Prediction) -> list[dict[str, Any]]:
+        """One metric row per output for a case with a label; none without. The outputs are scored one at a time
+        (:meth:`Prediction.each_mask`, :func:`score_masks`): one output's masks are held, not every output's.
 
         Raises:
             DatasetError: a label that does not fit its image or holds values the model does not predict.
         """
         if case.label is None:
             return []
-        reference, spacing = read_reference(case.label, masks.shape[1:], prediction.affine, case.image_files[0],
+        reference, spacing = read_reference(case.label, prediction.shape, prediction.affine, case.image_files[0],
                                             self.labels)
         self.scored.append(case.case)
-        return score_masks(case.case, masks, reference, spacing, self.labels, self.tolerance_mm)
+        return score_masks(case.case, prediction.each_mask(), reference, spacing, self.labels, self.tolerance_mm)
 
 
 def check_config(cfg: EvaluateConfig | Mapping[str, Any] | DictConfig) -> EvaluateConfig:

@@ -58,13 +58,16 @@ def check_seg_inputs(cases: Sequence[Case], channel_names: Sequence[str]) -> Non
                                   f"output_format=nifti)")
 
 
-def write_dicom_seg(output: Path, case: Case, masks: np.ndarray, labels: LabelSpec, model: str) -> Path:
-    """Write ``masks`` (R, X, Y, Z) bool, one per output of ``labels`` on the case's series grid (columns, rows,
-    slices), as ``output/<case>.seg.dcm``; ``model`` names the checkpoint(s) in the object.
+def write_dicom_seg(output: Path, case: Case, outputs: np.ndarray, labels: LabelSpec, model: str) -> Path:
+    """Write a case's predicted ``outputs`` (:attr:`~medseg.inference.inferer.Prediction.outputs` of ``labels`` on
+    the case's series grid (columns, rows, slices): ``(X, Y, Z)`` the winning class index, or ``(R, X, Y, Z)`` bool,
+    one mask per region) as ``output/<case>.seg.dcm``, one segment per output; ``model`` names the checkpoint(s) in
+    the object. Classes go to highdicom as the label map they are (each class index is its output's segment number),
+    which makes one segment's mask of one slice at a time, not one mask of the whole scan per class.
 
     Raises:
-        DatasetError: the series cannot be read (:func:`~medseg.data.dicom.series_geometry`), or ``masks`` are not on
-            its grid.
+        DatasetError: the series cannot be read (:func:`~medseg.data.dicom.series_geometry`), or ``outputs`` are not
+            on its grid.
     """
     import highdicom as hd
     from pydicom.sr.codedict import codes
@@ -76,9 +79,9 @@ def write_dicom_seg(output: Path, case: Case, masks: np.ndarray, labels: LabelSp
             if keyword not in dataset:
                 setattr(dataset, keyword, "")
     grid = (int(datasets[0].Columns), int(datasets[0].Rows), len(datasets))
-    if tuple(masks.shape[1:]) != grid:
-        raise DatasetError(f"{source_name(source)}: masks of shape {tuple(masks.shape[1:])} are not on the "
-                           f"series' grid {grid}")
+    shape = tuple(outputs.shape[1:] if labels.region_based else outputs.shape)
+    if shape != grid:
+        raise DatasetError(f"{source_name(source)}: masks of shape {shape} are not on the series' grid {grid}")
     algorithm = hd.AlgorithmIdentificationSequence(name="medseg", version=__version__,
                                                    family=codes.cid7162.ArtificialIntelligence)
     segments = [hd.seg.SegmentDescription(segment_number=number, segment_label=name[:64],
@@ -89,10 +92,10 @@ def write_dicom_seg(output: Path, case: Case, masks: np.ndarray, labels: LabelSp
                 for number, name in labels.outputs.items()]
     series_number = int(datasets[0].get("SeriesNumber") or 0) + SERIES_NUMBER_OFFSET
     segmentation = hd.seg.Segmentation(
-        source_images=datasets, pixel_array=np.transpose(masks, (3, 2, 1, 0)).astype(np.uint8),  # (slices, rows, ...)
+        source_images=datasets, pixel_array=np.transpose(outputs).astype(np.uint8),  # (slices, rows, columns[, R])
         segmentation_type=hd.seg.SegmentationTypeValues.BINARY, segment_descriptions=segments,
         series_instance_uid=hd.UID(), series_number=series_number, sop_instance_uid=hd.UID(), instance_number=1,
         manufacturer="medseg", manufacturer_model_name=model[:64], software_versions=__version__,
         device_serial_number="none", series_description=f"medseg {model}"[:64],
-        omit_empty_frames=bool(masks.any()))  # empty masks keep every frame (highdicom cannot omit them all)
+        omit_empty_frames=bool(outputs.any()))  # empty masks keep every frame (highdicom cannot omit them all)
     return atomic_save(seg_path(output, case.case), segmentation.save_as, SEG_ENDING)

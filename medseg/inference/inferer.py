@@ -69,9 +69,18 @@ class Prediction:
     probabilities: np.ndarray | None = None
     """(C, X, Y, Z) float32 class probabilities (softmax), or one sigmoid per region, where they were kept."""
 
+    @property
+    def shape(self) -> tuple[int, ...]:
+        """(X, Y, Z) the file's spatial shape."""
+        return tuple(self.outputs.shape[1:] if self.label_spec.region_based else self.outputs.shape)
+
     def masks(self) -> np.ndarray:
         """(R, X, Y, Z) bool, one mask per output (:meth:`LabelSpec.output_masks`)."""
         return self.label_spec.output_masks(self.outputs)
+
+    def each_mask(self) -> Iterator[np.ndarray]:
+        """(X, Y, Z) bool, the mask of each output in turn, one at a time (:meth:`LabelSpec.each_output_mask`)."""
+        return self.label_spec.each_output_mask(self.outputs)
 
     def label_map(self) -> np.ndarray:
         """(X, Y, Z) the predicted label map in the dataset's label values (:meth:`LabelSpec.outputs_label_map`)."""

@@ -43,7 +43,6 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
-import numpy as np
 from omegaconf import DictConfig
 from tqdm import tqdm
 
@@ -61,10 +60,10 @@ from medseg.runtime.host_memory import release_freed_memory
 
 log = logging.getLogger("medseg")
 
-CaseHook = Callable[[Case, np.ndarray, Prediction], list[dict[str, Any]]]
-"""Called with each predicted case, its postprocessed masks ``(R, X, Y, Z)`` and its prediction (without its
-probabilities) before its label map is written (evaluation scores it there); returns that case's rows. An error it
-raises fails the case."""
+CaseHook = Callable[[Case, Prediction], list[dict[str, Any]]]
+"""Called with each predicted case and its postprocessed prediction (without its probabilities; its masks made one
+output at a time by :meth:`Prediction.each_mask`) before its label map is written (evaluation scores it there);
+returns that case's rows. An error it raises fails the case."""
 
 
 @dataclass
@@ -151,10 +150,10 @@ class Predictor:
         with ProbabilityWriter(self.output, case.case) if self.cfg.save_probabilities else nullcontext() as writer:
             prediction = ensemble.infer(case, on_model, on_slab=writer.write if writer else None)
             segmented = segment(prediction, self.postprocessing)
-            rows = on_case(case, segmented.masks(), prediction) if on_case is not None else []
+            rows = on_case(case, segmented) if on_case is not None else []
             if self.cfg.output_format == "dicom_seg":
                 model = ", ".join(path.name for path in ensemble.checkpoints) or "medseg"
-                write_dicom_seg(self.output, case, segmented.masks(), ensemble.label_spec, model)
+                write_dicom_seg(self.output, case, segmented.outputs, ensemble.label_spec, model)
             else:
                 write_label_map(self.output, case, segmented.label_map(), prediction.affine)
             if writer:

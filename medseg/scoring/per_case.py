@@ -10,13 +10,13 @@ from __future__ import annotations
 import csv
 import hashlib
 import io
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 
-from medseg.data.labels import LabelSpec, member_masks
+from medseg.data.labels import LabelSpec, each_member_mask
 from medseg.data.reading import affine_difference, check_label_values, drop_trailing_singletons, read_file
 from medseg.errors import DatasetError
 from medseg.io import atomic_write_text
@@ -63,29 +63,33 @@ def score_case(case: str, prediction: np.ndarray, reference: np.ndarray, spacing
                labels: Mapping[int, str] | LabelSpec, tolerance_mm: float) -> list[dict[str, Any]]:
     """One metric row per output of ``labels`` (class index -> name for classes ``0..K-1``, or a :class:`LabelSpec`)
     for a written label map ``prediction`` against ``reference``, both (X, Y, Z) in the dataset's label values: each
-    output's prediction is the voxels that hold its values (:func:`score_masks`)."""
+    output's prediction is the voxels that hold its values (:func:`score_masks`, one output's mask at a time)."""
     spec = labels if isinstance(labels, LabelSpec) else LabelSpec.plain(labels)
-    return score_masks(case, member_masks(prediction, spec.output_values), reference, spacing, spec, tolerance_mm)
+    return score_masks(case, each_member_mask(prediction, spec.output_values), reference, spacing, spec, tolerance_mm)
 
 
-def scored_masks(masks: np.ndarray, reference: np.ndarray, labels: LabelSpec) -> tuple[np.ndarray, np.ndarray]:
-    """What is scored of the predicted ``masks`` (R, X, Y, Z) against ``reference`` (X, Y, Z, the dataset's label
-    values): the masks without the reference's ignore voxels, and the reference's mask of each output (R, X, Y, Z)."""
-    references = member_masks(reference, labels.output_values)
-    return (masks if labels.ignore_value is None else masks & (reference != labels.ignore_value)), references
-
-
-def score_masks(case: str, masks: np.ndarray, reference: np.ndarray, spacing: Sequence[float],
+def score_masks(case: str, masks: Iterable[np.ndarray], reference: np.ndarray, spacing: Sequence[float],
                 labels: LabelSpec, tolerance_mm: float) -> list[dict[str, Any]]:
-    """One metric row per output of ``labels`` for the predicted ``masks`` (R, X, Y, Z) against ``reference`` (X, Y, Z)
-    in the dataset's label values; ``class_index`` is the output number (from 1). A row holds :data:`CSV_COLUMNS`:
-    the voxel metrics, then the lesion-wise detection (:meth:`~medseg.scoring.detection.Detection.columns`)."""
+    """One metric row per output of ``labels`` for the predicted ``masks`` (each (X, Y, Z) bool, one per output in
+    order: an (R, X, Y, Z) array, or an iterator that makes each when it is asked for) against ``reference``
+    (X, Y, Z) in the dataset's label values; ``class_index`` is the output number (from 1). A row holds
+    :data:`CSV_COLUMNS`: the voxel metrics, then the lesion-wise detection
+    (:meth:`~medseg.scoring.detection.Detection.columns`).
+
+    Each output is scored on its own: its mask without the reference's ignore voxels, against the reference's mask of
+    its values, both made when it comes and dropped before the next output's, so that the memory holds one pair of
+    masks whatever the number of outputs.
+    """
+    kept = None if labels.ignore_value is None else reference != labels.ignore_value
     rows = []
-    for (index, name), mask, ref in zip(labels.outputs.items(), *scored_masks(masks, reference, labels)):
+    for (index, name), mask, ref in zip(labels.outputs.items(), masks,
+                                        each_member_mask(reference, labels.output_values)):
+        mask = mask if kept is None else mask & kept
         values = class_metrics(mask, ref, spacing, tolerance_mm).as_dict()
         flags = values.pop("flag")
         rows.append({"case": case, "class_index": index, "class_name": name, **values,
                      **detect_lesions(mask, ref).columns(), "flags": flags})
+        del mask, ref  # before the next output's pair is made
     return rows
 
 
