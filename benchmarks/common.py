@@ -14,6 +14,8 @@ import json
 import operator
 import re
 import statistics
+import subprocess
+import sys
 import tempfile
 import time
 from collections.abc import Callable, Mapping, Sequence
@@ -25,6 +27,7 @@ import torch
 from omegaconf import DictConfig
 from torch.profiler import ProfilerActivity, profile
 
+from benchmarks import REPO
 from medseg.hydra_config import compose_config
 from medseg.io import atomic_write_json, atomic_write_text
 from medseg.tables import markdown_table
@@ -180,3 +183,27 @@ def write_report(out: Path | None, name: str, markdown: str, report: Mapping[str
     if out is not None:
         atomic_write_text(out / f"{name}.md", markdown)
         atomic_write_json(out / f"{name}.json", report)
+
+
+def run_child(module: str, name: str, spec: Mapping[str, Any], out: Path) -> dict[str, Any]:
+    """``python -m module SPEC RESULT`` in a process of its own (one prediction or evaluation of a benchmark), in
+    ``out/name``: its ``spec.json`` (with ``output``: ``prediction/`` there), ``log.txt`` and ``result.json``; the
+    result.
+
+    Raises:
+        SystemExit: the process failed (the message names its log).
+    """
+    folder = out / name
+    folder.mkdir(parents=True, exist_ok=True)
+    spec = {**spec, "output": str(folder / "prediction")}
+    atomic_write_json(folder / "spec.json", spec)
+    tag = module.rsplit(".", 1)[-1]
+    print(f"[{tag}] {name} ...", flush=True)
+    with open(folder / "log.txt", "w") as log:
+        code = subprocess.call([sys.executable, "-m", module, str(folder / "spec.json"), str(folder / "result.json")],
+                               stdout=log, stderr=subprocess.STDOUT, cwd=REPO)
+    if code:
+        raise SystemExit(f"error: the {name} run failed (exit {code}); see {folder / 'log.txt'}")
+    result = json.loads((folder / "result.json").read_text())
+    print(f"[{tag}] {name}: {result['seconds']:.1f} s, peak RSS {result['peak_rss_mb']:.0f} MB", flush=True)
+    return result

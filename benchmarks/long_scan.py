@@ -24,7 +24,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import subprocess
 import sys
 import time
 from collections.abc import Mapping, Sequence
@@ -35,8 +34,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from benchmarks import REPO
-from benchmarks.common import compose_train_config, machine, targets_markdown, write_report
+from benchmarks.common import compose_train_config, machine, run_child, targets_markdown, write_report
 from medseg.io import atomic_write_json
 from medseg.tables import markdown_table
 
@@ -125,20 +123,9 @@ def child(spec_path: str, result_path: str) -> int:
 
 
 def _run(name: str, spec: Mapping[str, Any], out: Path) -> dict[str, Any]:
-    """One prediction or evaluation in its own process; its result."""
-    folder = out / name
-    folder.mkdir(parents=True, exist_ok=True)
-    spec = {**spec, "output": str(folder / "prediction")}
-    atomic_write_json(folder / "spec.json", spec)
-    print(f"[long_scan] {name} ...", flush=True)
-    with open(folder / "log.txt", "w") as log:
-        code = subprocess.call([sys.executable, "-m", __name__, str(folder / "spec.json"), str(folder / "result.json")],
-                               stdout=log, stderr=subprocess.STDOUT, cwd=REPO)
-    if code:
-        raise SystemExit(f"error: the {name} run failed (exit {code}); see {folder / 'log.txt'}")
-    result = json.loads((folder / "result.json").read_text())
-    print(f"[long_scan] {name}: {result['seconds']:.1f} s, peak RSS {result['peak_rss_mb']:.0f} MB", flush=True)
-    return {**result, "segmentation": str(folder / "prediction" / "scan.nii.gz")}
+    """One prediction or evaluation in its own process (:func:`~benchmarks.common.run_child`); its result."""
+    result = run_child(__name__, name, spec, out)
+    return {**result, "segmentation": str(out / name / "prediction" / "scan.nii.gz")}
 
 
 def _agreement(slabs: str, whole: str, classes: int) -> dict[str, Any]:

@@ -32,7 +32,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import subprocess
 import sys
 import time
 from collections.abc import Mapping, Sequence
@@ -43,8 +42,7 @@ import numpy as np
 import torch
 from monai.transforms import Compose, Spacingd
 
-from benchmarks import REPO
-from benchmarks.common import TimedNetwork, machine, targets_markdown, write_report
+from benchmarks.common import TimedNetwork, machine, run_child, targets_markdown, write_report
 from medseg.data.datalist import case_id
 from medseg.io import atomic_write_json
 from medseg.scoring.metrics import dice
@@ -177,23 +175,6 @@ def child(spec_path: str, result_path: str) -> int:
     return 0
 
 
-def _run(name: str, spec: dict[str, Any], out: Path) -> dict[str, Any]:
-    """One prediction in its own process; its result."""
-    folder = out / name
-    folder.mkdir(parents=True, exist_ok=True)
-    spec = {**spec, "output": str(folder / "prediction")}
-    atomic_write_json(folder / "spec.json", spec)
-    print(f"[scan_prediction] {name} ...", flush=True)
-    with open(folder / "log.txt", "w") as log:
-        code = subprocess.call([sys.executable, "-m", __name__, str(folder / "spec.json"), str(folder / "result.json")],
-                               stdout=log, stderr=subprocess.STDOUT, cwd=REPO)
-    if code:
-        raise SystemExit(f"error: the {name} run failed (exit {code}); see {folder / 'log.txt'}")
-    result = json.loads((folder / "result.json").read_text())
-    print(f"[scan_prediction] {name}: {result['seconds']:.1f} s, peak RSS {result['peak_rss_mb']:.0f} MB", flush=True)
-    return result
-
-
 def _labels(path: str | Path) -> np.ndarray:
     import nibabel as nib
 
@@ -219,7 +200,7 @@ def run(args: argparse.Namespace) -> int:
     runs: dict[str, dict[str, Any]] = {}
     for name in names:
         spec = ({"system": "nnunet"} if name == "nnunet" else {"system": "medseg", "setting": SETTINGS[name]})
-        runs[f"{name}{suffix}"] = _run(f"{name}{suffix}", {**base, **spec, "mirror": args.mirror}, out)
+        runs[f"{name}{suffix}"] = run_child(__name__, f"{name}{suffix}", {**base, **spec, "mirror": args.mirror}, out)
     for result in sorted(out.glob("*/result.json")) if args.collect else []:  # the runs of earlier invocations
         if result.parent.name.endswith("+mirror") == args.mirror:
             runs.setdefault(result.parent.name, json.loads(result.read_text()))
