@@ -122,7 +122,7 @@ def gather_predictions(source: ExternalSource, folds: Collection[int]) -> Extern
     by_fold = fold_folders(source.path)
     if not by_fold and not source.nnunet:
         return ExternalPredictions(source, {case_id(path): str(path) for path in image_files(source.path)})
-    missing = [f"fold_{fold}/validation" for fold in sorted(folds) if not by_fold.get(fold, Path()).is_dir()]
+    missing = [f"fold_{fold}/validation" for fold in sorted(folds) if fold not in by_fold or not by_fold[fold].is_dir()]
     if missing:
         raise ConfigError(f"{where}: no {', '.join(missing)}: the sweep cross-validated folds {sorted(folds)} (nnU-Net"
                           f" writes fold_<k>/validation when a fold's training ends, or with nnUNetv2_train ... --val)")

@@ -118,9 +118,11 @@ def _nothing_written(sweep: Path) -> bool:
     return not (sweep / "compare.md").exists() and not (sweep / "external").exists()
 
 
-def test_a_missing_fold_stops_with_one_line(fresh: tuple[Path, Path], capsys: pytest.CaptureFixture[str]) -> None:
+@pytest.mark.parametrize("removed", ["fold_1/validation", "fold_1"])
+def test_a_missing_fold_stops_with_one_line(fresh: tuple[Path, Path], capsys: pytest.CaptureFixture[str],
+                                            removed: str) -> None:
     sweep, results = fresh
-    shutil.rmtree(results / "fold_1" / "validation")
+    shutil.rmtree(results / removed)
     assert compare([str(sweep), f"nnunet={results}"]) == 1
     err = capsys.readouterr().err.strip()
     assert len(err.splitlines()) == 1 and "no fold_1/validation" in err and _nothing_written(sweep)
