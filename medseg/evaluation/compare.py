@@ -629,7 +629,7 @@ def external_settings(sweep: Sweep, settings: Sequence[Setting], sources: Sequen
     if not settings:
         raise ConfigError(f"{sweep.path}: no cross-validated setting to pair {sources[0].key} with (cross-validate "
                           f"with python scripts/crossval.py {sweep.path})")
-    check_names(sources, {setting.label: setting for setting in settings})
+    check_names(sources, [setting.label for setting in settings])
     dataset = sweep_dataset(sweep.runs, settings[0].scores[(FOREGROUND, "dice")])
     checked = [checked_predictions(source, dataset) for source in sources]
     out = []

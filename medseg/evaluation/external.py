@@ -20,7 +20,7 @@ from __future__ import annotations
 import logging
 import math
 import re
-from collections.abc import Collection, Mapping, Sequence
+from collections.abc import Collection, Sequence
 from dataclasses import dataclass, field
 from datetime import datetime
 from pathlib import Path
@@ -308,8 +308,8 @@ def describe(predictions: ExternalPredictions, scores: Path, sweep_dir: Path) ->
            f"`{scores.relative_to(sweep_dir)}`{notes}"
 
 
-def check_names(sources: Sequence[ExternalSource], labels: Mapping[str, Any]) -> None:
-    """Each external setting's name is new: not a setting of the sweep, not given twice.
+def check_names(sources: Sequence[ExternalSource], labels: Collection[str]) -> None:
+    """Each external setting's name is new: not one of the sweep's setting ``labels``, not given twice.
 
     Raises:
         ConfigError: a name used twice.
