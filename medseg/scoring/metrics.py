@@ -2,9 +2,11 @@
 
 Pure functions: numpy arrays (or tensors) in, Python floats out. Spacing is the voxel size in mm
 along each array axis (for a NIfTI file: the column norms of its affine, :func:`voxel_spacing`).
-Distances come from MONAI (``compute_hausdorff_distance``, ``compute_surface_dice``): surfaces are
+Distances come from MONAI (``get_edge_surface_distance``, once for HD95 and NSD): surfaces are
 the mask voxels removed by one binary erosion, distances are exact Euclidean distances between
-surface-voxel centres, in mm.
+surface-voxel centres, in mm. HD95 takes its percentile with numpy, which has no limit on the number of
+distances (``torch.quantile``, in MONAI's ``compute_hausdorff_distance``, refuses more than 2^24 of them: the
+surfaces of a large scan's noisy mask).
 
 Empty masks (per case and class), nnU-Net style but free of NaN in Dice:
 
@@ -35,7 +37,8 @@ from typing import Any
 
 import numpy as np
 import torch
-from monai.metrics import compute_dice, compute_hausdorff_distance, compute_surface_dice
+from monai.metrics import compute_dice
+from monai.metrics.utils import get_edge_surface_distance
 
 BOTH_EMPTY, REF_EMPTY, PRED_EMPTY = "both_empty", "ref_empty", "pred_empty"
 METRIC_NAMES = ("dice", "hd95_mm", "nsd", "pred_ml", "ref_ml")
@@ -118,12 +121,6 @@ def dice(pred: np.ndarray | torch.Tensor, ref: np.ndarray | torch.Tensor) -> flo
     return dice_scores(*(torch.as_tensor(_binary(mask)).view(torch.uint8) for mask in (pred, ref)), [1])[0]
 
 
-def _one_hot_pair(pred: np.ndarray, ref: np.ndarray) -> tuple[torch.Tensor, torch.Tensor]:
-    """``(1, 1, *spatial)`` float tensors, the batch/channel layout MONAI's metrics take."""
-    return (torch.from_numpy(pred[None, None].astype(np.float32)),
-            torch.from_numpy(ref[None, None].astype(np.float32)))
-
-
 @contextmanager
 def _quiet_monai() -> Iterator[None]:
     """MONAI 1.5+ warns about its own internal use of a deprecated argument on every surface metric call."""
@@ -132,22 +129,43 @@ def _quiet_monai() -> Iterator[None]:
         yield
 
 
+def surface_distances(pred: np.ndarray | torch.Tensor, ref: np.ndarray | torch.Tensor,
+                      spacing: Sequence[float]) -> tuple[np.ndarray, np.ndarray]:
+    """The directed surface distances (mm) of two binary masks of the same shape, neither empty: ``(Np,)`` from each
+    surface voxel of ``pred`` to the nearest of ``ref``'s, and ``(Nr,)`` back (MONAI's ``get_edge_surface_distance``,
+    on the masks' bounding box, bool: no float copy of them)."""
+    pred, ref = _binary(pred), _binary(ref)
+    _check_pair(pred, ref, spacing)
+    with _quiet_monai():
+        _, distances, _ = get_edge_surface_distance(torch.from_numpy(pred), torch.from_numpy(ref), symmetric=True,
+                                                    spacing=[float(s) for s in spacing])
+    return distances[0].numpy(), distances[1].numpy()
+
+
+def _hd95_of(distances: tuple[np.ndarray, np.ndarray]) -> float:
+    """The larger directed 95th percentile (linear interpolation, as ``torch.quantile``), any number of distances."""
+    return max(float(np.percentile(directed, 95)) for directed in distances)
+
+
+def _nsd_of(distances: tuple[np.ndarray, np.ndarray], tolerance_mm: float) -> float:
+    """The share of both surfaces' voxels within ``tolerance_mm`` of the other surface (MONAI's NSD without
+    sub-voxel areas)."""
+    within = sum(int((directed <= tolerance_mm).sum()) for directed in distances)
+    return within / sum(len(directed) for directed in distances)
+
+
 def hd95(pred: np.ndarray | torch.Tensor, ref: np.ndarray | torch.Tensor, spacing: Sequence[float]) -> float:
     """Symmetric 95th-percentile Hausdorff distance in mm between two binary masks.
 
     The larger of the two directed 95th percentiles of surface-to-surface distances (MONAI's
-    definition). NaN when both masks are empty, inf when exactly one is.
+    definition), for any number of surface voxels. NaN when both masks are empty, inf when exactly one is.
     """
     pred, ref = _binary(pred), _binary(ref)
     _check_pair(pred, ref, spacing)
     flag = empty_flag(pred, ref)
     if flag:
         return math.nan if flag == BOTH_EMPTY else math.inf
-    y_pred, y = _one_hot_pair(pred, ref)
-    with _quiet_monai():
-        value = compute_hausdorff_distance(y_pred, y, include_background=True, percentile=95,
-                                           spacing=[float(s) for s in spacing])
-    return float(value[0, 0])
+    return _hd95_of(surface_distances(pred, ref, spacing))
 
 
 def surface_dice(pred: np.ndarray | torch.Tensor, ref: np.ndarray | torch.Tensor, spacing: Sequence[float],
@@ -161,21 +179,23 @@ def surface_dice(pred: np.ndarray | torch.Tensor, ref: np.ndarray | torch.Tensor
     flag = empty_flag(pred, ref)
     if flag:
         return 1.0 if flag == BOTH_EMPTY else 0.0
-    y_pred, y = _one_hot_pair(pred, ref)
-    with _quiet_monai():
-        value = compute_surface_dice(y_pred, y, class_thresholds=[float(tolerance_mm)], include_background=True,
-                                     spacing=[float(s) for s in spacing])
-    return float(value[0, 0])
+    return _nsd_of(surface_distances(pred, ref, spacing), tolerance_mm)
 
 
 def class_metrics(pred: np.ndarray | torch.Tensor, ref: np.ndarray | torch.Tensor, spacing: Sequence[float],
                   tolerance_mm: float) -> ClassMetrics:
-    """All metrics of one binary prediction against its binary reference (same shape, ``spacing`` in mm)."""
+    """All metrics of one binary prediction against its binary reference (same shape, ``spacing`` in mm); HD95 and
+    NSD from one computation of the surface distances."""
     pred, ref = _binary(pred), _binary(ref)
-    return ClassMetrics(
-        dice=dice(pred, ref), hd95_mm=hd95(pred, ref, spacing), nsd=surface_dice(pred, ref, spacing, tolerance_mm),
-        pred_ml=volume_ml(pred, spacing), ref_ml=volume_ml(ref, spacing), flag=empty_flag(pred, ref),
-    )
+    _check_pair(pred, ref, spacing)
+    flag = empty_flag(pred, ref)
+    if flag:
+        hd, nsd = (math.nan, 1.0) if flag == BOTH_EMPTY else (math.inf, 0.0)
+    else:
+        distances = surface_distances(pred, ref, spacing)
+        hd, nsd = _hd95_of(distances), _nsd_of(distances, tolerance_mm)
+    return ClassMetrics(dice=dice(pred, ref), hd95_mm=hd, nsd=nsd, pred_ml=volume_ml(pred, spacing),
+                        ref_ml=volume_ml(ref, spacing), flag=flag)
 
 
 def _finite_mean(values: Sequence[float]) -> tuple[float, int]:
