@@ -365,8 +365,8 @@ class PlanningConfig:
     takes its spacing, patch, normalization, strides and channels from it (keys set in the config win) after checking
     that it was planned for the same dataset. scripts/train.py also takes nnU-Net's plans (nnUNetPlans.json,
     nnUNetResEncUNetMPlans.json, ...): plan.nnunet_configuration's spacing, patch, normalization, strides, widths,
-    kernel size, encoder blocks and decoder convs, in RAS order, warning of what medseg builds otherwise. null = plan
-    when training."""
+    kernel sizes of each stage, encoder blocks and decoder convs, in RAS order, warning of what medseg builds
+    otherwise. null = plan when training."""
     nnunet_configuration: str | None = None
     """With plan.file an nnU-Net plans file: the configuration to train from (3d_fullres, 3d_lowres, 2d, or another
     of the file's; scripts/plan.py compares nnunet_plans' with it); null = 3d_fullres for model.spatial_dims=3, 2d
