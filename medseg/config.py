@@ -191,8 +191,11 @@ class ModelConfig:
     strides: list[Any] | None = ranged(None, ge=1)
     """One per down-sampling: an int, or one int per axis (anisotropic pooling), 1 or 2 for unet; null = planned from
     the data."""
-    kernel_size: int = ranged(3, ge=1, odd=True)
-    """Convolution kernel of the U-Net's stages."""
+    kernel_size: Any = ranged(3, ge=1, odd=True)
+    """Convolution kernel of the U-Net's conv stages: an odd int for every level, or a list with one entry per level
+    of model.channels (the full-resolution level first), each an odd int or one per axis in RAS order, e.g.
+    [[3,3,1],[3,3,1],3,3,3] for thick slices along S. A level's kernel serves its encoder stage and the decoder stage
+    that outputs its width (nnU-Net's conv_kernel_sizes); an nnU-Net plan (plan.file) sets it."""
     encoder_blocks: Any = ranged(1, ge=1)
     """Residual blocks (two convs each) per encoder level: an int for every level, or a list per level from the
     full-resolution one down; a longer list is cut to the network's levels (nnU-Net's n_blocks_per_stage), so one list
@@ -362,8 +365,8 @@ class PlanningConfig:
     takes its spacing, patch, normalization, strides and channels from it (keys set in the config win) after checking
     that it was planned for the same dataset. scripts/train.py also takes nnU-Net's plans (nnUNetPlans.json,
     nnUNetResEncUNetMPlans.json, ...): plan.nnunet_configuration's spacing, patch, normalization, strides, widths,
-    kernel size, encoder blocks and decoder convs, in RAS order, warning of what medseg builds otherwise. null = plan
-    when training."""
+    kernel sizes of each stage, encoder blocks and decoder convs, in RAS order, warning of what medseg builds
+    otherwise. null = plan when training."""
     nnunet_configuration: str | None = None
     """With plan.file an nnU-Net plans file: the configuration to train from (3d_fullres, 3d_lowres, 2d, or another
     of the file's; scripts/plan.py compares nnunet_plans' with it); null = 3d_fullres for model.spatial_dims=3, 2d

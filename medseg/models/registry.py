@@ -13,7 +13,7 @@ from torch import nn
 from medseg.config import ModelConfig
 from medseg.errors import ConfigError, check_choice
 from medseg.models.norms import NORMS
-from medseg.models.unet import SlottedUNet, per_axis_strides, stride_to_level
+from medseg.models.unet import SlottedUNet, per_axis_strides, per_level_kernels, stride_to_level
 from medseg.typed_config import to_typed
 
 
@@ -64,10 +64,13 @@ PATCH_DIVISORS = {"monai_swinunetr": 32, "monai_unetr": 16}
 
 
 def check_model(cfg: ModelConfig) -> None:
-    """Refuse a ``model.name`` or ``model.norm`` that no registry holds, and strides medseg's U-Net cannot pool by
-    (:func:`build_model` checks this first)."""
+    """Refuse a ``model.name`` or ``model.norm`` that no registry holds, a ``model.kernel_size`` that does not give
+    each level of ``model.channels`` odd kernels (:func:`per_level_kernels`), and strides medseg's U-Net cannot pool
+    by (:func:`build_model` checks this first)."""
     check_choice("model.name", cfg.name, MODELS)
     check_choice("model.norm", cfg.norm, NORMS)
+    if cfg.name == "unet":
+        per_level_kernels(cfg.kernel_size, None if cfg.channels is None else len(cfg.channels), cfg.spatial_dims)
     if cfg.name == "unet" and cfg.strides is not None:
         too_large = [s for level in per_axis_strides(cfg.strides, cfg.spatial_dims) for s in level if s > 2]
         if too_large:

@@ -33,20 +33,53 @@ from medseg.errors import ConfigError
 from medseg.models.norms import NORMS
 
 StrideSpec = int | Sequence[int]
+KernelSpec = int | Sequence[int | Sequence[int]]
+"""``model.kernel_size``: an odd int for every level, or one entry per level, each an int or a per-axis list."""
 
 GB = 2**30
 """Bytes per GB of ``model.attention.max_bias_gb``."""
 
 
-def per_axis_strides(strides: Sequence[StrideSpec], spatial_dims: int) -> list[tuple[int, ...]]:
-    """Normalise ``[2, (2, 2, 1), ...]`` to one tuple of ``spatial_dims`` ints per level."""
+def _per_axis(entries: Sequence[StrideSpec], spatial_dims: int, key: str) -> list[tuple[int, ...]]:
+    """Normalise ``[2, (2, 2, 1), ...]`` (the entries of list key ``key``) to one tuple of ``spatial_dims`` ints per
+    entry."""
     out = []
-    for stride in strides:
-        axes = (int(stride),) * spatial_dims if isinstance(stride, int) else tuple(int(s) for s in stride)
+    for entry in entries:
+        axes = (int(entry),) * spatial_dims if isinstance(entry, int) else tuple(int(s) for s in entry)
         if len(axes) != spatial_dims:
-            raise ConfigError(f"model.strides entry {stride} has {len(axes)} axes, expected {spatial_dims}")
+            raise ConfigError(f"{key} entry {entry} has {len(axes)} axes, expected {spatial_dims}")
         out.append(axes)
     return out
+
+
+def per_axis_strides(strides: Sequence[StrideSpec], spatial_dims: int) -> list[tuple[int, ...]]:
+    """Normalise ``model.strides`` ``[2, (2, 2, 1), ...]`` to one tuple of ``spatial_dims`` ints per level."""
+    return _per_axis(strides, spatial_dims, "model.strides")
+
+
+def per_level_kernels(kernel_size: KernelSpec, num_levels: int | None, spatial_dims: int) -> list[tuple[int, ...]]:
+    """``model.kernel_size`` as one tuple of ``spatial_dims`` odd ints per level (the full-resolution level first):
+    an int serves every level and axis, a list gives each level an int or a per-axis list (RAS order).
+
+    Args:
+        kernel_size: ``3``, or e.g. ``[[3, 3, 1], [3, 3, 1], 3, 3, 3]``.
+        num_levels: the levels of ``model.channels``; None (planned channels) checks the entries only.
+        spatial_dims: 2 or 3.
+
+    Raises:
+        ConfigError: a list of another length, or an entry that is not odd ints >= 1 of ``spatial_dims`` axes.
+    """
+    levels = "" if num_levels is None else f"{num_levels} "
+    expected = ConfigError(f"model.kernel_size={kernel_size}: expected an odd int >= 1, or a list of {levels}entries "
+                           f"(one per level of model.channels), each an odd int or {spatial_dims} of them")
+    try:
+        entries = [kernel_size] * (num_levels or 1) if isinstance(kernel_size, int) else list(kernel_size)
+        kernels = _per_axis(entries, spatial_dims, "model.kernel_size")
+    except (TypeError, ValueError):
+        raise expected from None
+    if (num_levels is not None and len(kernels) != num_levels) or any(k < 1 or k % 2 != 1 for k in sum(kernels, ())):
+        raise expected
+    return kernels
 
 
 def stride_to_level(strides: list[tuple[int, ...]], level: int) -> tuple[int, ...]:
@@ -89,17 +122,17 @@ def check_bias_memory(attention: SpatialAttention, grid: Sequence[int], max_gb: 
 
 @dataclass(frozen=True)
 class _ConvStyle:
-    """What every conv stage of one U-Net shares: its dimensionality, kernel size, norm (a ``NORMS`` name) and
-    dropout."""
+    """What every conv stage of one U-Net shares: its dimensionality, the kernel of each level
+    (:func:`per_level_kernels`), norm (a ``NORMS`` name) and dropout."""
 
     spatial_dims: int
-    kernel_size: int
+    kernels: list[tuple[int, ...]]
     norm: str
     dropout: float
 
-    def args(self, width: int) -> dict[str, Any]:
-        """Arguments of a MONAI conv block whose norms see ``width`` channels."""
-        return {"spatial_dims": self.spatial_dims, "kernel_size": self.kernel_size,
+    def args(self, width: int, level: int) -> dict[str, Any]:
+        """Arguments of a MONAI conv block of ``level`` whose norms see ``width`` channels."""
+        return {"spatial_dims": self.spatial_dims, "kernel_size": self.kernels[level],
                 "norm_name": NORMS[self.norm](width), "dropout": self.dropout}
 
 
@@ -121,28 +154,33 @@ def encoder_block_counts(encoder_blocks: int | Sequence[int], num_levels: int) -
     return counts[:num_levels]
 
 
-def _residual_stage(in_channels: int, out_channels: int, stride: StrideSpec, blocks: int,
-                    conv: _ConvStyle) -> nn.Module:
-    """``blocks`` residual blocks, the first with ``stride`` and the width change: ``(B, in_channels, *S) ->
-    (B, out_channels, *S / stride)``. One block is the ``UnetResBlock`` itself (the default U-Net's modules)."""
-    first = UnetResBlock(in_channels=in_channels, out_channels=out_channels, stride=stride, **conv.args(out_channels))
+def _residual_stage(in_channels: int, out_channels: int, stride: StrideSpec, blocks: int, conv: _ConvStyle,
+                    level: int) -> nn.Module:
+    """``blocks`` residual blocks with ``level``'s kernel, the first with ``stride`` and the width change:
+    ``(B, in_channels, *S) -> (B, out_channels, *S / stride)``. One block is the ``UnetResBlock`` itself (the default
+    U-Net's modules)."""
+    first = UnetResBlock(in_channels=in_channels, out_channels=out_channels, stride=stride,
+                         **conv.args(out_channels, level))
     if blocks == 1:
         return first
-    more = (UnetResBlock(in_channels=out_channels, out_channels=out_channels, stride=1, **conv.args(out_channels))
+    more = (UnetResBlock(in_channels=out_channels, out_channels=out_channels, stride=1,
+                         **conv.args(out_channels, level))
             for _ in range(blocks - 1))
     return nn.Sequential(first, *more)
 
 
 def _encoder_stages(in_channels: int, channels: Sequence[int], strides: list[tuple[int, ...]], blocks: Sequence[int],
                     conv: _ConvStyle) -> tuple[nn.Module, nn.ModuleList]:
-    """The stem and the down stages, ``blocks[level]`` residual conv blocks each.
+    """The stem and the down stages, ``blocks[level]`` residual conv blocks each, with the kernel of the level they
+    output.
 
     ``stem``: ``(B, in_channels, *S) -> (B, channels[0], *S)``; ``down[i]``: ``(B, channels[i], *S_i) ->
     (B, channels[i + 1], *S_i / strides[i])``, where ``S_i`` is the input size down-sampled ``i`` times.
     """
-    stem = _residual_stage(in_channels, channels[0], 1, blocks[0], conv)
+    stem = _residual_stage(in_channels, channels[0], 1, blocks[0], conv, 0)
     down = nn.ModuleList(
-        _residual_stage(channels[i], channels[i + 1], strides[i], blocks[i + 1], conv) for i in range(len(strides))
+        _residual_stage(channels[i], channels[i + 1], strides[i], blocks[i + 1], conv, i + 1)
+        for i in range(len(strides))
     )
     return stem, down
 
@@ -154,8 +192,8 @@ class OneConvUpBlock(nn.Module):
     ``forward(x, skip)``: ``(B, in_channels, *S / stride)`` and ``(B, out_channels, *S)`` -> ``(B, out_channels, *S)``.
     """
 
-    def __init__(self, spatial_dims: int, in_channels: int, out_channels: int, stride: StrideSpec, kernel_size: int,
-                 norm_name: Any, dropout: float) -> None:
+    def __init__(self, spatial_dims: int, in_channels: int, out_channels: int, stride: StrideSpec,
+                 kernel_size: int | Sequence[int], norm_name: Any, dropout: float) -> None:
         super().__init__()
         self.transp_conv = get_conv_layer(spatial_dims, in_channels, out_channels, kernel_size=stride, stride=stride,
                                           dropout=dropout, bias=False, conv_only=True, is_transposed=True)
@@ -172,18 +210,19 @@ def _decoder_stages(channels: Sequence[int], strides: list[tuple[int, ...]], con
                     conv: _ConvStyle) -> nn.ModuleList:
     """The up stages: ``up[i]`` takes level ``i + 1`` features ``(B, channels[i + 1], *S_{i+1})`` and the skip
     ``(B, channels[i], *S_i)`` to ``(B, channels[i], *S_i)`` (transposed conv by ``strides[i]``, then ``convs``
-    convs: MONAI's ``UnetUpBlock`` for 2, :class:`OneConvUpBlock` for 1)."""
+    convs with level ``i``'s kernel, as nnU-Net's decoder stage takes the kernel of the encoder stage it joins:
+    MONAI's ``UnetUpBlock`` for 2, :class:`OneConvUpBlock` for 1)."""
     if convs not in DECODER_CONVS:
         raise ConfigError(f"model.decoder_convs={convs}: expected one of {list(DECODER_CONVS)}")
     if convs == 1:
         return nn.ModuleList(
             OneConvUpBlock(in_channels=channels[i + 1], out_channels=channels[i], stride=strides[i],
-                           **conv.args(channels[i]))
+                           **conv.args(channels[i], i))
             for i in range(len(strides))
         )
     return nn.ModuleList(
         UnetUpBlock(in_channels=channels[i + 1], out_channels=channels[i], stride=strides[i],
-                    upsample_kernel_size=strides[i], **conv.args(channels[i]))
+                    upsample_kernel_size=strides[i], **conv.args(channels[i], i))
         for i in range(len(strides))
     )
 
@@ -228,6 +267,8 @@ class SlottedUNet(nn.Module):
         out_channels: output classes, background included.
         channels: feature width per level, e.g. ``[16, 32, 64, 128]``; ``len(channels) - 1`` down-samplings.
         strides: one per down-sampling, an int or a per-axis tuple (anisotropic pooling).
+        kernel_size: the conv kernel, an odd int for every level or one entry per level (:func:`per_level_kernels`);
+            a level's kernel serves its encoder stage and the decoder stage that outputs its width.
         encoder_blocks: residual blocks per level, an int or a list (:func:`encoder_block_counts`).
         decoder_convs: convs per decoder stage, 2 or 1 (:func:`_decoder_stages`).
         bottleneck: block name for the bottleneck slot, or ``"none"``.
@@ -255,7 +296,7 @@ class SlottedUNet(nn.Module):
         out_channels: int,
         channels: Sequence[int] = (16, 32, 64, 128),
         strides: Sequence[StrideSpec] = (2, 2, 2),
-        kernel_size: int = 3,
+        kernel_size: KernelSpec = 3,
         encoder_blocks: int | Sequence[int] = 1,
         decoder_convs: int = 2,
         norm: str = "instance",
@@ -281,7 +322,7 @@ class SlottedUNet(nn.Module):
         self.total_stride = stride_to_level(self.strides, len(self.strides))
         self.deep_supervision = deep_supervision
         self.memory_format = torch.channels_last_3d if channels_last and spatial_dims == 3 else torch.contiguous_format
-        conv = _ConvStyle(spatial_dims, kernel_size, norm, dropout)
+        conv = _ConvStyle(spatial_dims, per_level_kernels(kernel_size, len(channels), spatial_dims), norm, dropout)
         slots = _SlotBuilder(spatial_dims, self.strides, dict(attention or {}), checkpointing, patch_size)
         num_levels = len(self.strides)
         self.encoder_blocks = encoder_block_counts(encoder_blocks, len(channels))

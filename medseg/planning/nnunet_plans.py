@@ -219,9 +219,18 @@ def _normalization(plans: Mapping[str, Any], config: NnunetConfiguration, channe
     return plan_normalization({"intensity": [properties[str(c)] for c in range(channels)]}, is_ct=True), notes
 
 
-def _network(config: NnunetConfiguration, dims: int, where: str) -> tuple[dict[str, Any], list[str]]:
-    """``model.kernel_size``, ``model.encoder_blocks`` and ``model.decoder_convs`` of the configuration's network,
-    and what medseg builds otherwise."""
+def _kernel_size(config: NnunetConfiguration, axes: list[int]) -> int | list[list[int]]:
+    """``model.kernel_size``: the configuration's kernel of each stage in RAS order (``axes``: the RAS axis of each
+    of nnU-Net's axes in use, as the strides'); one int when every stage's kernel is that int along every axis."""
+    sizes = {k for level in config.kernel_sizes for k in level}
+    if len(sizes) == 1:
+        return sizes.pop()
+    return [_in_ras(level, axes) for level in config.kernel_sizes]
+
+
+def _network(config: NnunetConfiguration, axes: list[int], where: str) -> tuple[dict[str, Any], list[str]]:
+    """``model.kernel_size`` (:func:`_kernel_size`), ``model.encoder_blocks`` and ``model.decoder_convs`` of the
+    configuration's network, and what medseg builds otherwise."""
     if config.network not in NETWORKS:
         raise ConfigError(f"{where}: network {config.network}: medseg builds {' and '.join(NETWORKS)}")
     notes = []
@@ -236,17 +245,13 @@ def _network(config: NnunetConfiguration, dims: int, where: str) -> tuple[dict[s
     if len(set(config.decoder_convs)) != 1 or config.decoder_convs[0] not in (1, 2):
         raise ConfigError(f"{where}: n_conv_per_stage_decoder={config.decoder_convs}: medseg builds 1 or 2 convs "
                           "in every decoder stage")
-    sizes = {k for level in config.kernel_sizes for k in level}
-    kernel = max(sizes)
-    if len(sizes) > 1:
-        notes.append(f"kernel_sizes {config.kernel_sizes}: medseg builds {kernel}^{dims} kernels in every stage")
     for key, expected in (("norm_op", "InstanceNorm"), ("nonlin", "LeakyReLU")):
         name = str(config.arch.get(key, expected)).rsplit(".", 1)[-1]
         if not name.startswith(expected):
             notes.append(f"{key} {name}: medseg's stages use {expected} (model.norm sets the norm)")
     if config.arch.get("dropout_op"):
         notes.append(f"dropout_op {config.arch['dropout_op']}: model.dropout sets medseg's dropout")
-    return {"model.kernel_size": kernel, "model.encoder_blocks": blocks,
+    return {"model.kernel_size": _kernel_size(config, axes), "model.encoder_blocks": blocks,
             "model.decoder_convs": config.decoder_convs[0]}, notes
 
 
@@ -265,10 +270,11 @@ def nnunet_values(plans: Mapping[str, Any], config: NnunetConfiguration, fingerp
                   where: str) -> tuple[dict[str, Any], list[str]]:
     """Configuration ``config`` of nnU-Net plans ``plans`` as medseg's config values (RAS order,
     :func:`ras_axes`): ``data.spacing``, ``data.patch_size``, ``data.normalization``, ``model.strides``,
-    ``model.channels``, ``model.kernel_size``, ``model.encoder_blocks`` and ``model.decoder_convs``; and what the
-    configuration holds that medseg builds otherwise, one sentence each (the run warns with them).
+    ``model.channels``, ``model.kernel_size`` (each stage's kernel), ``model.encoder_blocks`` and
+    ``model.decoder_convs``; and what the configuration holds that medseg builds otherwise, one sentence each (the run
+    warns with them).
 
-    A 2D configuration's patch and strides cover the two in-plane RAS axes, in increasing order, as medseg's.
+    A 2D configuration's patch, strides and kernels cover the two in-plane RAS axes, in increasing order, as medseg's.
 
     Raises:
         ConfigError: planned for other data (another number of channels, or another median spacing than the
@@ -289,7 +295,7 @@ def nnunet_values(plans: Mapping[str, Any], config: NnunetConfiguration, fingerp
                           "resolution")
     in_use = axes if dims == 3 else axes[1:]
     normalization, notes = _normalization(plans, config, len(fingerprint["channel_names"]), where)
-    network, network_notes = _network(config, dims, where)
+    network, network_notes = _network(config, in_use, where)
     values = {
         "data.spacing": _spacing(plans, config, axes, where),
         "data.patch_size": _in_ras(config.patch_size, in_use),

@@ -11,9 +11,10 @@ import torch
 from torch import nn
 
 from medseg.attention import available_blocks
+from medseg.errors import ConfigError
 from medseg.models import NORMS, SlottedUNet, build_model
 from medseg.models.norms import GROUP_NORM_GROUPS
-from medseg.models.unet import level_spacing, per_axis_strides
+from medseg.models.unet import level_spacing, per_axis_strides, per_level_kernels
 from medseg.training.checks import check_config
 
 from ..helpers.configs import compose_config
@@ -227,3 +228,58 @@ def test_state_dict_keys_and_shapes_stay_loadable() -> None:
                         bottleneck="masa", bottleneck_depth=1, decoder="masa", decoder_levels=1,
                         attention={"num_heads": 2}, deep_supervision=True)
     assert [(key, tuple(value.shape)) for key, value in model.state_dict().items()] == STATE_DICT_AT_71FC19F
+
+
+def _kernels(stage: nn.Module) -> set[tuple[int, ...]]:
+    """The kernels of a stage's convs, its 1x1x1 residual shortcuts and transposed convs left out."""
+    return {tuple(conv.kernel_size) for conv in stage.modules()
+            if isinstance(conv, nn.Conv3d) and tuple(conv.kernel_size) != (1, 1, 1)}
+
+
+@pytest.mark.parametrize(("encoder_blocks", "decoder_convs"), [(1, 2), (2, 1)])
+def test_each_level_s_kernel_serves_its_encoder_and_decoder_stages(encoder_blocks: int, decoder_convs: int) -> None:
+    """nnU-Net's [1, 3, 3] kernels of its first two stages along its thick axis first, [3, 3, 1] in RAS order with
+    the slices along S: levels 0 and 1 (stem, first down stage, the decoder stages that output their widths) have
+    3 x 3 x 1 kernels, level 2 (the bottleneck's encoder stage) 3 x 3 x 3; the output keeps the input's size."""
+    model = SlottedUNet(3, 1, 2, channels=(4, 8, 16), strides=[[2, 2, 1], 2], kernel_size=[[3, 3, 1], [3, 3, 1], 3],
+                        encoder_blocks=encoder_blocks, decoder_convs=decoder_convs)
+    assert _kernels(model.stem) == _kernels(model.down[0]) == {(3, 3, 1)}
+    assert _kernels(model.down[1]) == {(3, 3, 3)}
+    assert _kernels(model.up[0]) == _kernels(model.up[1]) == {(3, 3, 1)}
+    assert model(torch.randn(1, 1, 13, 10, 5)).shape == (1, 2, 13, 10, 5)
+
+
+def test_an_int_kernel_and_the_list_of_it_build_the_same_network() -> None:
+    """``kernel_size=3``, ``[3, 3, 3]`` and ``[[3, 3, 3]] * 3``: the same state-dict keys and shapes, those of
+    checkpoints of earlier versions (:data:`STATE_DICT_AT_71FC19F`)."""
+    shapes = [
+        [(key, tuple(value.shape)) for key, value in SlottedUNet(
+            3, in_channels=1, out_channels=2, channels=(8, 16, 32), strides=(2, (2, 2, 1)), kernel_size=kernel,
+            bottleneck="masa", bottleneck_depth=1, decoder="masa", decoder_levels=1, attention={"num_heads": 2},
+            deep_supervision=True).state_dict().items()]
+        for kernel in (3, [3, 3, 3], [[3, 3, 3]] * 3)
+    ]
+    assert shapes[0] == shapes[1] == shapes[2] == STATE_DICT_AT_71FC19F
+
+
+@pytest.mark.parametrize(("kernel_size", "message"), [
+    ([3, 3], r"^model\.kernel_size=\[3, 3\]: expected an odd int >= 1, or a list of 3 entries \(one per level of "
+             r"model\.channels\), each an odd int or 3 of them$"),
+    ([3, [3, 2, 1], 3], r"^model\.kernel_size=\[3, \[3, 2, 1\], 3\]: expected an odd int"),
+    (4, r"^model\.kernel_size=4: expected an odd int"),
+    ([3, [3, 3], 3], r"^model\.kernel_size=\[3, \[3, 3\], 3\]: expected an odd int"),
+])
+def test_a_kernel_size_that_fits_no_level_is_refused(kernel_size: object, message: str) -> None:
+    with pytest.raises(ConfigError, match=message):
+        SlottedUNet(3, 1, 2, channels=(4, 8, 16), strides=[2, 2], kernel_size=kernel_size)
+
+
+def test_a_kernel_list_is_checked_at_start_up_against_the_levels_of_model_channels(tmp_path: Path) -> None:
+    assert per_level_kernels([[3, 3, 1], 5], None, 3) == [(3, 3, 1), (5, 5, 5)], "planned channels: entries only"
+    model = ["model.channels=[4,8,16]", "model.strides=[2,2]", f"output_dir={tmp_path}"]
+    with pytest.raises(ConfigError, match=r"^model\.kernel_size=\[3, 3\]: expected .* a list of 3 entries"):
+        check_config(compose_config([*model, "model.kernel_size=[3,3]"]))
+    with pytest.raises(ConfigError, match=r"^model\.kernel_size=\[\[3, 3, 2\], 3, 3\]: expected each entry odd, >= 1$"):
+        check_config(compose_config([*model, "model.kernel_size=[[3,3,2],3,3]"]))
+    cfg = check_config(compose_config([*model, "model.kernel_size=[[3,3,1],3,3]"]))
+    assert cfg.model.kernel_size == [[3, 3, 1], 3, 3]

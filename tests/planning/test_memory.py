@@ -87,5 +87,17 @@ def test_parts_of_the_estimate() -> None:
     assert bf16.per_sample == pytest.approx(two.per_sample * AUTOCAST_ELEMENT_BYTES / FLOAT32_BYTES, abs=2)
 
 
+def test_the_estimate_counts_the_weights_of_each_level_s_kernel() -> None:
+    """A 3 x 3 x 1 kernel at level 0 instead of 3 x 3 x 3: 18 weights fewer per input and output channel in the
+    stem's two convs (1 -> 8, 8 -> 8) and the level-0 decoder stage's two (16 -> 8, 8 -> 8); activations unchanged."""
+    cube = ModelConfig(channels=[8, 16, 32], strides=[2, 2])
+    flat = replace(cube, kernel_size=[[3, 3, 1], 3, 3])
+    cube_estimate, flat_estimate = (estimate_training_memory(model, (32, 32, 16), 1, 3, 2) for model in (cube, flat))
+    fewer = 18 * (1 * 8 + 8 * 8 + 16 * 8 + 8 * 8)
+    assert cube_estimate.states - flat_estimate.states == pytest.approx(
+        (2 + 2 + PARAMETER_TEMPORARIES) * FLOAT32_BYTES * fewer, abs=1)
+    assert cube_estimate.per_sample == flat_estimate.per_sample
+
+
 def test_optimizer_states_follow_the_registry() -> None:
     assert {name: optimizer_states(name) for name in OPTIMIZERS} == {"adamw": 2, "sgd": 1}
