@@ -25,6 +25,7 @@ from benchmarks.scaling import (
     sweep_points,
     sweep_rows,
     to_markdown,
+    write_nnunet_model,
 )
 
 MEDSEG_CONFIG = {"model": {"channels": [8, 16, 32, 64], "strides": [2, [2, 2, 1], [2, 1, 1]], "kernel_size": 3},
@@ -52,6 +53,26 @@ def test_nnunets_dataset_json_names_medsegs_labels_and_channels() -> None:
     assert nnunet_dataset_json(dataset) == {"channel_names": {"0": "CT"},
                                             "labels": {"background": 0, "liver": 1, "spleen": 2},
                                             "numTraining": 0, "file_ending": ".nii.gz"}
+
+
+def test_the_nnunet_model_folder_loads_as_nnunets_predictor_loads_it(tmp_path: Path) -> None:
+    pytest.importorskip("nnunetv2", reason="nnU-Net v2 is an optional extra (peers)")
+    import torch
+
+    from benchmarks.long_scan import untrained_checkpoint
+    from benchmarks.scan_prediction import NNUNET_CHECKPOINT_GLOBALS, nnunet_network
+
+    ckpt = untrained_checkpoint(tmp_path / "medseg.pt", classes=3, patch=[32, 32, 16], channels=[4, 8])
+    folder = write_nnunet_model(tmp_path / "nnunet", ckpt)
+    plans, dataset = (json.loads((folder / name).read_text()) for name in ("plans.json", "dataset.json"))
+    assert plans["configurations"]["3d_fullres"]["patch_size"] == [16, 32, 32]
+    assert dataset["labels"] == {"background": 0, "structure 1": 1, "structure 2": 2}
+    with torch.serialization.safe_globals(NNUNET_CHECKPOINT_GLOBALS):
+        checkpoint = torch.load(folder / "fold_0" / "checkpoint_final.pth", weights_only=True)
+    assert checkpoint["init_args"]["configuration"] == "3d_fullres" and checkpoint["trainer_name"] == "nnUNetTrainer"
+    network = nnunet_network(plans, "3d_fullres", dataset)
+    network.load_state_dict(checkpoint["network_weights"])  # strict: every weight of the network, nothing more
+    assert network(torch.zeros(1, 1, 16, 32, 32)).shape == (1, 3, 16, 32, 32)
 
 
 def grid(**changes: object) -> argparse.Namespace:
