@@ -20,10 +20,11 @@ untrained (random weights, seed 0: the work and the memory are a trained network
   ``zscore``), and a ``PlainConvUNet`` of 2 convs a stage, random-initialised by nnU-Net (seed 0).
 
 What differs between the two networks: medseg's encoder stages are residual (MONAI ``UnetResBlock``: two convs and a
-skip), nnU-Net's ``PlainConvUNet`` plain (two convs); both use instance norm, LeakyReLU and transposed-conv up stages
-with two convs. nnU-Net also resamples the image with third-order splines and the logits back to the scan with
-linear interpolation, the whole (C, X, Y, Z) array at once, where medseg resamples slab by slab; medseg's seconds
-include loading its checkpoint, nnU-Net's exclude building its network.
+skip), nnU-Net's ``PlainConvUNet`` plain (two convs), and medseg's convs have no bias where nnU-Net's have one; both
+downsample by a strided first conv and use instance norm, LeakyReLU and transposed-conv up stages with two convs.
+nnU-Net also resamples the image with third-order splines and the logits back to the scan with linear
+interpolation, the whole (C, X, Y, Z) array at once, where medseg resamples slab by slab; medseg's seconds include
+loading its checkpoint, nnU-Net's exclude building its network.
 
 Each run is a process of its own (:func:`benchmarks.common.run_child`): its seconds and peak RSS
 (:class:`medseg.runtime.host_memory.PeakRam`). The parent reads each run's resident memory (with any process it
