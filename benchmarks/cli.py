@@ -35,6 +35,8 @@ SUBCOMMANDS: dict[str, Subcommand] = {
     "scan_prediction": Subcommand("benchmarks.scan_prediction",
                                   "one large scan predicted on the CPU by medseg and nnU-Net"),
     "long_scan": Subcommand("benchmarks.long_scan", "peak RAM of predicting long scans with many classes vs length"),
+    "scaling": Subcommand("benchmarks.scaling",
+                          "time and peak RAM of prediction vs slices and classes, medseg and nnU-Net, memory-capped"),
     "gpu": Subcommand("tools.gpu_check", "the GPU check: scripts/gpu_check.py under its older name"),
 }
 """``benchmark.py <name>`` -> its module (under the clone's root) and help."""

@@ -1,5 +1,6 @@
 """What the benchmarks share: timing, peak memory, the machine's description, the training config as
-``scripts/train.py`` composes it, and the report writers (targets, ``<name>.md`` + ``<name>.json``).
+``scripts/train.py`` composes it, the report writers (targets, ``<name>.md`` + ``<name>.json``), and a prediction
+run in a process of its own (:func:`run_child`), stopped at a cap on its resident memory where one is given.
 
 Peak memory (:func:`peak_bytes`): on CUDA ``torch.cuda.max_memory_allocated`` above the allocation before the run.
 On the CPU, every allocation and free that PyTorch's CPU allocator reports to ``torch.profiler``
@@ -9,10 +10,13 @@ that running sum.
 
 from __future__ import annotations
 
+import contextlib
 import itertools
 import json
 import operator
+import os
 import re
+import signal
 import statistics
 import subprocess
 import sys
@@ -30,9 +34,12 @@ from torch.profiler import ProfilerActivity, profile
 from benchmarks import REPO
 from medseg.hydra_config import compose_config
 from medseg.io import atomic_write_json, atomic_write_text
+from medseg.runtime.host_memory import child_pids
 from medseg.tables import markdown_table
 
 MIB = 2**20
+CAP_INTERVAL_S = 0.1
+"""How often :func:`run_child` reads a capped process tree's resident memory."""
 Result = TypeVar("Result")
 
 
@@ -185,13 +192,69 @@ def write_report(out: Path | None, name: str, markdown: str, report: Mapping[str
         atomic_write_json(out / f"{name}.json", report)
 
 
-def run_child(module: str, name: str, spec: Mapping[str, Any], out: Path) -> dict[str, Any]:
-    """``python -m module SPEC RESULT`` in a process of its own (one prediction or evaluation of a benchmark), in
-    ``out/name``: its ``spec.json`` (with ``output``: ``prediction/`` there), ``log.txt`` and ``result.json``; the
-    result.
+class OverCap(Exception):
+    """A process of :func:`run_child` stopped because its tree's resident memory passed the cap."""
+
+    def __init__(self, name: str, seconds: float, peak_bytes: int) -> None:
+        super().__init__(f"{name}: over the memory cap after {seconds:.1f} s ({peak_bytes / 2**30:.2f} GB)")
+        self.seconds, self.peak_bytes = seconds, peak_bytes
+
+
+def tree_rss_bytes(pid: int) -> int:
+    """Resident memory of ``pid`` and all its descendants, summed (Linux ``/proc``; 0 where it is not readable).
+
+    An upper bound: a forked worker's resident set counts the pages it shares with its parent again (training's
+    own ``peak_ram_mb``, :class:`medseg.runtime.host_memory.PeakRam`, counts only what a worker adds). It is the one
+    measure that applies to any system's process tree alike, so the comparisons use it for all.
+    """
+    total = 0
+    for process in (pid, *child_pids(pid)):
+        try:
+            status = Path(f"/proc/{process}/status").read_text()
+        except OSError:
+            continue
+        total += sum(int(line.split()[1]) * 1024 for line in status.splitlines() if line.startswith("VmRSS:"))
+    return total
+
+
+def _kill_tree(pid: int) -> None:
+    """SIGKILL ``pid`` and every process it started (listed first: once ``pid`` is gone they are no longer its)."""
+    for process in (pid, *child_pids(pid)):
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(process, signal.SIGKILL)
+
+
+def wait_under_cap(process: subprocess.Popen, cap_bytes: int | None, name: str) -> int:
+    """Wait for ``process`` and return its exit code; with ``cap_bytes``, read its tree's resident memory
+    (:func:`tree_rss_bytes`) every :data:`CAP_INTERVAL_S` and kill the tree when it passes the cap.
 
     Raises:
-        SystemExit: the process failed (the message names its log).
+        OverCap: the tree passed the cap (it has been killed and waited for).
+    """
+    if cap_bytes is None:
+        return process.wait()
+    started = time.perf_counter()
+    while True:
+        try:
+            return process.wait(timeout=CAP_INTERVAL_S)
+        except subprocess.TimeoutExpired:
+            resident = tree_rss_bytes(process.pid)
+            if resident > cap_bytes:
+                _kill_tree(process.pid)
+                process.wait()
+                raise OverCap(name, time.perf_counter() - started, resident) from None
+
+
+def run_child(module: str, name: str, spec: Mapping[str, Any], out: Path,
+              cap_bytes: int | None = None) -> dict[str, Any]:
+    """``python -m module SPEC RESULT`` in a process of its own (one prediction or evaluation of a benchmark), in
+    ``out/name``: its ``spec.json`` (with ``output``: ``prediction/`` there), ``log.txt`` and ``result.json``; the
+    result. With ``cap_bytes``, the process (and any it starts) is killed when its resident memory passes it
+    (:func:`wait_under_cap`), so that the system's OOM killer never has to.
+
+    Raises:
+        OverCap: the process passed ``cap_bytes`` and was stopped.
+        SystemExit: the process failed otherwise (the message names its log).
     """
     folder = out / name
     folder.mkdir(parents=True, exist_ok=True)
@@ -200,8 +263,13 @@ def run_child(module: str, name: str, spec: Mapping[str, Any], out: Path) -> dic
     tag = module.rsplit(".", 1)[-1]
     print(f"[{tag}] {name} ...", flush=True)
     with open(folder / "log.txt", "w") as log:
-        code = subprocess.call([sys.executable, "-m", module, str(folder / "spec.json"), str(folder / "result.json")],
-                               stdout=log, stderr=subprocess.STDOUT, cwd=REPO)
+        process = subprocess.Popen([sys.executable, "-m", module, str(folder / "spec.json"),
+                                    str(folder / "result.json")], stdout=log, stderr=subprocess.STDOUT, cwd=REPO)
+        try:
+            code = wait_under_cap(process, cap_bytes, name)
+        except OverCap as stopped:
+            print(f"[{tag}] {stopped}", flush=True)
+            raise
     if code:
         raise SystemExit(f"error: the {name} run failed (exit {code}); see {folder / 'log.txt'}")
     result = json.loads((folder / "result.json").read_text())

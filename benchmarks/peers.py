@@ -43,7 +43,7 @@ import numpy as np
 import torch
 
 from benchmarks import REPO
-from benchmarks.common import compose_train_config, machine, write_report
+from benchmarks.common import compose_train_config, machine, tree_rss_bytes, write_report
 from medseg.io import atomic_write_json
 from medseg.runs.layout import RunLayout
 from medseg.tables import markdown_table, text_table
@@ -66,25 +66,6 @@ INSTALL_HINT = 'nnU-Net v2 is not installed: pip install -e ".[peers]" (the opti
 
 
 # --- measuring a process tree -------------------------------------------------------------------
-
-
-def tree_rss_bytes(pid: int) -> int:
-    """Resident memory of ``pid`` and all its descendants, summed (Linux ``/proc``; 0 where it is not readable).
-
-    An upper bound: a forked worker's resident set counts the pages it shares with its parent again (training's
-    own ``peak_ram_mb``, :class:`medseg.runtime.host_memory.PeakRam`, counts only what a worker adds). It is the one
-    measure that applies to any system's process tree alike, so the comparison uses it for all.
-    """
-    from medseg.runtime.host_memory import child_pids
-
-    total = 0
-    for process in (pid, *child_pids(pid)):
-        try:
-            status = Path(f"/proc/{process}/status").read_text()
-        except OSError:
-            continue
-        total += sum(int(line.split()[1]) * 1024 for line in status.splitlines() if line.startswith("VmRSS:"))
-    return total
 
 
 @dataclass

@@ -132,25 +132,37 @@ def predict_medseg(spec: Mapping[str, Any]) -> dict[str, Any]:
             "preprocessed_shape": list(data["image"].shape[1:])}
 
 
+def nnunet_network(plans: Mapping[str, Any], configuration: str, dataset_json: Mapping[str, Any]) -> torch.nn.Module:
+    """The network nnU-Net's trainer builds for ``configuration`` of ``plans`` (a plans.json's content) on
+    ``dataset_json``'s channels and labels, without deep supervision; its ``state_dict`` is a checkpoint's
+    ``network_weights``."""
+    from nnunetv2.training.nnUNetTrainer.nnUNetTrainer import nnUNetTrainer
+    from nnunetv2.utilities.label_handling.label_handling import determine_num_input_channels
+    from nnunetv2.utilities.plans_handling.plans_handler import PlansManager
+
+    manager = PlansManager(dict(plans))
+    config = manager.get_configuration(configuration)
+    return nnUNetTrainer.build_network_architecture(
+        manager, config, determine_num_input_channels(manager, config, dataset_json),
+        manager.get_label_manager(dataset_json).num_segmentation_heads, enable_deep_supervision=False)
+
+
 def predict_nnunet(spec: Mapping[str, Any]) -> dict[str, Any]:
     """Predict ``spec["image"]`` with nnU-Net's predictor on its trained network; writes ``<output>/<case>.nii.gz``."""
     from batchgenerators.utilities.file_and_folder_operations import load_json
     from nnunetv2.inference.predict_from_raw_data import nnUNetPredictor
-    from nnunetv2.training.nnUNetTrainer.nnUNetTrainer import nnUNetTrainer
-    from nnunetv2.utilities.label_handling.label_handling import determine_num_input_channels
     from nnunetv2.utilities.plans_handling.plans_handler import PlansManager
 
     started = time.perf_counter()
     folder = Path(spec["nnunet_model"])
     dataset_json = load_json(str(folder / "dataset.json"))
-    plans = PlansManager(load_json(str(folder / "plans.json")))
+    plans_json = load_json(str(folder / "plans.json"))
+    plans = PlansManager(plans_json)
     with torch.serialization.safe_globals(NNUNET_CHECKPOINT_GLOBALS):
         checkpoint = torch.load(folder / f"fold_{spec['fold']}" / "checkpoint_final.pth", map_location="cpu",
                                 weights_only=True)
     configuration = plans.get_configuration(checkpoint["init_args"]["configuration"])
-    network = nnUNetTrainer.build_network_architecture(
-        plans, configuration, determine_num_input_channels(plans, configuration, dataset_json),
-        plans.get_label_manager(dataset_json).num_segmentation_heads, enable_deep_supervision=False)
+    network = nnunet_network(plans_json, checkpoint["init_args"]["configuration"], dataset_json)
     predictor = nnUNetPredictor(tile_step_size=1 - spec["overlap"], use_gaussian=True, use_mirroring=spec["mirror"],
                                 perform_everything_on_device=False, device=torch.device("cpu"), allow_tqdm=False)
     predictor.manual_initialization(network, plans, configuration, [checkpoint["network_weights"]], dataset_json,
