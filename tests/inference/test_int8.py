@@ -18,7 +18,7 @@ from medseg.data.datalist import CACHE_FOLDER as DATA_CACHE
 from medseg.data.datalist import splits_path
 from medseg.data.transforms import IMAGE
 from medseg.errors import ConfigError
-from medseg.inference.backends import check_backend
+from medseg.inference.backends import check_backend, window_network
 from medseg.inference.calibration import body_windows, calibration_windows, training_cases
 from medseg.inference.inferer import inference_network
 from medseg.inference.int8 import CACHE_FOLDER, MODEL_FILE
@@ -144,6 +144,8 @@ def test_moved_training_cases_are_named_and_found_through_calibration_root(datas
 
 
 def test_int8_runs_on_openvino_only() -> None:
+    with pytest.raises(ValueError, match="calibrated on its checkpoint's training cases"):  # not fp32 in its place
+        window_network(torch.nn.Identity(), "openvino", (1, 8, 8, 8), "int8")
     with pytest.raises(ConfigError, match=r"^inference\.precision=int8 runs on inference\.backend=openvino, not "
                                           r"inference\.backend=torch: set inference\.backend=openvino$"):
         check_backend("torch", "int8", torch.device("cpu"))
