@@ -16,7 +16,9 @@ settings (``--settings``; none: nnU-Net alone):
   in ``--settings``, the report has no such column);
 * ``fast``: windows holding one value per channel (air) answered from one run (``evaluate.py``'s default);
 * ``fast_bf16``: the same with ``inference.precision=bf16``; ``openvino``, ``openvino_bf16``: with
-  ``inference.backend=openvino``.
+  ``inference.backend=openvino``; ``openvino_int8``: its network quantised to int8 (``inference.precision=int8``,
+  calibrated on the checkpoint's training cases; a calibration, when the checkpoint has no cached one yet, is part
+  of the setup, not of the seconds).
 
 nnU-Net's run (``--nnunet-model``: a trained model folder with ``plans.json``, ``dataset.json`` and
 ``fold_F/checkpoint_final.pth``) is nnU-Net's own predictor (``predict_from_files_sequential``) on its network
@@ -54,6 +56,7 @@ SETTINGS: dict[str, dict[str, Any]] = {
     "fast_bf16": {"precision": "bf16"},
     "openvino": {"backend": "openvino"},
     "openvino_bf16": {"backend": "openvino", "precision": "bf16"},
+    "openvino_int8": {"backend": "openvino", "precision": "int8"},
 }
 """medseg setting -> what it changes of the ``inference`` node's defaults (torch, fp32 on the CPU, constant windows
 answered)."""
@@ -99,10 +102,9 @@ class StageTimes(Compose):
 def predict_medseg(spec: Mapping[str, Any]) -> dict[str, Any]:
     """Predict ``spec["image"]`` with ``spec["ckpt"]`` as ``evaluate.py`` does, each stage timed; writes
     ``<output>/<case>.nii.gz``."""
-    from medseg.inference.backends import window_network
     from medseg.inference.cases import Case
     from medseg.inference.checks import check_config
-    from medseg.inference.inferer import Inferer, collect, original_affine
+    from medseg.inference.inferer import Inferer, collect, inference_network, original_affine
     from medseg.inference.model import load_model
     from medseg.inference.output import write_label_map
     from medseg.inference.resample_back import Grids
@@ -114,8 +116,7 @@ def predict_medseg(spec: Mapping[str, Any]) -> dict[str, Any]:
     started = time.perf_counter()
     net = load_model(spec["ckpt"])
     # the network the inferer would run on the windows (the runtime's), timed
-    timed = TimedNetwork(window_network(net.model, cfg.inference.backend, [net.in_channels, *net.window.net_patch],
-                                        cfg.inference.precision))
+    timed = TimedNetwork(inference_network(net, cfg.inference))
     inferer = Inferer(net, cfg.inference, StageTimes(net.preprocessing, stages), network=timed)
     setup = time.perf_counter() - started
     case = Case(spec["case"], spec["image"])

@@ -76,8 +76,9 @@ def predict(image: str | Path | SpatialImage | np.ndarray, ckpt: Checkpoints, af
         tta: mirroring test-time augmentation.
         postprocessing: ``auto``, ``none`` or a ``postprocessing.json``, as ``scripts/predict.py``'s.
         overlap, sw_batch_size, precision, backend: the ``inference`` node's (``inference.overlap``, ...): the
-            sliding window, the network's arithmetic (``auto``, ``fp32``, ``bf16``) and backend (``torch``, or
-            ``openvino`` on the CPU, compiled anew on each call).
+            sliding window, the network's arithmetic (``auto``, ``fp32``, ``bf16``; ``int8`` with ``openvino``,
+            its quantisation cached beside the checkpoint) and backend (``torch``, or ``openvino`` on the CPU,
+            compiled anew on each call).
 
     Every default is :class:`~medseg.config.InferenceConfig`'s (and :class:`~medseg.config.PredictConfig`'s), the
     one of ``scripts/predict.py``.

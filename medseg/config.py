@@ -384,9 +384,11 @@ class InferenceConfig:
     sw_device: str | None = None
     """Where windows are stitched (cpu saves GPU memory); null = the device that runs the network."""
     precision: str = "auto"
-    """auto (bf16 on CUDA, fp32 on the CPU), fp32 or bf16: the network's arithmetic; training validates in
-    trainer.precision. bf16 on the CPU is about 3x faster than fp32 where the CPU has native bf16 (AMX or
-    AVX512-BF16), slower where it has not."""
+    """auto (bf16 on CUDA, fp32 on the CPU), fp32, bf16, or int8 (inference.backend=openvino only): the network's
+    arithmetic; training validates in trainer.precision. bf16 on the CPU is about 3x faster than fp32 where the CPU
+    has native bf16 (AMX or AVX512-BF16), slower where it has not. int8: the network quantised after training by
+    NNCF, calibrated on inference.calibration_windows windows of the checkpoint's training cases and cached beside the
+    checkpoint (openvino_int8/); its Dice against fp32 is to be checked on your data."""
     backend: str = "torch"
     """torch, or openvino (the CPU only; pip install "medseg[openvino]"): the network exported and compiled by
     OpenVINO for this CPU, in the arithmetic of inference.precision; windows, mirroring and blending stay medseg's.
@@ -405,6 +407,12 @@ class InferenceConfig:
     """Prediction blends, resamples back and decides the image file's slices this many at a time (its last axis), so
     it holds the probabilities of a slab plus a window's depth, not of the whole scan; null: the whole scan at once
     (the same result). Training validates whole volumes."""
+    calibration_windows: int = ranged(32, ge=1)
+    """inference.precision=int8: the windows of the network's input size that calibrate its quantisation, drawn at
+    random (a fixed seed) around the body of the checkpoint's training cases, up to 4 per case."""
+    calibration_root: str | None = None
+    """inference.precision=int8: the dataset folder (dataset.json, imagesTr/) holding the checkpoint's training
+    cases, where they no longer lie at the checkpoint's data.root; null: data.root."""
     progress: bool = True
     """Progress bars of prediction: over the cases (x models), and over the windows for a single model; training
     shows its own (trainer.progress)."""

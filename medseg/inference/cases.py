@@ -8,6 +8,7 @@ import logging
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 from medseg.config import DataConfig
 from medseg.data.datalist import (
@@ -132,6 +133,18 @@ def read_dataset(json_path: Path) -> DatasetInfo:
         raise PredictionError(str(err)) from None
 
 
+def fold_split(info: DatasetInfo, trained_on: DataConfig) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
+    """The (training, validation) entries of ``info`` in the fold a checkpoint trained on (its ``data`` config): as
+    training split them (:func:`~medseg.data.datalist.split_cases`: ``data.splits``, the dataset's validation list,
+    the split stored in the dataset's cache, or the same split made again from ``data.split_seed``), none stored.
+
+    Raises:
+        DatasetError: a splits file that does not fit the dataset's cases."""
+    stored = splits_path(dataset_cache_dir(info.root, trained_on.cache_dir), trained_on)
+    return split_cases(info, trained_on.fold, trained_on.num_folds, trained_on.split_seed,
+                       splits_file=stored if stored.is_file() else None, given=trained_on.splits)
+
+
 def _dataset_cases(json_path: Path, split: str, trained_on: DataConfig | None) -> list[Case]:
     root = json_path.parent
     info = read_dataset(json_path)
@@ -141,9 +154,7 @@ def _dataset_cases(json_path: Path, split: str, trained_on: DataConfig | None) -
                 raise PredictionError(f"split=validation: the checkpoint was trained with data.fold=all, on every "
                                       f"case of {json_path}, so it has no validation cases; choose split=test, or "
                                       f"score a fold's checkpoint")
-            stored = splits_path(dataset_cache_dir(info.root, trained_on.cache_dir), trained_on)
-            _, entries = split_cases(info, trained_on.fold, trained_on.num_folds, trained_on.split_seed,
-                                     splits_file=stored if stored.is_file() else None, given=trained_on.splits)
+            _, entries = fold_split(info, trained_on)
         else:
             entries = {"training": info.training, "test": info.test, "validation": info.validation or []}[split]
     except DatasetError as err:

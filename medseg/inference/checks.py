@@ -11,7 +11,7 @@ from omegaconf import DictConfig
 from medseg.config import InferenceConfig, PredictConfig
 from medseg.data.dicom import missing_packages
 from medseg.errors import PredictionError, check_choice
-from medseg.inference.backends import BACKENDS
+from medseg.inference.backends import BACKENDS, INT8
 from medseg.runtime.device import PRECISIONS
 from medseg.typed_config import check_choices, to_typed
 
@@ -25,7 +25,7 @@ def check_inference(inference: InferenceConfig, prefix: str = "inference.") -> N
     """Check the choices of an ``inference`` node (precision, backend); raises :class:`~medseg.errors.ConfigError`
     naming the key (``prefix`` + its name). Whether the device exists and the backend runs on it is the
     :class:`~medseg.inference.inferer.Inferer`'s to say, where the device is resolved."""
-    check_choice(f"{prefix}precision", inference.precision, tuple(PRECISIONS))
+    check_choice(f"{prefix}precision", inference.precision, (*PRECISIONS, INT8))
     check_choice(f"{prefix}backend", inference.backend, BACKENDS)
 
 

@@ -25,8 +25,9 @@ from medseg.data.labels import LabelSpec
 from medseg.data.reading import source_name
 from medseg.data.transforms import IMAGE
 from medseg.errors import DatasetError
-from medseg.inference.backends import check_backend, window_network
+from medseg.inference.backends import INT8, check_backend, window_network
 from medseg.inference.cases import Case
+from medseg.inference.int8 import int8_network
 from medseg.inference.model import EvalModel
 from medseg.inference.resample_back import Grids, back_to_file
 from medseg.inference.sliding_window import infer_slabs
@@ -53,6 +54,16 @@ def window_options(inference: InferenceConfig, device: torch.device, spatial_dim
             "sw_device": resolve_device(inference.sw_device, "inference.sw_device") if inference.sw_device else device,
             "mirror_axes": mirror_axes(spatial_dims, slice_axis) if inference.tta else (),
             "skip_constant": inference.skip_constant}
+
+
+def inference_network(net: EvalModel, inference: InferenceConfig) -> nn.Module:
+    """The module that runs ``net``'s windows ``(B, C, *window)`` on ``inference.backend`` in
+    ``inference.precision`` (:func:`~medseg.inference.backends.window_network`); with ``inference.precision=int8``
+    quantised on its checkpoint's training cases (:func:`~medseg.inference.int8.int8_network`)."""
+    window = [net.in_channels, *net.window.net_patch]
+    if inference.backend == "openvino" and inference.precision == INT8:
+        return int8_network(net, inference, window)
+    return window_network(net.model, inference.backend, window, inference.precision)
 
 
 @dataclass
@@ -93,7 +104,7 @@ class Inferer:
     ``transform``: the chain of another inferer with the same preprocessing (:attr:`EvalModel.preprocessing_key`),
     so that a case it preprocessed can be predicted here too (MONAI inverts only with the chain that applied it).
     ``network``: the module run on the windows ``(B, C, *window)`` instead of the checkpoint's network on
-    ``inference.backend`` (:func:`~medseg.inference.backends.window_network`), e.g. that network wrapped to time it.
+    ``inference.backend`` (:func:`inference_network`), e.g. that network wrapped to time it.
     """
 
     def __init__(self, net: EvalModel, inference: InferenceConfig, transform: Compose | None = None, *,
@@ -103,8 +114,7 @@ class Inferer:
         net.model.to(self.device)
         self.window = window_options(inference, self.device, net.spatial_dims, net.window.slice_axis)
         check_backend(inference.backend, inference.precision, self.device)
-        self.network = network if network is not None else window_network(
-            net.model, inference.backend, [net.in_channels, *net.window.net_patch], inference.precision)
+        self.network = network if network is not None else inference_network(net, inference)
         self.amp_dtype = amp_dtype(inference.precision, self.device) if inference.backend == "torch" else None
         self.transform: Compose = transform or net.preprocessing
 

@@ -40,3 +40,17 @@ def test_the_scan_benchmark_times_each_stage_and_compares_every_setting_with_the
 def test_the_scan_benchmark_refuses_unknown_settings() -> None:
     with pytest.raises(SystemExit, match="turbo"):
         main(["scan_prediction", "--image", "x.nii.gz", "--ckpt", "x.pt", "--settings", "dense", "turbo"])
+
+
+def test_the_int8_setting_is_calibrated_on_the_training_cases_and_compared_with_the_dense_one(
+        tiny_demo_root: Path, tmp_path: Path) -> None:
+    pytest.importorskip("openvino")
+    pytest.importorskip("nncf")
+    ckpt = save_test_checkpoint(tmp_path / "run" / "best.pt", data={"root": str(tiny_demo_root), "format": "msd"})
+    image, _ = write_ct_mosaic(tmp_path / "scan.nii.gz", tmp_path / "label.nii.gz", tiles=(2, 2, 1), tile=(24, 24, 10),
+                               spacing=(1.0, 1.0, 1.5))
+    assert main(["scan_prediction", "--image", str(image), "--ckpt", str(ckpt), "--settings", "dense", "openvino_int8",
+                 "--out", str(tmp_path / "out")]) == 0
+    runs = {r["run"]: r for r in json.loads((tmp_path / "out" / "scan_prediction.json").read_text())["runs"]}
+    assert set(runs["openvino_int8"]["dice_vs_dense"]) == {"1", "2"}  # the Dice of int8 against dense fp32
+    assert (tmp_path / "run" / "openvino_int8").is_dir()  # calibrated on the checkpoint's training cases, cached

@@ -40,7 +40,7 @@ def test_openvino_computes_the_torch_logits_on_any_batch_of_odd_windows(bottlene
     torch.manual_seed(0)
     cfg = ModelConfig(channels=[8, 16, 32], strides=[[2, 2, 1], [2, 2, 2]], bottleneck=bottleneck)
     model = build_model(cfg, 2, 3, (40, 24, 12)).eval()
-    compiled = OpenVinoNetwork(model, (2, 40, 24, 12))
+    compiled = OpenVinoNetwork.export(model, (2, 40, 24, 12))
     windows = torch.randn(3, 2, 40, 24, 12)
     with torch.no_grad():
         expected = model(windows)
