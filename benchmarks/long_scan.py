@@ -35,6 +35,7 @@ import numpy as np
 import torch
 
 from benchmarks.common import compose_train_config, machine, run_child, targets_markdown, write_report
+from medseg.config import SLAB_SLICES
 from medseg.io import atomic_write_json
 from medseg.tables import markdown_table
 
@@ -225,7 +226,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--classes", type=int, default=30, help="the network's outputs, background included")
     parser.add_argument("--patch", type=int, nargs=3, default=[96, 96, 48], help="the sliding window (voxels)")
     parser.add_argument("--channels", type=int, nargs="+", default=[8, 16, 32, 64], help="the U-Net's widths")
-    parser.add_argument("--slab-slices", type=int, default=8, help="inference.slab_slices of the slab-wise runs")
+    parser.add_argument("--slab-slices", type=int, default=SLAB_SLICES,
+                        help="inference.slab_slices of the slab-wise runs")
     parser.add_argument("--out", type=Path, default=None, help=f"runs and long_scan.md/.json (default {DEFAULT_OUT})")
 
 

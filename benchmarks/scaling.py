@@ -49,6 +49,7 @@ import torch
 from benchmarks.common import OverCap, machine, run_child, write_report
 from benchmarks.long_scan import NETWORK_SPACING, SCAN_SPACING, synthetic_ct, untrained_checkpoint
 from benchmarks.peers import INSTALL_HINT
+from medseg.config import SLAB_SLICES
 from medseg.io import atomic_write_json
 from medseg.tables import markdown_table
 
@@ -338,7 +339,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--size", type=int, default=512, help="the scans' voxels per row and column")
     parser.add_argument("--patch", type=int, nargs=3, default=[96, 96, 48], help="the sliding window (voxels, RAS)")
     parser.add_argument("--channels", type=int, nargs="+", default=[8, 16, 32, 64], help="the U-Net's widths")
-    parser.add_argument("--slab-slices", type=int, default=8, help="medseg's inference.slab_slices")
+    parser.add_argument("--slab-slices", type=int, default=SLAB_SLICES, help="medseg's inference.slab_slices")
     parser.add_argument("--out", type=Path, default=None,
                         help=f"runs, models and scaling.md/.json/.png (default {DEFAULT_OUT})")
 

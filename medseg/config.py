@@ -373,6 +373,12 @@ class PlanningConfig:
     for 2."""
 
 
+SLAB_SLICES = 2
+"""``inference.slab_slices``'s default: each slice of a slab costs classes x the file's cross-section x 4 bytes
+several times over (the resampling's output and its copies); 512 x 512 x 60 with 30 classes peaked at 2.44 GB with
+8 slices a slab, 2.02 with 4 and 1.75 with 2, in the same seconds (``benchmark.py long_scan --slab-slices``)."""
+
+
 @dataclass
 class InferenceConfig:
     """How a network predicts whole cases (the ``inference`` node): the device, the arithmetic, the backend and the
@@ -403,7 +409,7 @@ class InferenceConfig:
     skip_constant: bool = True
     """Answer the windows that hold one value per channel (air, padding) from one run of the network on such a
     window; false runs the network on every window (the dense result)."""
-    slab_slices: int | None = ranged(8, ge=1)
+    slab_slices: int | None = ranged(SLAB_SLICES, ge=1)
     """Prediction blends, resamples back and decides the image file's slices this many at a time (its last axis), so
     it holds the probabilities of a slab plus a window's depth, not of the whole scan; null: the whole scan at once
     (the same result). Training validates whole volumes."""
