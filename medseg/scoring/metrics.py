@@ -2,11 +2,10 @@
 
 Pure functions: numpy arrays (or tensors) in, Python floats out. Spacing is the voxel size in mm
 along each array axis (for a NIfTI file: the column norms of its affine, :func:`voxel_spacing`).
-Distances come from MONAI (``get_edge_surface_distance``, once for HD95 and NSD): surfaces are
-the mask voxels removed by one binary erosion, distances are exact Euclidean distances between
-surface-voxel centres, in mm. HD95 takes its percentile with numpy, which has no limit on the number of
-distances (``torch.quantile``, in MONAI's ``compute_hausdorff_distance``, refuses more than 2^24 of them: the
-surfaces of a large scan's noisy mask).
+Surfaces are MONAI's (``get_mask_edges``'s: the mask voxels removed by one binary erosion), distances from
+scipy's feature transform (exact Euclidean distances between surface-voxel centres, in mm), computed once for HD95
+and NSD. HD95 takes its percentile with numpy, which has no limit on the number of distances (``torch.quantile``, in
+MONAI's ``compute_hausdorff_distance``, refuses more than 2^24 of them: the surfaces of a large scan's noisy mask).
 
 Empty masks (per case and class), nnU-Net style but free of NaN in Dice:
 
@@ -29,16 +28,14 @@ score in a mean.
 from __future__ import annotations
 
 import math
-import warnings
-from collections.abc import Iterable, Iterator, Mapping, Sequence
-from contextlib import contextmanager
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import asdict, dataclass
 from typing import Any
 
 import numpy as np
 import torch
 from monai.metrics import compute_dice
-from monai.metrics.utils import get_edge_surface_distance
+from scipy import ndimage
 
 BOTH_EMPTY, REF_EMPTY, PRED_EMPTY = "both_empty", "ref_empty", "pred_empty"
 METRIC_NAMES = ("dice", "hd95_mm", "nsd", "pred_ml", "ref_ml")
@@ -116,30 +113,58 @@ def dice_scores(pred: np.ndarray | torch.Tensor, ref: np.ndarray | torch.Tensor,
 
 
 def dice(pred: np.ndarray | torch.Tensor, ref: np.ndarray | torch.Tensor) -> float:
-    """Dice of two binary masks of the same shape (:func:`dice_scores`); 1.0 when both are empty."""
-    # as uint8 (a view): compared with a class index, a bool map would be promoted to int64, 8 bytes a voxel
-    return dice_scores(*(torch.as_tensor(_binary(mask)).view(torch.uint8) for mask in (pred, ref)), [1])[0]
+    """Dice ``2|P∩R| / (|P| + |R|)`` of two binary masks of the same shape; 1.0 when both are empty
+    (:func:`dice_scores`'s convention), counted in place: MONAI's ``compute_dice`` makes float one-hot copies of both
+    masks, 2 GB at 512 x 512 x 400."""
+    pred, ref = _binary(pred), _binary(ref)
+    if pred.shape != ref.shape:
+        raise ValueError(f"prediction shape {pred.shape} differs from reference shape {ref.shape}")
+    total = np.count_nonzero(pred) + np.count_nonzero(ref)
+    return 1.0 if total == 0 else 2.0 * np.count_nonzero(pred & ref) / total
 
 
-@contextmanager
-def _quiet_monai() -> Iterator[None]:
-    """MONAI 1.5+ warns about its own internal use of a deprecated argument on every surface metric call."""
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore", FutureWarning)
-        yield
+def _directed_distances(edges: np.ndarray, to: np.ndarray, spacing: Sequence[float]) -> np.ndarray:
+    """``(N,)`` mm from each of ``edges``' N voxels to the nearest voxel of ``to`` (both bool, the same shape).
+
+    scipy's feature transform (the index of the nearest ``to`` voxel, int32 a voxel and axis) with the distance taken
+    at the N voxels alone: ``distance_transform_edt``'s distances would add about 36 bytes a voxel of whole-array
+    temporaries (integer offsets, then their float64 copy), gigabytes on a long scan's bounding box.
+    """
+    nearest = ndimage.distance_transform_edt(~to, sampling=spacing, return_distances=False, return_indices=True)
+    points = np.nonzero(edges)
+    squared = np.zeros(len(points[0]), np.float64)
+    for axis, (where, step) in enumerate(zip(points, spacing)):
+        squared += ((nearest[axis][points] - where) * float(step)) ** 2
+    return np.sqrt(squared)
+
+
+def _surface(mask: np.ndarray) -> np.ndarray:
+    """The voxels of a bool mask that one binary erosion (scipy's, face connectivity, outside the array empty)
+    removes: MONAI's ``get_mask_edges`` surface."""
+    return mask & ~ndimage.binary_erosion(mask)
+
+
+def _joint_box(pred: np.ndarray, ref: np.ndarray) -> tuple[slice, ...]:
+    """The bounding box of the voxels in either mask (neither empty)."""
+    either = pred | ref
+    box = []
+    for axis in range(either.ndim):
+        present = np.flatnonzero(either.any(axis=tuple(a for a in range(either.ndim) if a != axis)))
+        box.append(slice(int(present[0]), int(present[-1]) + 1))
+    return tuple(box)
 
 
 def surface_distances(pred: np.ndarray | torch.Tensor, ref: np.ndarray | torch.Tensor,
                       spacing: Sequence[float]) -> tuple[np.ndarray, np.ndarray]:
     """The directed surface distances (mm) of two binary masks of the same shape, neither empty: ``(Np,)`` from each
-    surface voxel of ``pred`` to the nearest of ``ref``'s, and ``(Nr,)`` back (MONAI's ``get_edge_surface_distance``,
-    on the masks' bounding box, bool: no float copy of them)."""
+    surface voxel of ``pred`` (:func:`_surface`) to the nearest of ``ref``'s, and ``(Nr,)`` back; on the masks' joint
+    bounding box, whose outside is empty in both (so its border voxels are surface, as in the whole array)."""
     pred, ref = _binary(pred), _binary(ref)
     _check_pair(pred, ref, spacing)
-    with _quiet_monai():
-        _, distances, _ = get_edge_surface_distance(torch.from_numpy(pred), torch.from_numpy(ref), symmetric=True,
-                                                    spacing=[float(s) for s in spacing])
-    return distances[0].numpy(), distances[1].numpy()
+    box = _joint_box(pred, ref)
+    pred_edges, ref_edges = _surface(pred[box]), _surface(ref[box])
+    spacing = [float(s) for s in spacing]
+    return _directed_distances(pred_edges, ref_edges, spacing), _directed_distances(ref_edges, pred_edges, spacing)
 
 
 def _hd95_of(distances: tuple[np.ndarray, np.ndarray]) -> float:
