@@ -30,6 +30,10 @@ TRAIN = [f"demo_{i:03d}" for i in range(6)]
 VAL = ["demo_006", "demo_007"]
 INT8 = InferenceConfig(device="cpu", backend="openvino", precision="int8", calibration_windows=8, progress=False)
 
+# Slow: importing nncf into the test process makes a later in-process signal test (tests/training/test_run_faults.py)
+# crash with a segmentation fault; `pytest -m slow tests/inference/test_int8.py` runs these apart.
+pytestmark = pytest.mark.slow
+
 
 @pytest.fixture(scope="module")
 def dataset(tiny_demo_root: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
