@@ -119,8 +119,8 @@ def dice(pred: np.ndarray | torch.Tensor, ref: np.ndarray | torch.Tensor) -> flo
     pred, ref = _binary(pred), _binary(ref)
     if pred.shape != ref.shape:
         raise ValueError(f"prediction shape {pred.shape} differs from reference shape {ref.shape}")
-    total = np.count_nonzero(pred) + np.count_nonzero(ref)
-    return 1.0 if total == 0 else 2.0 * np.count_nonzero(pred & ref) / total
+    total = int(np.count_nonzero(pred)) + int(np.count_nonzero(ref))
+    return 1.0 if total == 0 else float(2 * np.count_nonzero(pred & ref) / total)
 
 
 def _directed_distances(edges: np.ndarray, to: np.ndarray, spacing: Sequence[float]) -> np.ndarray:
