@@ -84,11 +84,17 @@ def detect_lesions(prediction: np.ndarray, reference: np.ndarray) -> Detection:
     if prediction.shape != reference.shape:
         raise ValueError(f"prediction {prediction.shape} and reference {reference.shape} differ in shape")
     prediction, reference = prediction.astype(bool, copy=False), reference.astype(bool, copy=False)
+    # one label map (int32 a voxel) held at a time: what the matching needs is read off the predicted voxels
     lesion_labels, lesions = components(reference)
+    lesion_at_predicted = lesion_labels[prediction]
+    lesion_sizes = np.bincount(lesion_labels[reference], minlength=lesions + 1)
+    del lesion_labels
     predicted_labels, predicted = components(prediction)
+    component_at_predicted = predicted_labels[prediction]
+    del predicted_labels
     # every (lesion, predicted component) pair that shares voxels, with their count; lesion 0: outside every lesion
-    pairs, counts = np.unique(lesion_labels[prediction].astype(np.int64) * (predicted + 1)
-                              + predicted_labels[prediction], return_counts=True)
+    pairs, counts = np.unique(lesion_at_predicted.astype(np.int64) * (predicted + 1) + component_at_predicted,
+                              return_counts=True)
     lesion_of, component_of = np.divmod(pairs, predicted + 1)
     outside = np.zeros(predicted + 1, np.int64)
     outside[component_of[lesion_of == 0]] = counts[lesion_of == 0]
@@ -99,7 +105,7 @@ def detect_lesions(prediction: np.ndarray, reference: np.ndarray) -> Detection:
     found, starts = np.unique(lesion_of, return_index=True)  # pairs come sorted by lesion
     shared = np.add.reduceat(counts, starts)
     matched = shared + np.add.reduceat(outside[component_of], starts)  # |P|: its own voxels and those in no lesion
-    sizes = np.bincount(lesion_labels[reference], minlength=lesions + 1)[found]
+    sizes = lesion_sizes[found]
     return Detection(lesions=lesions, found=len(found),
                      false_positives=predicted - len(np.unique(component_of)),
                      lesion_dice=tuple(float(d) for d in 2 * shared / (matched + sizes)))

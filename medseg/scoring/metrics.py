@@ -3,9 +3,10 @@
 Pure functions: numpy arrays (or tensors) in, Python floats out. Spacing is the voxel size in mm
 along each array axis (for a NIfTI file: the column norms of its affine, :func:`voxel_spacing`).
 Surfaces are MONAI's (``get_mask_edges``'s: the mask voxels removed by one binary erosion), distances from
-scipy's feature transform (exact Euclidean distances between surface-voxel centres, in mm), computed once for HD95
-and NSD. HD95 takes its percentile with numpy, which has no limit on the number of distances (``torch.quantile``, in
-MONAI's ``compute_hausdorff_distance``, refuses more than 2^24 of them: the surfaces of a large scan's noisy mask).
+a k-d tree of the other surface's voxels (scipy's ``cKDTree``: exact Euclidean distances between surface-voxel
+centres, in mm, in memory that grows with the surfaces, not the scan), computed once for HD95 and NSD. HD95 takes
+its percentile with numpy, which has no limit on the number of distances (``torch.quantile``, in MONAI's
+``compute_hausdorff_distance``, refuses more than 2^24 of them: the surfaces of a large scan's noisy mask).
 
 Empty masks (per case and class), nnU-Net style but free of NaN in Dice:
 
@@ -36,9 +37,12 @@ import numpy as np
 import torch
 from monai.metrics import compute_dice
 from scipy import ndimage
+from scipy.spatial import cKDTree
 
 BOTH_EMPTY, REF_EMPTY, PRED_EMPTY = "both_empty", "ref_empty", "pred_empty"
 METRIC_NAMES = ("dice", "hd95_mm", "nsd", "pred_ml", "ref_ml")
+_QUERY_CHUNK = 1 << 20
+"""Surface voxels asked of the k-d tree at once (:func:`_directed_distances`): 24 MB of positions."""
 UNDEFINED_WHEN_EMPTY = ("dice", "nsd")
 """The metrics that Metrics Reloaded leaves undefined where reference and prediction are both empty (HD95 is NaN there
 already)."""
@@ -123,19 +127,30 @@ def dice(pred: np.ndarray | torch.Tensor, ref: np.ndarray | torch.Tensor) -> flo
     return 1.0 if total == 0 else float(2 * np.count_nonzero(pred & ref) / total)
 
 
-def _directed_distances(edges: np.ndarray, to: np.ndarray, spacing: Sequence[float]) -> np.ndarray:
-    """``(N,)`` mm from each of ``edges``' N voxels to the nearest voxel of ``to`` (both bool, the same shape).
+def _scaled_points(mask: np.ndarray, spacing: Sequence[float]) -> np.ndarray:
+    """``(N, D)`` float64 positions in mm of the N voxels of a bool mask (voxel index x ``spacing``)."""
+    return np.stack([where * float(step) for where, step in zip(np.nonzero(mask), spacing)], axis=1)
 
-    scipy's feature transform (the index of the nearest ``to`` voxel, int32 a voxel and axis) with the distance taken
-    at the N voxels alone: ``distance_transform_edt``'s distances would add about 36 bytes a voxel of whole-array
-    temporaries (integer offsets, then their float64 copy), gigabytes on a long scan's bounding box.
+
+def _directed_distances(edges: np.ndarray, to: np.ndarray, spacing: Sequence[float]) -> np.ndarray:
+    """``(N,)`` mm from each of ``edges``' N voxels to the nearest voxel of ``to`` (both bool, the same shape, ``to``
+    not empty).
+
+    Exact nearest-neighbour distances between voxel centres from a k-d tree of ``to``'s voxels (scipy's
+    ``cKDTree``), asked :data:`_QUERY_CHUNK` voxels at a time: the memory grows with the surfaces, not with the
+    array. A feature transform of the array (``distance_transform_edt``) would hold 12 bytes a voxel of the masks'
+    bounding box (1.5 GB on a long scan's), and twice that with its distances.
     """
-    nearest = ndimage.distance_transform_edt(~to, sampling=spacing, return_distances=False, return_indices=True)
+    # sliding-midpoint splits, whole-extent nodes and 64-point leaves: 5-10x faster queries than scipy's defaults
+    # on a noisy mask's surface against an organ's (whose points tie at equal distances)
+    tree = cKDTree(_scaled_points(to, spacing), leafsize=64, balanced_tree=False, compact_nodes=False)
     points = np.nonzero(edges)
-    squared = np.zeros(len(points[0]), np.float64)
-    for axis, (where, step) in enumerate(zip(points, spacing)):
-        squared += ((nearest[axis][points] - where) * float(step)) ** 2
-    return np.sqrt(squared)
+    distances = np.empty(len(points[0]), np.float64)
+    for start in range(0, len(distances), _QUERY_CHUNK):
+        chunk = np.stack([where[start:start + _QUERY_CHUNK] * float(step) for where, step in zip(points, spacing)],
+                         axis=1)
+        distances[start:start + _QUERY_CHUNK] = tree.query(chunk, k=1, workers=-1)[0]
+    return distances
 
 
 def _surface(mask: np.ndarray) -> np.ndarray:
