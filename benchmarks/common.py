@@ -68,7 +68,9 @@ def time_ms(fn: Callable[[], object], device: torch.device, reps: int, max_secon
 class TimedNetwork(torch.nn.Module):
     """``network`` with the seconds it runs (``seconds``) and the windows it is given (``windows``) counted.
 
-    Maps ``(B, C, *spatial)`` to what ``network`` maps it to; each call adds ``B`` windows.
+    Maps ``(B, C, *spatial)`` to what ``network`` maps it to; each call adds ``B`` windows. Weights loaded into it
+    (``load_state_dict``) go to ``network``, so a predictor that loads each fold's weights into its network (nnU-Net's)
+    can be given the timed one.
     """
 
     def __init__(self, network: torch.nn.Module) -> None:
@@ -81,6 +83,29 @@ class TimedNetwork(torch.nn.Module):
         self.seconds += time.perf_counter() - started
         self.windows += len(batch)
         return output
+
+    def load_state_dict(self, state_dict: Mapping[str, Any], strict: bool = True, assign: bool = False) -> Any:
+        return self.network.load_state_dict(state_dict, strict=strict, assign=assign)
+
+
+def window_gflop(network: torch.nn.Module, window: Sequence[int]) -> float:
+    """The GFLOP (a multiply-add counts 2) of ``network``'s convolutions and matrix products on one ``(C, *spatial)``
+    window, as ``torch.utils.flop_counter`` counts them; normalisation and activations are left out."""
+    from torch.utils.flop_counter import FlopCounterMode
+
+    counter = FlopCounterMode(display=False)
+    with torch.no_grad(), counter:
+        network(torch.zeros(1, *window))
+    return counter.get_total_flops() / 1e9
+
+
+def fp32_matmul_gflops(size: int = 2048, reps: int = 5) -> float:
+    """This CPU's fp32 rate in GFLOP/s on all of torch's threads: the fastest of ``reps`` ``size`` x ``size`` matrix
+    products (after one to warm up), the most its convolutions can expect."""
+    a, b = torch.randn(size, size), torch.randn(size, size)
+    torch.mm(a, b)
+    best = min(time_ms(lambda: torch.mm(a, b), torch.device("cpu"), 1, float("inf"))[0] for _ in range(reps))
+    return 2 * size**3 / (best / 1000) / 1e9
 
 
 # ------------------------------------------------------------------------------------------- peak memory

@@ -23,7 +23,10 @@ settings (``--settings``; none: nnU-Net alone):
 nnU-Net's run (``--nnunet-model``: a trained model folder with ``plans.json``, ``dataset.json`` and
 ``fold_F/checkpoint_final.pth``) is nnU-Net's own predictor (``predict_from_files_sequential``) on its network
 rebuilt from the plans, at the same overlap (``tile_step_size = 1 - overlap``) and mirroring (``--mirror``: every
-run mirrored over the 3 axes). The report gives the seconds and peak RSS of each run, medseg's stages, the Dice
+run mirrored over the 3 axes), its network timed as medseg's is. The report gives the seconds and peak RSS of each
+run, the network's seconds and its rate in GFLOP/s (a window's convolutions, :func:`~benchmarks.common.window_gflop`,
+times the windows run, over those seconds) beside this CPU's fp32 matrix-product rate
+(:func:`~benchmarks.common.fp32_matmul_gflops`, the most the convolutions can expect), medseg's stages, the Dice
 per class of each medseg run against medseg's dense one and against nnU-Net's, and against ``--label`` where one is
 given, on the whole scan and in the body (``--body``: HU above -500), since a network's output on windows wholly in
 air, where instance normalisation divides rounding noise by its epsilon, is noise. ``--collect`` adds the runs
@@ -44,7 +47,16 @@ import numpy as np
 import torch
 from monai.transforms import Compose, Spacingd
 
-from benchmarks.common import TimedNetwork, machine, run_child, targets_markdown, write_report
+from benchmarks.common import (
+    TimedNetwork,
+    fp32_matmul_gflops,
+    machine,
+    ratio,
+    run_child,
+    targets_markdown,
+    window_gflop,
+    write_report,
+)
 from medseg.data.datalist import case_id
 from medseg.io import atomic_write_json
 from medseg.scoring.metrics import dice
@@ -115,6 +127,7 @@ def predict_medseg(spec: Mapping[str, Any]) -> dict[str, Any]:
                                       "progress": False, **spec["setting"]}})
     started = time.perf_counter()
     net = load_model(spec["ckpt"])
+    gflop = window_gflop(net.model, [net.in_channels, *net.window.net_patch])
     # the network the inferer would run on the windows (the runtime's), timed
     timed = TimedNetwork(inference_network(net, cfg.inference))
     inferer = Inferer(net, cfg.inference, StageTimes(net.preprocessing, stages), network=timed)
@@ -129,8 +142,8 @@ def predict_medseg(spec: Mapping[str, Any]) -> dict[str, Any]:
     started = time.perf_counter()
     write_label_map(Path(spec["output"]), case, prediction.label_map(), prediction.affine)
     stages["writing"] = time.perf_counter() - started
-    return {"stages": stages, "setup_s": setup, "windows_run": timed.windows,
-            "preprocessed_shape": list(data["image"].shape[1:])}
+    return {"stages": stages, "setup_s": setup, "windows_run": timed.windows, "network_s": timed.seconds,
+            "window_gflop": gflop, "preprocessed_shape": list(data["image"].shape[1:])}
 
 
 def nnunet_network(plans: Mapping[str, Any], configuration: str, dataset_json: Mapping[str, Any]) -> torch.nn.Module:
@@ -152,6 +165,7 @@ def predict_nnunet(spec: Mapping[str, Any]) -> dict[str, Any]:
     """Predict ``spec["image"]`` with nnU-Net's predictor on its trained network; writes ``<output>/<case>.nii.gz``."""
     from batchgenerators.utilities.file_and_folder_operations import load_json
     from nnunetv2.inference.predict_from_raw_data import nnUNetPredictor
+    from nnunetv2.utilities.label_handling.label_handling import determine_num_input_channels
     from nnunetv2.utilities.plans_handling.plans_handler import PlansManager
 
     started = time.perf_counter()
@@ -168,9 +182,13 @@ def predict_nnunet(spec: Mapping[str, Any]) -> dict[str, Any]:
                                 perform_everything_on_device=False, device=torch.device("cpu"), allow_tqdm=False)
     predictor.manual_initialization(network, plans, configuration, [checkpoint["network_weights"]], dataset_json,
                                     checkpoint["trainer_name"], checkpoint.get("inference_allowed_mirroring_axes"))
+    gflop = window_gflop(network, [determine_num_input_channels(plans, configuration, dataset_json),
+                                   *configuration.patch_size])
+    timed = predictor.network = TimedNetwork(predictor.network)  # the predictor loads the weights into it
     setup = time.perf_counter() - started
     predictor.predict_from_files_sequential([[spec["image"]]], [str(Path(spec["output"]) / spec["case"])])
-    return {"setup_s": setup, "patch": list(configuration.patch_size)}
+    return {"setup_s": setup, "patch": list(configuration.patch_size), "windows_run": timed.windows,
+            "network_s": timed.seconds, "window_gflop": gflop}
 
 
 def child(spec_path: str, result_path: str) -> int:
@@ -210,6 +228,7 @@ def run(args: argparse.Namespace) -> int:
             "nnunet_model": str(args.nnunet_model.resolve()) if args.nnunet_model else None, "fold": args.fold}
     suffix = "+mirror" if args.mirror else ""
     names = [*(["nnunet"] if args.nnunet_model else []), *args.settings]
+    matmul = fp32_matmul_gflops()  # before the runs, while this process has the CPU to itself
     runs: dict[str, dict[str, Any]] = {}
     for name in names:
         spec = ({"system": "nnunet"} if name == "nnunet" else {"system": "medseg", "setting": SETTINGS[name]})
@@ -218,15 +237,24 @@ def run(args: argparse.Namespace) -> int:
         if result.parent.name.endswith("+mirror") == args.mirror:
             runs.setdefault(result.parent.name, json.loads(result.read_text()))
     runs = {name: runs[name] for name in sorted(runs, key=lambda n: (not n.startswith("nnunet"), n != "dense"))}
-    report = compare(runs, args, out)
+    report = compare(runs, args, out, matmul)
     markdown = to_markdown(report)
     print(markdown)
     write_report(out, "scan_prediction", markdown, report)
     return 0
 
 
-def compare(runs: Mapping[str, dict[str, Any]], args: argparse.Namespace, out: Path) -> dict[str, Any]:
-    """The report: each run's figures, its Dice against medseg's dense run, nnU-Net's and the label; the targets."""
+def network_rate(result: Mapping[str, Any]) -> float | None:
+    """GFLOP/s of a run's network: its windows' convolutions and matrix products (:func:`window_gflop` per window)
+    over the seconds the network ran; None for a run without those figures (one from before they were kept)."""
+    windows, gflop = result.get("windows_run"), result.get("window_gflop")
+    return ratio(None if windows is None or gflop is None else windows * gflop, result.get("network_s"))
+
+
+def compare(runs: Mapping[str, dict[str, Any]], args: argparse.Namespace, out: Path,
+            matmul_gflops: float) -> dict[str, Any]:
+    """The report: each run's figures (the network's rate beside ``matmul_gflops``, this CPU's fp32 matrix product),
+    its Dice against medseg's dense run, nnU-Net's and the label; the targets."""
     maps = {name: _labels(run["segmentation"]) for name, run in runs.items()}
     reference = _labels(args.label) if args.label else None
     classes = sorted(int(k) for k in np.unique(np.concatenate([np.unique(m) for m in maps.values()])) if k > 0)
@@ -236,7 +264,8 @@ def compare(runs: Mapping[str, dict[str, Any]], args: argparse.Namespace, out: P
     body = _labels(args.image) > args.body
     for name, result in runs.items():
         row: dict[str, Any] = {"run": name, "seconds": result["seconds"], "peak_rss_mb": result["peak_rss_mb"],
-                               "windows_run": result.get("windows_run"), "stages": result.get("stages")}
+                               "windows_run": result.get("windows_run"), "network_s": result.get("network_s"),
+                               "network_gflops": network_rate(result), "stages": result.get("stages")}
         if name != nnunet and dense in maps:
             row["dice_vs_dense"] = _dice(maps[name], maps[dense], classes)
             row["dice_vs_dense_in_body"] = _dice(np.where(body, maps[name], 0), np.where(body, maps[dense], 0), classes)
@@ -260,7 +289,7 @@ def compare(runs: Mapping[str, dict[str, Any]], args: argparse.Namespace, out: P
     return {"meta": {"machine": machine(torch.device("cpu")), "torch": torch.__version__, "image": str(args.image),
                      "shape": list(maps[next(iter(maps))].shape), "overlap": args.overlap, "ckpt": str(args.ckpt),
                      "nnunet_model": str(args.nnunet_model) if args.nnunet_model else None,
-                     "mirror": args.mirror, "out": str(out)},
+                     "mirror": args.mirror, "fp32_matmul_gflops": matmul_gflops, "out": str(out)},
             "runs": rows, "targets": targets}
 
 
@@ -271,6 +300,7 @@ def _dice_text(values: Mapping[str, float] | None) -> str:
 def to_markdown(report: Mapping[str, Any]) -> str:
     meta = report["meta"]
     rows = [[r["run"], r["seconds"], r.get("time_vs_nnunet"), r["peak_rss_mb"] / 1024, r["windows_run"],
+             r.get("network_s"), r.get("network_gflops"),
              *(_dice_text(r.get(f"dice_vs_{other}")) for other in ("dense", "dense_in_body", "nnunet", "label"))]
             for r in report["runs"]]
     stage_rows = [[r["run"], *(r["stages"][s] for s in STAGES)] for r in report["runs"] if r["stages"]]
@@ -278,10 +308,13 @@ def to_markdown(report: Mapping[str, Any]) -> str:
         "# Predicting one large scan on the CPU: medseg and nnU-Net v2", "",
         f"{meta['machine']}, torch {meta['torch']}; {meta['image']} "
         f"({' x '.join(map(str, meta['shape']))}), overlap {meta['overlap']}, mirroring "
-        f"{'on' if meta['mirror'] else 'off'}", "",
-        markdown_table(["run", "seconds", "x nnU-Net", "peak RSS (GB)", "windows run", "Dice vs dense",
-                        "in the body", "Dice vs nnU-Net", "Dice vs label"], rows,
-                       formats={"seconds": ".1f", "x nnU-Net": ".2f", "peak RSS (GB)": ".2f"}, missing=""), "",
+        f"{'on' if meta['mirror'] else 'off'}; this CPU's fp32 matrix product: "
+        f"{meta.get('fp32_matmul_gflops', float('nan')):.0f} GFLOP/s, the most a network's convolutions can expect",
+        "",
+        markdown_table(["run", "seconds", "x nnU-Net", "peak RSS (GB)", "windows run", "network s", "GFLOP/s",
+                        "Dice vs dense", "in the body", "Dice vs nnU-Net", "Dice vs label"], rows,
+                       formats={"seconds": ".1f", "x nnU-Net": ".2f", "peak RSS (GB)": ".2f", "network s": ".1f",
+                                "GFLOP/s": ".0f"}, missing=""), "",
         "## medseg's stages (seconds)", "",
         markdown_table(["run", *STAGES], stage_rows, formats={s: ".1f" for s in STAGES}), "",
         "## targets", "", targets_markdown(report["targets"], ".4g"), ""])
