@@ -12,6 +12,7 @@ from torch import nn
 
 from medseg.config import ModelConfig
 from medseg.errors import ConfigError, check_choice
+from medseg.models.conv_stages import CONV_STAGES, available_conv_stages
 from medseg.models.norms import NORMS
 from medseg.models.unet import SlottedUNet, per_axis_strides, per_level_kernels, stride_to_level
 from medseg.typed_config import to_typed
@@ -42,7 +43,7 @@ def _slotted_unet(cfg: ModelConfig, in_channels: int, out_channels: int, patch_s
     return SlottedUNet(
         spatial_dims=cfg.spatial_dims, in_channels=in_channels, out_channels=out_channels,
         channels=list(cfg.channels), strides=list(cfg.strides), kernel_size=cfg.kernel_size,
-        encoder_blocks=cfg.encoder_blocks, decoder_convs=cfg.decoder_convs, norm=cfg.norm,
+        encoder_blocks=cfg.encoder_blocks, decoder_convs=cfg.decoder_convs, conv_stages=cfg.conv_stages, norm=cfg.norm,
         dropout=cfg.dropout, deep_supervision=cfg.deep_supervision, bottleneck=cfg.bottleneck,
         bottleneck_depth=cfg.bottleneck_depth, decoder=cfg.decoder, decoder_levels=cfg.decoder_levels,
         attention=asdict(cfg.attention), checkpointing=cfg.checkpointing, channels_last=cfg.channels_last,
@@ -64,18 +65,23 @@ PATCH_DIVISORS = {"monai_swinunetr": 32, "monai_unetr": 16}
 
 
 def check_model(cfg: ModelConfig) -> None:
-    """Refuse a ``model.name`` or ``model.norm`` that no registry holds, a ``model.kernel_size`` that does not give
-    each level of ``model.channels`` odd kernels (:func:`per_level_kernels`), and strides medseg's U-Net cannot pool
-    by (:func:`build_model` checks this first)."""
+    """Refuse a ``model.name``, ``model.norm`` or ``model.conv_stages`` that no registry holds, a
+    ``model.kernel_size`` that does not give each level of ``model.channels`` odd kernels (:func:`per_level_kernels`),
+    and strides the conv stages cannot pool by (:func:`build_model` checks this first)."""
     check_choice("model.name", cfg.name, MODELS)
     check_choice("model.norm", cfg.norm, NORMS)
-    if cfg.name == "unet":
-        per_level_kernels(cfg.kernel_size, None if cfg.channels is None else len(cfg.channels), cfg.spatial_dims)
-    if cfg.name == "unet" and cfg.strides is not None:
-        too_large = [s for level in per_axis_strides(cfg.strides, cfg.spatial_dims) for s in level if s > 2]
-        if too_large:
-            raise ConfigError(f"model.strides={cfg.strides}: medseg's U-Net pools by 1 or 2 per axis and level (the "
-                              f"1x1 shortcut of its residual blocks), got {too_large[0]}")
+    check_choice("model.conv_stages", cfg.conv_stages, available_conv_stages())
+    if cfg.name != "unet":
+        return
+    per_level_kernels(cfg.kernel_size, None if cfg.channels is None else len(cfg.channels), cfg.spatial_dims)
+    limit = CONV_STAGES[cfg.conv_stages].max_stride
+    if cfg.strides is None or limit is None:
+        return
+    too_large = [s for level in per_axis_strides(cfg.strides, cfg.spatial_dims) for s in level if s > limit]
+    if too_large:
+        any_stride = ", ".join(name for name in available_conv_stages() if CONV_STAGES[name].max_stride is None)
+        raise ConfigError(f"model.strides={cfg.strides}: {CONV_STAGES[cfg.conv_stages].max_stride_reason}, got "
+                          f"{too_large[0]} (model.conv_stages {any_stride} pool by any stride)")
 
 
 def check_patch(cfg: ModelConfig, patch_size: Sequence[int]) -> None:

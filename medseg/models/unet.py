@@ -1,9 +1,10 @@
 """The U-Net with attention slots, for 2D and 3D.
 
-Residual conv stages (MONAI ``UnetResBlock``, ``encoder_blocks`` of them per level: one by default, nnU-Net's
-residual encoder with more) down, transposed-conv up stages with skip connections (MONAI ``UnetUpBlock``, or one
-conv per stage as in nnU-Net's ResEnc presets) back. Two kinds of slot take any attention block from the registry by
-name:
+Conv stages down, transposed-conv up stages with skip connections back, in one of the styles of
+:mod:`medseg.models.conv_stages` (``model.conv_stages``): medseg's own, defined here (residual conv stages of MONAI
+``UnetResBlock``, ``encoder_blocks`` of them per level: one by default, nnU-Net's residual encoder with more; MONAI
+``UnetUpBlock`` up stages, or one conv per stage as in nnU-Net's ResEnc presets), or nnU-Net's own networks layer for
+layer (:mod:`medseg.models.nnunet_stages`). Two kinds of slot take any attention block from the registry by name:
 
 * the **bottleneck**: ``bottleneck_depth`` transformer blocks at the lowest resolution;
 * the **decoder**: one transformer block after each of the ``decoder_levels`` lowest-resolution
@@ -30,7 +31,7 @@ from torch import nn
 from medseg.attention import SpatialAttention, build_transformer_block, functional
 from medseg.attention.common import dense_bias_bytes
 from medseg.errors import ConfigError
-from medseg.models.norms import NORMS
+from medseg.models.conv_stages import ConvStages, ConvStyle, get_conv_stages, register_conv_stages
 
 StrideSpec = int | Sequence[int]
 KernelSpec = int | Sequence[int | Sequence[int]]
@@ -120,28 +121,12 @@ def check_bias_memory(attention: SpatialAttention, grid: Sequence[int], max_gb: 
     )
 
 
-@dataclass(frozen=True)
-class _ConvStyle:
-    """What every conv stage of one U-Net shares: its dimensionality, the kernel of each level
-    (:func:`per_level_kernels`), norm (a ``NORMS`` name) and dropout."""
-
-    spatial_dims: int
-    kernels: list[tuple[int, ...]]
-    norm: str
-    dropout: float
-
-    def args(self, width: int, level: int) -> dict[str, Any]:
-        """Arguments of a MONAI conv block of ``level`` whose norms see ``width`` channels."""
-        return {"spatial_dims": self.spatial_dims, "kernel_size": self.kernels[level],
-                "norm_name": NORMS[self.norm](width), "dropout": self.dropout}
-
-
 DECODER_CONVS = (1, 2)
-"""The values of ``model.decoder_convs``."""
+"""The values of ``model.decoder_convs`` medseg's conv stages build."""
 
 
 def encoder_block_counts(encoder_blocks: int | Sequence[int], num_levels: int) -> list[int]:
-    """Residual blocks per encoder level (``num_levels`` entries, the full-resolution level first) from
+    """Blocks (or conv layers) per encoder level (``num_levels`` entries, the full-resolution level first) from
     ``model.encoder_blocks``: an int for every level, or a list whose first ``num_levels`` entries are taken.
 
     Raises:
@@ -154,7 +139,7 @@ def encoder_block_counts(encoder_blocks: int | Sequence[int], num_levels: int) -
     return counts[:num_levels]
 
 
-def _residual_stage(in_channels: int, out_channels: int, stride: StrideSpec, blocks: int, conv: _ConvStyle,
+def _residual_stage(in_channels: int, out_channels: int, stride: StrideSpec, blocks: int, conv: ConvStyle,
                     level: int) -> nn.Module:
     """``blocks`` residual blocks with ``level``'s kernel, the first with ``stride`` and the width change:
     ``(B, in_channels, *S) -> (B, out_channels, *S / stride)``. One block is the ``UnetResBlock`` itself (the default
@@ -170,7 +155,7 @@ def _residual_stage(in_channels: int, out_channels: int, stride: StrideSpec, blo
 
 
 def _encoder_stages(in_channels: int, channels: Sequence[int], strides: list[tuple[int, ...]], blocks: Sequence[int],
-                    conv: _ConvStyle) -> tuple[nn.Module, nn.ModuleList]:
+                    conv: ConvStyle) -> tuple[nn.Module, nn.ModuleList]:
     """The stem and the down stages, ``blocks[level]`` residual conv blocks each, with the kernel of the level they
     output.
 
@@ -207,7 +192,7 @@ class OneConvUpBlock(nn.Module):
 
 
 def _decoder_stages(channels: Sequence[int], strides: list[tuple[int, ...]], convs: int,
-                    conv: _ConvStyle) -> nn.ModuleList:
+                    conv: ConvStyle) -> nn.ModuleList:
     """The up stages: ``up[i]`` takes level ``i + 1`` features ``(B, channels[i + 1], *S_{i+1})`` and the skip
     ``(B, channels[i], *S_i)`` to ``(B, channels[i], *S_i)`` (transposed conv by ``strides[i]``, then ``convs``
     convs with level ``i``'s kernel, as nnU-Net's decoder stage takes the kernel of the encoder stage it joins:
@@ -225,6 +210,17 @@ def _decoder_stages(channels: Sequence[int], strides: list[tuple[int, ...]], con
                     upsample_kernel_size=strides[i], **conv.args(channels[i], i))
         for i in range(len(strides))
     )
+
+
+def _out_block(spatial_dims: int, width: int, out_channels: int) -> nn.Module:
+    """A segmentation head of medseg's conv stages (MONAI ``UnetOutBlock``: a 1x1 conv with bias)."""
+    return UnetOutBlock(spatial_dims, width, out_channels)
+
+
+register_conv_stages("medseg", ConvStages(
+    encoder=_encoder_stages, decoder=_decoder_stages, head=_out_block, initialize=None, max_stride=2,
+    block_tensors=5,  # UnetResBlock: both conv outputs, the first activation, the shortcut's conv output, the output
+    max_stride_reason="medseg's U-Net pools by 1 or 2 per axis and level (the 1x1 shortcut of its residual blocks)"))
 
 
 @dataclass(frozen=True)
@@ -259,7 +255,7 @@ class _SlotBuilder:
 
 
 class SlottedUNet(nn.Module):
-    """A residual U-Net whose bottleneck and low-resolution decoder stages hold attention blocks.
+    """A U-Net whose bottleneck and low-resolution decoder stages hold attention blocks.
 
     Args:
         spatial_dims: 2 or 3.
@@ -269,15 +265,21 @@ class SlottedUNet(nn.Module):
         strides: one per down-sampling, an int or a per-axis tuple (anisotropic pooling).
         kernel_size: the conv kernel, an odd int for every level or one entry per level (:func:`per_level_kernels`);
             a level's kernel serves its encoder stage and the decoder stage that outputs its width.
-        encoder_blocks: residual blocks per level, an int or a list (:func:`encoder_block_counts`).
-        decoder_convs: convs per decoder stage, 2 or 1 (:func:`_decoder_stages`).
+        encoder_blocks: blocks per level (conv layers for ``nnunet_plain``), an int or a list
+            (:func:`encoder_block_counts`).
+        decoder_convs: convs per decoder stage: 2 or 1 for medseg's conv stages (:func:`_decoder_stages`), any count
+            >= 1 for nnU-Net's.
+        conv_stages: the style of the conv stages, a name of :data:`~medseg.models.conv_stages.CONV_STAGES`:
+            ``medseg`` (residual MONAI blocks), ``nnunet_plain`` or ``nnunet_resenc`` (nnU-Net's ``PlainConvUNet`` or
+            ``ResidualEncoderUNet`` layer for layer, with their initialisation: with empty slots, nnU-Net's function).
         bottleneck: block name for the bottleneck slot, or ``"none"``.
         bottleneck_depth: transformer blocks stacked in the bottleneck.
         decoder: block name for the decoder slots, or ``"none"``.
         decoder_levels: how many of the lowest-resolution decoder stages get a ``decoder`` block.
         attention: the shared ``model.attention`` node; ``spacing`` in it is the input-level spacing
             and is scaled to each slot's resolution.
-        deep_supervision: in training mode, also return logits of the lower decoder stages.
+        deep_supervision: in training mode, also return logits of the lower decoder stages (a head per decoder
+            stage, as nnU-Net's).
         checkpointing: activation checkpointing inside the transformer blocks.
         channels_last: for ``spatial_dims=3``, keep weights and activations in the channels-last 3D memory
             format (faster convolutions and their backward; ignored in 2D, where it measured slower on the CPU).
@@ -299,6 +301,7 @@ class SlottedUNet(nn.Module):
         kernel_size: KernelSpec = 3,
         encoder_blocks: int | Sequence[int] = 1,
         decoder_convs: int = 2,
+        conv_stages: str = "medseg",
         norm: str = "instance",
         dropout: float = 0.0,
         deep_supervision: bool = False,
@@ -322,30 +325,34 @@ class SlottedUNet(nn.Module):
         self.total_stride = stride_to_level(self.strides, len(self.strides))
         self.deep_supervision = deep_supervision
         self.memory_format = torch.channels_last_3d if channels_last and spatial_dims == 3 else torch.contiguous_format
-        conv = _ConvStyle(spatial_dims, per_level_kernels(kernel_size, len(channels), spatial_dims), norm, dropout)
+        style = get_conv_stages(conv_stages)
+        conv = ConvStyle(spatial_dims, per_level_kernels(kernel_size, len(channels), spatial_dims), norm, dropout)
         slots = _SlotBuilder(spatial_dims, self.strides, dict(attention or {}), checkpointing, patch_size)
         num_levels = len(self.strides)
+        self.conv_stages = conv_stages
         self.encoder_blocks = encoder_block_counts(encoder_blocks, len(channels))
         self.decoder_convs = int(decoder_convs)
-        self.stem, self.down = _encoder_stages(in_channels, channels, self.strides, self.encoder_blocks, conv)
+        self.stem, self.down = style.encoder(in_channels, channels, self.strides, self.encoder_blocks, conv)
         functional.clear_cache()  # a new model: drop the cached attention tensors of earlier ones
         self.bottleneck = slots.build(bottleneck, num_levels, channels[num_levels], bottleneck_depth,
                                       "model.bottleneck")
         # up[i] takes level i+1 features to level i; decoder slot i follows it.
-        self.up = _decoder_stages(channels, self.strides, self.decoder_convs, conv)
+        self.up = style.decoder(channels, self.strides, self.decoder_convs, conv)
         self.decoder_slots = nn.ModuleList(
             slots.build(decoder, i, channels[i], 1 if i >= num_levels - decoder_levels else 0,
                         f"model.decoder (level {i})")
             for i in range(num_levels)
         )
-        self.head = UnetOutBlock(spatial_dims, channels[0], out_channels)
+        self.head = style.head(spatial_dims, channels[0], out_channels)
         self.deep_heads = nn.ModuleList(
-            UnetOutBlock(spatial_dims, channels[i], out_channels) for i in range(1, num_levels) if deep_supervision
+            style.head(spatial_dims, channels[i], out_channels) for i in range(1, num_levels) if deep_supervision
         )
         # The conv stages only: an attention slot's weights are linear layers, (C, 1, k...) depthwise kernels (the
         # same bytes in either format) and tables such as MHA's 4-D relative bias in 3D, which torch refuses to
-        # convert ("required rank 5 tensor to use channels_last_3d format").
+        # convert ("required rank 5 tensor to use channels_last_3d format"); and a slot keeps its own initialisation.
         for stages in (self.stem, self.down, self.up, self.head, self.deep_heads):
+            if style.initialize is not None:
+                style.initialize(stages)
             stages.to(memory_format=self.memory_format)
 
     def _pad(self, x: torch.Tensor) -> tuple[torch.Tensor, list[int]]:

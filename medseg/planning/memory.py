@@ -4,9 +4,11 @@ A training step (:class:`~medseg.training.trainer.TrainStep`) peaks when the for
 holding:
 
 * the tensors autograd keeps for the backward pass of every conv stage, counted in feature maps of the stage's
-  width on its level's grid: :data:`ENCODER_TENSORS` per residual block of an encoder stage (MONAI
-  ``UnetResBlock``: both conv outputs, the first activation, the residual branch's conv output, the block's
-  output, the last one's also the skip connection; ``model.encoder_blocks`` of them) and per decoder stage
+  width on its level's grid: per block of an encoder stage, the ``block_tensors`` of its conv-stage style
+  (:class:`~medseg.models.conv_stages.ConvStages`: 5 for a residual block, MONAI's ``UnetResBlock`` or nnU-Net's
+  ``BasicBlockD``: both conv outputs, the first activation, the residual branch's conv output, the block's output,
+  the last one's also the skip connection; 2 for a conv layer of nnU-Net's ``PlainConvUNet``; ``model.encoder_blocks``
+  of them) and per decoder stage
   :data:`DECODER_CONCAT_TENSORS` (the concatenation of the up-sampled and the skip features, two widths) and
   :data:`DECODER_CONV_TENSORS` per conv (its output and activation; ``model.decoder_convs`` of them);
 * those of every transformer block in an attention slot, in token maps ``(N, C)``: :data:`BLOCK_TENSORS`, plus
@@ -43,11 +45,10 @@ from medseg.attention.registry import ATTENTION_BLOCKS
 from medseg.config import AttentionConfig, ModelConfig, TrainerConfig
 from medseg.errors import ConfigError
 from medseg.models import SlottedUNet, build_model
+from medseg.models.conv_stages import get_conv_stages
 from medseg.models.unet import level_grid
 from medseg.optim import OPTIMIZERS
 
-ENCODER_TENSORS = 5
-"""Feature maps a residual block of an encoder stage keeps for the backward pass, in units of its width x its grid."""
 DECODER_CONCAT_TENSORS = 2
 """Feature maps of a decoder stage's concatenation (up-sampled and skip features), in units of its width x its grid."""
 DECODER_CONV_TENSORS = 2
@@ -185,7 +186,8 @@ def estimate_training_memory(
     net = _network(model, in_channels, out_channels, patch_size)
     voxels = [math.prod(level_grid(patch_size, net.strides, level)) for level in range(len(net.strides) + 1)]
     widths = list(model.channels)
-    elements = sum(ENCODER_TENSORS * blocks * w * n for blocks, w, n in zip(net.encoder_blocks, widths, voxels))
+    block_tensors = get_conv_stages(net.conv_stages).block_tensors
+    elements = sum(block_tensors * blocks * w * n for blocks, w, n in zip(net.encoder_blocks, widths, voxels))
     decoder_tensors = DECODER_CONCAT_TENSORS + DECODER_CONV_TENSORS * net.decoder_convs
     elements += sum(decoder_tensors * w * n for w, n in zip(widths[:-1], voxels[:-1]))
     supervised = voxels[:-1] if model.deep_supervision else voxels[:1]

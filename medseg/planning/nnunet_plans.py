@@ -25,14 +25,13 @@ import numpy as np
 
 from medseg.data.transforms import thick_axis
 from medseg.errors import ConfigError
+from medseg.models.nnunet_stages import NNUNET_NETWORKS
 from medseg.planning.plan import Plan, plan_normalization
 
 CONFIGURATIONS = {3: "3d_fullres", 2: "2d"}
 """The nnU-Net configuration of each network dimension unless one is named."""
 NORMALIZATIONS = {"CTNormalization": "ct", "ZScoreNormalization": "zscore", "NoNormalization": "none"}
 """nnU-Net's normalisation classes medseg has, by medseg's ``data.normalization`` scheme."""
-NETWORKS = ("PlainConvUNet", "ResidualEncoderUNet")
-"""The nnU-Net network classes medseg builds (as its residual U-Net, ``model.encoder_blocks`` per stage)."""
 REVERSING_READERS = ("SimpleITKIO", "NibabelIO")
 """nnU-Net image readers whose array axes are the file's voxel axes reversed."""
 RAS_READER = "NibabelIOWithReorient"
@@ -229,30 +228,25 @@ def _kernel_size(config: NnunetConfiguration, axes: list[int]) -> int | list[lis
 
 
 def _network(config: NnunetConfiguration, axes: list[int], where: str) -> tuple[dict[str, Any], list[str]]:
-    """``model.kernel_size`` (:func:`_kernel_size`), ``model.encoder_blocks`` and ``model.decoder_convs`` of the
-    configuration's network, and what medseg builds otherwise."""
-    if config.network not in NETWORKS:
-        raise ConfigError(f"{where}: network {config.network}: medseg builds {' and '.join(NETWORKS)}")
+    """``model.conv_stages`` (nnU-Net's network class, :data:`~medseg.models.nnunet_stages.NNUNET_NETWORKS`),
+    ``model.kernel_size`` (:func:`_kernel_size`), ``model.encoder_blocks`` (its conv layers or residual blocks per
+    stage) and ``model.decoder_convs`` of the configuration's network, and what medseg builds otherwise."""
+    if config.network not in NNUNET_NETWORKS:
+        raise ConfigError(f"{where}: network {config.network}: medseg builds {' and '.join(NNUNET_NETWORKS)}")
+    if len(set(config.decoder_convs)) != 1:
+        raise ConfigError(f"{where}: n_conv_per_stage_decoder={config.decoder_convs}: medseg builds the same number "
+                          "of convs in every decoder stage")
     notes = []
-    if config.network == "PlainConvUNet":
-        if set(config.encoder_blocks) != {2}:
-            raise ConfigError(f"{where}: n_conv_per_stage={config.encoder_blocks}: medseg's encoder stage is one "
-                              "residual block of two convs")
-        notes.append("PlainConvUNet: medseg's encoder stages are residual blocks of two convs")
-        blocks: Any = 1
-    else:
-        blocks = config.encoder_blocks
-    if len(set(config.decoder_convs)) != 1 or config.decoder_convs[0] not in (1, 2):
-        raise ConfigError(f"{where}: n_conv_per_stage_decoder={config.decoder_convs}: medseg builds 1 or 2 convs "
-                          "in every decoder stage")
     for key, expected in (("norm_op", "InstanceNorm"), ("nonlin", "LeakyReLU")):
         name = str(config.arch.get(key, expected)).rsplit(".", 1)[-1]
         if not name.startswith(expected):
             notes.append(f"{key} {name}: medseg's stages use {expected} (model.norm sets the norm)")
     if config.arch.get("dropout_op"):
         notes.append(f"dropout_op {config.arch['dropout_op']}: model.dropout sets medseg's dropout")
-    return {"model.kernel_size": _kernel_size(config, axes), "model.encoder_blocks": blocks,
-            "model.decoder_convs": config.decoder_convs[0]}, notes
+    if config.arch.get("conv_bias") is False:
+        notes.append("conv_bias false: medseg's nnU-Net conv stages always have conv biases")
+    return {"model.conv_stages": NNUNET_NETWORKS[config.network], "model.kernel_size": _kernel_size(config, axes),
+            "model.encoder_blocks": config.encoder_blocks, "model.decoder_convs": config.decoder_convs[0]}, notes
 
 
 def _spacing(plans: Mapping[str, Any], config: NnunetConfiguration, axes: list[int], where: str) -> list[float]:
@@ -270,16 +264,16 @@ def nnunet_values(plans: Mapping[str, Any], config: NnunetConfiguration, fingerp
                   where: str) -> tuple[dict[str, Any], list[str]]:
     """Configuration ``config`` of nnU-Net plans ``plans`` as medseg's config values (RAS order,
     :func:`ras_axes`): ``data.spacing``, ``data.patch_size``, ``data.normalization``, ``model.strides``,
-    ``model.channels``, ``model.kernel_size`` (each stage's kernel), ``model.encoder_blocks`` and
-    ``model.decoder_convs``; and what the configuration holds that medseg builds otherwise, one sentence each (the run
-    warns with them).
+    ``model.channels``, ``model.conv_stages`` (nnU-Net's network), ``model.kernel_size`` (each stage's kernel),
+    ``model.encoder_blocks`` and ``model.decoder_convs``; and what the configuration holds that medseg builds
+    otherwise, one sentence each (the run warns with them).
 
     A 2D configuration's patch, strides and kernels cover the two in-plane RAS axes, in increasing order, as medseg's.
 
     Raises:
         ConfigError: planned for other data (another number of channels, or another median spacing than the
             fingerprint's), or what medseg cannot train: the cascade, a first stage that pools, a network class,
-            normalisation, encoder or decoder it does not build.
+            normalisation or decoder it does not build.
     """
     dims = len(config.patch_size)
     if config.previous_stage:

@@ -27,6 +27,7 @@ from typing import Any
 from medseg.config import DataConfig, ModelConfig, PlanningConfig
 from medseg.errors import ConfigError
 from medseg.io import atomic_write_json
+from medseg.models.nnunet_stages import NNUNET_FROM_PLAN
 from medseg.planning.from_config import fill_unset, plannable_values
 from medseg.planning.nnunet_plans import (
     CONFIGURATIONS,
@@ -52,7 +53,7 @@ TARGET_KEYS = ("device", "precision", "memory_gb", "source")
 """The entries of a plan file's ``planned_for`` (:meth:`~medseg.planning.plan.PlanTarget.as_dict`)."""
 VALUE_KEYS = tuple(plannable_values(DataConfig(), ModelConfig()))
 """The entries of a plan file's ``values``: the plannable keys."""
-NETWORK_KEYS = ("model.kernel_size", "model.encoder_blocks", "model.decoder_convs")
+NETWORK_KEYS = ("model.conv_stages", "model.kernel_size", "model.encoder_blocks", "model.decoder_convs")
 """What an nnU-Net plan sets beyond :data:`VALUE_KEYS`: keys with a default rather than null, taken from the plan
 where the config keeps the default."""
 
@@ -196,11 +197,14 @@ def apply_plan_file(data: DataConfig, model: ModelConfig, planning: PlanningConf
     """Copies of the configs with their null plannable keys taken from ``plan_file`` (keys set in the config win), and
     the ``plan`` node set to the file's device, precision and budget, so that the training memory is estimated for
     the machine the file was planned for. The :data:`NETWORK_KEYS` of nnU-Net's plans are taken where the model config
-    holds the schema's default."""
+    holds the schema's default, and all of them with ``model.conv_stages=nnunet`` (nnU-Net's network, the plan's
+    class)."""
     data, model = fill_unset(data, model, plan_file.values)
     defaults = ModelConfig()
-    network = {key.split(".")[1]: value for key, value in plan_file.values.items() if key in NETWORK_KEYS
-               and getattr(model, key.split(".")[1]) == getattr(defaults, key.split(".")[1])}
+    from_plan = model.conv_stages == NNUNET_FROM_PLAN
+    network = {name: value for name, value in ((key.split(".")[1], value) for key, value in plan_file.values.items()
+                                               if key in NETWORK_KEYS)
+               if from_plan or getattr(model, name) == getattr(defaults, name)}
     target = plan_file.target
     memory_gb = None if target.memory_bytes is None else target.memory_bytes / 2**30
     return data, replace(model, **network), replace(planning, device=target.device, precision=target.precision,

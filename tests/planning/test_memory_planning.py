@@ -9,11 +9,11 @@ from types import SimpleNamespace
 import numpy as np
 import pytest
 import torch
-from monai.networks.blocks import UnetResBlock
 
 from medseg.config import DataConfig, ModelConfig, PlanCommandConfig, PlanningConfig, TrainConfig, TrainerConfig
 from medseg.errors import ConfigError
 from medseg.models import build_model
+from medseg.models.nnunet_stages import BasicBlockD
 from medseg.planning.from_config import (
     GB,
     apply_plan,
@@ -116,7 +116,8 @@ def test_resenc_presets_plan_nnunet_s_resenc_network(preset: str) -> None:
     with torch.device("meta"):
         net = build_model(model, 1, 3, data.patch_size)
     stages = [net.stem, *net.down]
-    assert [sum(isinstance(m, UnetResBlock) for m in stage.modules()) for stage in stages] == expected["blocks"]
+    assert net.conv_stages == "nnunet_resenc", "nnU-Net's ResidualEncoderUNet"
+    assert [sum(isinstance(m, BasicBlockD) for m in stage.modules()) for stage in stages] == expected["blocks"]
     assert plan.channels == expected["features"] and plan.strides == expected["strides"]
     assert net.decoder_convs == expected["decoder_convs"] and plan.memory.batch == 2, "nnU-Net's 2 patches per step"
     assert (plan.patch_size == expected["patch"]) == RESENC_PATCH_MATCHES[preset], plan.patch_size
