@@ -59,7 +59,7 @@ def _source(image: str | Path | SpatialImage | np.ndarray, affine: np.ndarray | 
 
 def predict(image: str | Path | SpatialImage | np.ndarray, ckpt: Checkpoints, affine: np.ndarray | None = None,
             device: str = InferenceConfig.device, *, return_probabilities: bool = False,
-            tta: bool = InferenceConfig.tta, postprocessing: str = PredictConfig.postprocessing,
+            tta: bool | None = InferenceConfig.tta, postprocessing: str = PredictConfig.postprocessing,
             overlap: float = InferenceConfig.overlap, sw_batch_size: int = InferenceConfig.sw_batch_size,
             precision: str = InferenceConfig.precision,
             backend: str = InferenceConfig.backend) -> np.ndarray | tuple[np.ndarray, np.ndarray]:
@@ -73,7 +73,7 @@ def predict(image: str | Path | SpatialImage | np.ndarray, ckpt: Checkpoints, af
         affine: the array's ``(4, 4)`` voxel-to-world matrix in RAS mm; only for arrays.
         device: ``auto`` (CUDA when present), ``cpu``, ``cuda`` or ``cuda:N``.
         return_probabilities: also return the class probabilities.
-        tta: mirroring test-time augmentation.
+        tta: mirroring test-time augmentation; None: as the checkpoint's training validated.
         postprocessing: ``auto``, ``none`` or a ``postprocessing.json``, as ``scripts/predict.py``'s.
         overlap, sw_batch_size, precision, backend: the ``inference`` node's (``inference.overlap``, ...): the
             sliding window, the network's arithmetic (``auto``, ``fp32``, ``bf16``; ``int8`` with ``openvino``,

@@ -197,11 +197,19 @@ class ModelConfig:
     [[3,3,1],[3,3,1],3,3,3] for thick slices along S. A level's kernel serves its encoder stage and the decoder stage
     that outputs its width (nnU-Net's conv_kernel_sizes); an nnU-Net plan (plan.file) sets it."""
     encoder_blocks: Any = ranged(1, ge=1)
-    """Residual blocks (two convs each) per encoder level: an int for every level, or a list per level from the
-    full-resolution one down; a longer list is cut to the network's levels (nnU-Net's n_blocks_per_stage), so one list
+    """Blocks per encoder level: residual blocks of two convs (conv_stages medseg), conv layers (nnunet_plain,
+    nnU-Net's n_conv_per_stage) or BasicBlockD blocks (nnunet_resenc, its n_blocks_per_stage). An int for every level,
+    or a list per level from the full-resolution one down; a longer list is cut to the network's levels, so one list
     serves any planned depth. experiment=resenc_m / resenc_l: [1, 3, 4, 6, 6, 6, ...] (nnU-Net's ResEnc presets)."""
-    decoder_convs: int = ranged(2, ge=1, le=2)
-    """Conv layers per decoder stage after the up-sampling and the skip: 2, or 1 as in nnU-Net's ResEnc presets."""
+    decoder_convs: int = ranged(2, ge=1)
+    """Conv layers per decoder stage after the up-sampling and the skip: 2, or 1 as in nnU-Net's ResEnc presets
+    (conv_stages medseg builds 1 or 2)."""
+    conv_stages: str = "medseg"
+    """The conv stages: medseg (residual blocks of MONAI's UnetResBlock, no conv bias); nnunet_plain (nnU-Net's
+    PlainConvUNet: conv, norm, LeakyReLU layers with conv bias, He initialisation); nnunet_resenc (nnU-Net's
+    ResidualEncoderUNet: a stem conv, then BasicBlockD blocks); nnunet (recipe=nnunet's: the network of an nnU-Net
+    plan, its class and blocks, and without one PlainConvUNet). An nnU-Net plan (plan.file) sets its network where
+    this key keeps its default."""
     norm: str = "instance"
     """Normalisation of the conv stages: instance, batch, or group (8 groups, fewer for narrower levels)."""
     dropout: float = ranged(0.0, ge=0, lt=1)
@@ -251,6 +259,10 @@ class DataConfig:
     """Training patch in voxels; in 2D the two in-plane sizes (or three, the slice axis dropped); null = planned."""
     normalization: Any = None
     """zscore (per image and channel), ct (planned clip and statistics), none; null = planned from the modality."""
+    resampling: str = "linear"
+    """How the image reaches data.spacing: linear, or nnunet (nnU-Net's: a third-order spline, and where a case is
+    anisotropic, more than 3 times thicker along one axis, the spline across that axis and nearest neighbour along
+    it). Labels: nearest neighbour."""
     regions: Any = None
     """Region-based training (nnU-Net v2's), a mapping region name -> the dataset's label values it unites, e.g.
     {whole_tumor:[1,2,4],tumor_core:[2,4],enhancing:[4]}; one sigmoid output per region. null: softmax classes, or
@@ -262,8 +274,10 @@ class DataConfig:
     """Share of patches centred on foreground."""
     samples_per_volume: int | None = ranged(None, ge=1)
     """Patches drawn from each volume per epoch; null = 2 in 3D, 16 slices in 2D."""
-    augment: bool = True
-    """Random flips, 90-degree rotations and intensity jitter in training."""
+    augment: str = "light"
+    """Training augmentation: light (random flips, 90-degree rotations, intensity jitter: the demo's), nnunet (nnU-Net
+    v2's default chain: rotation and scaling from an enlarged patch, noise, blur, brightness, contrast, low resolution,
+    gamma, mirroring; recipe=nnunet) or none."""
     cache: str = "auto"
     """auto (memory when training's estimated peak RAM with the cases in memory is below 80% of the available RAM,
     else disk), memory, disk or none."""
@@ -309,8 +323,17 @@ class TrainerConfig:
     """Learning-rate schedule per epoch after the warm-up: cosine, poly (power 0.9) or none."""
     warmup_epochs: int = ranged(0, ge=0)
     """Epochs of linear warm-up before the schedule."""
-    val_every: int = ranged(2, ge=1)
-    """Validation interval in epochs (the last epoch always validates)."""
+    iterations_per_epoch: int | None = ranged(None, ge=1)
+    """Training steps per epoch, each on trainer.batch_size cases drawn at random with replacement (nnU-Net's 250);
+    null = one pass over the training cases in a shuffled order."""
+    val_iterations: int = ranged(0, ge=0)
+    """The cheap validation of every epoch (nnU-Net's 50): the pseudo-Dice of this many batches of validation patches
+    (true and false positives summed over them, no augmentation), smoothed by an exponential moving average
+    (0.9 old + 0.1 new) that chooses best.pt, as nnU-Net chooses checkpoint_best; 0 = none, best.pt chosen by the
+    full validation."""
+    val_every: int | None = ranged(2, ge=1)
+    """Full validation (sliding-window prediction of every validation volume) every this many epochs; the last epoch
+    always validates (with trainer.val_iterations, best.pt's weights); null = the last epoch only."""
     device: str = "auto"
     """auto (CUDA when present), cpu, cuda or cuda:N."""
     precision: str = "auto"
@@ -403,9 +426,10 @@ class InferenceConfig:
     """Sliding-window overlap (gaussian blending)."""
     sw_batch_size: int = ranged(4, ge=1)
     """Windows per forward pass."""
-    tta: bool = False
+    tta: bool | None = None
     """Mirroring test-time augmentation, nnU-Net's: the identity and every combination of the mirrored axes (3D: all
-    three, 8 passes; 2D: the in-plane two, 4 passes), averaged."""
+    three, 8 passes; 2D: the in-plane two, 4 passes), averaged; null: as the checkpoint's training validated
+    (recipe=nnunet: on, as nnU-Net predicts; recipe=light: off)."""
     skip_constant: bool = True
     """Answer the windows that hold one value per channel (air, padding) from one run of the network on such a
     window; false runs the network on every window (the dense result)."""
@@ -431,6 +455,9 @@ class ValidationConfig(InferenceConfig):
     overlap: float = ranged(0.25, ge=0, lt=1)
     """Sliding-window overlap of validation (gaussian blending): less than prediction's 0.5, faster, as validation's
     Dice only chooses best.pt."""
+    tta: bool = False
+    """Mirroring of the validation volumes, nnU-Net's passes (recipe=nnunet: on); prediction with the checkpoint
+    mirrors likewise unless its inference.tta says otherwise."""
 
 
 @dataclass
@@ -566,6 +593,8 @@ class PlanCommandConfig:
     are not read here)."""
     plan: PlanningConfig = field(default_factory=PlanningConfig)
     """What the planned patch and network are sized for."""
+    inference: Any = None
+    """Not read here: what a data preset sets for training's validation (recipe=nnunet's mirroring)."""
     nnunet_plans: str | None = None
     """An nnU-Net v2 plans file (nnUNetPlans.json) of the same dataset: the report compares its 3d_fullres (or 2d, or
     plan.nnunet_configuration) patch and depth with this plan's."""
@@ -582,6 +611,8 @@ class CheckDataConfig:
     """Not read here: what a data preset sets for training (demo3d's small network)."""
     trainer: Any = None
     """Not read here: what a data preset sets for training (demo3d's batch)."""
+    inference: Any = None
+    """Not read here: what a data preset sets for training's validation (recipe=nnunet's mirroring)."""
     progress: bool = True
     """Progress bar over the cases."""
 

@@ -29,17 +29,20 @@ number whose every value is valid.
 The defaults below are the schema's. `python scripts/train.py` runs with the demo preset, `data=demo3d`
 ([medseg/configs/data/demo3d.yaml](../medseg/configs/data/demo3d.yaml)), which sets the demo's format and folder and
 hand-set preprocessing and pooling on top of them (`data.spacing`, `data.patch_size`, `data.normalization`,
-`data.pos_fraction`, `model.strides`; and `data.num_workers=0`); `data=msd` and `data=nnunet` keep the schema's,
-so the keys left `null` are planned from the data
-([data and planning](data.md#what-is-planned-and-how-to-override-it)). The config groups are `data` (`demo3d`,
-`demo3d_planned`, `msd`, `nnunet`), `experiment` (the presets of [sweeps](sweeps.md)), `hparams_search` and
-`hydra/launcher` (`slurm`, see [performance](performance.md#slurm)).
+`data.pos_fraction`, `model.strides`; and `data.num_workers=0`) and trains with the schema's recipe (`recipe=light`);
+`data=msd` and `data=nnunet` keep the schema's preprocessing, so the keys left `null` are planned from the data
+([data and planning](data.md#what-is-planned-and-how-to-override-it)), and train with nnU-Net's recipe
+(`recipe=nnunet`, [medseg/configs/recipe/nnunet.yaml](../medseg/configs/recipe/nnunet.yaml): its network,
+resampling, augmentation, optimiser, epochs and validation; [recipes](recipe.md)). The config groups are `data`
+(`demo3d`, `demo3d_planned`, `msd`, `nnunet`), `recipe` (`light`, `nnunet`), `experiment` (the presets of
+[sweeps](sweeps.md), and `nnunet`: nnU-Net's recipe on any data), `hparams_search` and `hydra/launcher` (`slurm`, see
+[performance](performance.md#slurm)).
 
 `model.bottleneck` and `model.decoder` are plain strings (a block name, or `none`) checked against the
 registry of attention blocks, and every block's hyperparameters live in the one shared node
 `model.attention.*`: each block reads the keys it uses and ignores the rest
-([attention blocks](attention.md)). A real training run needs a few hundred epochs (`trainer.max_epochs`; nnU-Net
-trains 1000 epochs of 250 steps) or a wall-clock budget (`trainer.max_minutes`).
+([attention blocks](attention.md)). nnU-Net's recipe trains 1000 epochs of 250 steps; `trainer.max_epochs` or a
+wall-clock budget (`trainer.max_minutes`) shortens it, the poly schedule spanning what is left.
 """
 """The hand-written head of ``docs/configuration.md``; the tables of :func:`reference_markdown` follow it."""
 

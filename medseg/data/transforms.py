@@ -20,7 +20,9 @@ from monai import transforms as mt
 
 from medseg.config import DataConfig
 from medseg.data.labels import LabelSpec, RandCropByPosNegForegroundd, target_transforms, value_transforms
+from medseg.data.nnunet_augment import nnunet_augmentations, nnunet_crop
 from medseg.data.reading import IMAGE, LABEL, LoadCased
+from medseg.data.resampling import ResampleToSpacingd
 from medseg.errors import ConfigError, check_choice
 
 
@@ -139,18 +141,19 @@ def check_normalization(normalization: str | Mapping[str, Any]) -> str:
 
 
 def preprocessing(spacing: Sequence[float], normalization: str | Mapping[str, Any],
-                  with_label: bool = True, labels: LabelSpec | None = None) -> list[mt.Transform]:
-    """Read in RAS (channels first), resample to ``spacing`` (mm), normalise: shared by every chain.
+                  with_label: bool = True, labels: LabelSpec | None = None,
+                  resampling: str = "linear") -> list[mt.Transform]:
+    """Read in RAS (channels first), resample to ``spacing`` (mm) by ``resampling`` (``data.resampling``,
+    :class:`~medseg.data.resampling.ResampleToSpacingd`), normalise: shared by every chain.
 
     With ``labels``, the label's values become class indices (:func:`medseg.data.labels.value_transforms`). The
     resampling computes in float32 (MONAI's default float64 doubles its transient memory) and the label leaves as a
     small integer type (:class:`CompactLabeld`), so the cached volumes take 4 bytes a voxel per channel plus 1.
     """
     load = LoadCased(with_label)
-    interpolation = ["bilinear" if key == IMAGE else "nearest" for key in load.keys]
     return [
         load,
-        mt.Spacingd(keys=list(load.keys), pixdim=list(spacing), mode=interpolation, dtype=np.float32),
+        ResampleToSpacingd(keys=list(load.keys), pixdim=spacing, resampling=resampling),
         *(value_transforms(labels, LABEL) if with_label and labels is not None else []),
         *normalization_transform(normalization),
         *([CompactLabeld(LABEL)] if with_label else []),
@@ -175,7 +178,7 @@ def train_transforms(data: DataConfig, spatial_dims: int, labels: LabelSpec | No
     channel per region (``(R, *patch)``), :data:`~medseg.data.labels.IGNORE_INDEX` at ignore voxels. It is
     :func:`preprocessing` followed by :func:`patch_sampling`.
     """
-    return mt.Compose([*preprocessing(data.spacing, data.normalization, labels=labels),
+    return mt.Compose([*preprocessing(data.spacing, data.normalization, labels=labels, resampling=data.resampling),
                        *patch_sampling(data, spatial_dims, labels)])
 
 
@@ -183,7 +186,8 @@ def patch_sampling(data: DataConfig, spatial_dims: int, labels: LabelSpec | None
     """The training chain after :func:`preprocessing`: pad to the crop, sample ``samples_per_volume`` patches,
     augment, and make the loss's target. Takes a preprocessed case (as :func:`eval_transforms` leaves it)."""
     view = window(data, spatial_dims)
-    crop = view.roi_size
+    augmentation = AUGMENTATIONS[check_augment(data.augment)]
+    crop = augmentation.crop(view, spatial_dims)
     chain: list[mt.Transform] = [
         mt.SpatialPadd(keys=[IMAGE, LABEL], spatial_size=crop),
         RandCropByPosNegForegroundd(
@@ -193,8 +197,7 @@ def patch_sampling(data: DataConfig, spatial_dims: int, labels: LabelSpec | None
     ]
     if spatial_dims == 2:
         chain.append(mt.SqueezeDimd(keys=[IMAGE, LABEL], dim=view.slice_axis + 1))
-    if data.augment:
-        chain += augmentations(view.net_patch)
+    chain += augmentation.transforms(view, spatial_dims)
     return [*chain, *(target_transforms(labels, LABEL) if labels is not None else []),
             mt.EnsureTyped(keys=[IMAGE, LABEL], dtype=torch.float32, track_meta=False)]
 
@@ -213,7 +216,43 @@ def augmentations(patch: Sequence[int]) -> list[mt.Transform]:
             mt.RandShiftIntensityd(keys=IMAGE, offsets=0.1, prob=0.5)]
 
 
+@dataclass(frozen=True)
+class Augmentation:
+    """One value of ``data.augment``: the crop the patch sampler takes and the random transforms that follow it."""
+
+    crop: Callable[[Window, int], list[int]]
+    """``crop(window, spatial_dims)``: the 3D crop (in 2D, 1 voxel along the slice axis), the window's ``roi_size`` or
+    larger where a spatial transform crops the patch out of it."""
+    transforms: Callable[[Window, int], list[mt.Transform]]
+    """``transforms(window, spatial_dims)``: the chain on the crop (squeezed to 2D for a 2D network), ending at the
+    network's patch ``window.net_patch``."""
+
+
+def _nnunet_crop(view: Window, spatial_dims: int) -> list[int]:
+    """nnU-Net's enlarged patch (:func:`~medseg.data.nnunet_augment.nnunet_crop`), so that no corner of the rotated
+    and scaled patch falls outside the crop; in 2D the in-plane sizes, 1 voxel along the slice axis."""
+    enlarged = nnunet_crop(view.net_patch, spatial_dims, view.slice_axis)
+    if spatial_dims == 3:
+        return enlarged
+    return [*enlarged[:view.slice_axis], 1, *enlarged[view.slice_axis:]]
+
+
+AUGMENTATIONS: dict[str, Augmentation] = {
+    "light": Augmentation(lambda view, dims: view.roi_size, lambda view, dims: augmentations(view.net_patch)),
+    "nnunet": Augmentation(_nnunet_crop, lambda view, dims: nnunet_augmentations(view.net_patch, dims,
+                                                                                  view.slice_axis)),
+    "none": Augmentation(lambda view, dims: view.roi_size, lambda view, dims: []),
+}
+"""The values of ``data.augment``."""
+
+
+def check_augment(augment: str) -> str:
+    """``data.augment``, refused with the valid values when :data:`AUGMENTATIONS` lacks it."""
+    check_choice("data.augment", augment, AUGMENTATIONS)
+    return augment
+
+
 def eval_transforms(data: DataConfig, with_label: bool = True, labels: LabelSpec | None = None) -> mt.Compose:
     """Whole-volume chain for validation and inference (3D volumes in both 2D and 3D mode); with ``labels``, the
     label holds class indices (:data:`~medseg.data.labels.IGNORE_INDEX` at ignore voxels)."""
-    return mt.Compose(preprocessing(data.spacing, data.normalization, with_label, labels))
+    return mt.Compose(preprocessing(data.spacing, data.normalization, with_label, labels, data.resampling))

@@ -21,7 +21,8 @@ EXPORT_FORMAT, EXPORT_VERSION = "medseg-export", 1
 STEPS = [
     "read the image (channels first) and reorder its voxels to RAS: axis 0 left to right, 1 posterior to anterior, "
     "2 inferior to superior",
-    "resample to spacing (mm per RAS axis; linear)",
+    "resample to spacing (mm per RAS axis) by resampling: linear; or nnunet, a third-order spline, and for a case more "
+    "than 3 times thicker along one axis the spline across it and nearest neighbour along it",
     "normalise: zscore = per channel (x - mean) / std over the whole image; ct = clip to [clip] then "
     "(x - mean) / std; none = as is",
     "gaussian-weighted sliding windows of roi_size (a 2D network: 1 voxel thick along slice_axis, which it does not "
@@ -49,6 +50,7 @@ def export_description(net: EvalModel, name: str, checkpoint: str, postprocessin
         "steps": STEPS,
         "orientation": "RAS",
         "spacing": net.data.spacing,
+        "resampling": net.data.resampling,
         "normalization": net.data.normalization,
         "patch_size": net.data.patch_size,
         "sliding_window": {"roi_size": net.window.roi_size,

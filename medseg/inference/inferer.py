@@ -12,7 +12,7 @@ length. A :class:`Prediction` keeps what the probabilities decide (the winning c
 from __future__ import annotations
 
 from collections.abc import Callable, Iterator
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 import numpy as np
@@ -112,7 +112,9 @@ class Inferer:
         self.net, self.inference = net, inference
         self.device = resolve_device(inference.device, "inference.device")
         net.model.to(self.device)
-        self.window = window_options(inference, self.device, net.spatial_dims, net.window.slice_axis)
+        mirrored = net.tta if inference.tta is None else inference.tta
+        self.window = window_options(replace(inference, tta=mirrored), self.device, net.spatial_dims,
+                                     net.window.slice_axis)
         check_backend(inference.backend, inference.precision, self.device)
         self.network = network if network is not None else inference_network(net, inference)
         self.amp_dtype = amp_dtype(inference.precision, self.device) if inference.backend == "torch" else None

@@ -37,6 +37,8 @@ class EvalModel:
     label_spec: LabelSpec | None = None
     """The classes' label values, ignore label and regions (:mod:`medseg.data.labels`); None: :meth:`LabelSpec.plain`
     of ``labels``."""
+    tta: bool = False
+    """Whether its training validated with mirroring: prediction's ``inference.tta=null``."""
 
     def __post_init__(self) -> None:
         if self.label_spec is None:
@@ -50,8 +52,9 @@ class EvalModel:
 
     @property
     def preprocessing_key(self) -> str:
-        """Equal for models whose :attr:`preprocessing` is the same (it reads the spacing and the normalisation)."""
-        return json.dumps([self.data.spacing, self.data.normalization], sort_keys=True)
+        """Equal for models whose :attr:`preprocessing` is the same (it reads the spacing, the normalisation and the
+        resampling)."""
+        return json.dumps([self.data.spacing, self.data.normalization, self.data.resampling], sort_keys=True)
 
     @property
     def num_classes(self) -> int:
@@ -87,4 +90,4 @@ def load_model(path: str | Path, device: torch.device | str = "cpu") -> EvalMode
         raise CheckpointError(f"checkpoint {path}: cannot rebuild its model ({type(err).__name__}: {err})") from None
     load_model_state(model, state["model"], path)
     return EvalModel(model.to(device).eval(), cfg.data, cfg.model.spatial_dims, view, spec.labels, channel_names,
-                     Path(path), spec)
+                     Path(path), spec, tta=cfg.inference.tta)

@@ -1,9 +1,11 @@
 """Maps on a case's preprocessed grid back to its image file's voxel grid, slab by slab.
 
 The eval chain (:func:`medseg.data.transforms.eval_transforms`) reads the image in RAS and resamples it to the
-network's spacing (MONAI's ``Spacingd``, recorded as a ``SpatialResample`` in the image's applied operations). Its
-inverse, as MONAI's ``Invertd`` would run it, is a ``SpatialResample`` onto the RAS grid with the forward pass's
-interpolation (linear for the image), border padding and corner alignment; then the RAS voxel order is undone
+network's spacing (MONAI's ``Spacingd``, once, or twice for nnU-Net's separate z: each recorded as a
+``SpatialResample`` in the image's applied operations). Its inverse, as MONAI's ``Invertd`` would run it for linear
+resampling, is one ``SpatialResample`` from the network's grid onto the RAS grid (the first resampling's source) with
+the forward pass's interpolation (linear for the image; linear too where the forward pass took a spline, which would
+over- and undershoot probabilities), border padding and corner alignment; then the RAS voxel order is undone
 (:func:`medseg.data.reading.from_ras`). :class:`Grids` runs both on one slab of the file's last axis (its slices) at
 a time: MONAI's ``SpatialResample`` on the slab of preprocessed maps that the slab's voxels interpolate from (the
 halo: a voxel beyond the farthest one on each side), with both affines shifted to the slabs' first voxels. Where the
@@ -58,12 +60,13 @@ class Grids:
         ops = [op for op in image.applied_operations if op["class"] == "SpatialResample"]
         if not ops:
             return cls(affine, shape, affine, shape, file_affine, {})
-        info = ops[-1]["extra_info"]
-        ras_affine, ras_shape = np.asarray(info["src_affine"], np.float64), tuple(int(n) for n in ops[-1]["orig_size"])
+        info = ops[0]["extra_info"]  # the first resampling's source is the RAS grid
+        ras_affine, ras_shape = np.asarray(info["src_affine"], np.float64), tuple(int(n) for n in ops[0]["orig_size"])
         if ras_shape == shape and np.allclose(ras_affine, affine):  # the network's grid is the file's
             return cls(affine, shape, affine, shape, file_affine, {})
+        mode = info["mode"] if isinstance(info["mode"], str) else "bilinear"  # a spline order: linear back
         return cls(affine, shape, ras_affine, ras_shape, file_affine,
-                   {key: info[key] for key in ("mode", "padding_mode", "align_corners")})
+                   {"mode": mode, "padding_mode": info["padding_mode"], "align_corners": info["align_corners"]})
 
     @property
     def file_shape(self) -> tuple[int, ...]:

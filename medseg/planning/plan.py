@@ -17,13 +17,12 @@ from typing import Any
 import numpy as np
 
 from medseg.attention.common import check_spatial_dims
+from medseg.data.resampling import ANISO_THRESHOLD
 from medseg.data.transforms import thick_axis
 from medseg.errors import ConfigError, DatasetError
 from medseg.planning.fingerprint import case_array, dataset_bytes, resampled_shapes
 from medseg.planning.memory import MemoryEstimate
 
-ANISO_THRESHOLD = 3.0
-"""nnU-Net's anisotropy threshold: thick-axis spacing / other spacing, and other size / thick size."""
 BASE_VOXEL_BUDGET = {3: 48**3, 2: 256**2}
 """Patch voxels for a network whose first level has ``BASE_CHANNELS`` feature maps."""
 BASE_CHANNELS = 32

@@ -19,7 +19,8 @@ from medseg.attention.common import check_spatial_dims
 from medseg.attention.registry import block_choices, check_blocks
 from medseg.config import DataConfig, InferenceConfig, TrainConfig
 from medseg.data.datalist import DATASET_FORMATS
-from medseg.data.transforms import check_normalization
+from medseg.data.resampling import RESAMPLINGS
+from medseg.data.transforms import AUGMENTATIONS, check_normalization
 from medseg.errors import ConfigError
 from medseg.models import check_model, check_patch
 from medseg.optim import OPTIMIZERS, SCHEDULES
@@ -39,6 +40,7 @@ def _choices() -> dict[str, Sequence[str]]:
     :func:`_check_builders`)."""
     return {
         "data.format": list(DATASET_FORMATS), "data.cache": list(CACHE_MODES), "data.plan_from": list(PLAN_SOURCES),
+        "data.augment": list(AUGMENTATIONS), "data.resampling": list(RESAMPLINGS),
         "trainer.loss": list(LOSSES), "trainer.optimizer": list(OPTIMIZERS), "trainer.scheduler": list(SCHEDULES),
         "trainer.precision": list(PRECISIONS),
     }

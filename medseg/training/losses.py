@@ -131,14 +131,33 @@ def build_loss(cfg: TrainConfig, info: DatasetInfo, class_weights: Sequence[floa
     """The ``trainer.loss`` of a dataset's outputs (classes or regions), weighted by ``class_weights`` (one per output
     channel, :func:`class_weight_names` order; None: unweighted).
 
-    ``loss(output, label)``: ``output`` ``(B, C, *S)`` logits, or under ``model.deep_supervision`` a list of them
-    (full resolution first, then each deeper one at half the weight, at least 1/16; MONAI's ``DeepSupervisionLoss``,
-    whose nearest-neighbour downsampling of the label keeps the ignore voxels); ``label`` as
+    ``loss(output, label)``: ``output`` ``(B, C, *S)`` logits, or under ``model.deep_supervision`` a list of them,
+    full resolution first, weighted by :func:`deep_supervision_weights` (MONAI's ``DeepSupervisionLoss``, whose
+    nearest-neighbour downsampling of the label keeps the ignore voxels); ``label`` as
     :meth:`SegmentationLoss.forward` takes it.
     """
     dice, voxelwise = LOSSES[cfg.trainer.loss]
     loss = SegmentationLoss(dice, voxelwise, info.region_based, class_weights)
-    return DeepSupervisionLoss(loss) if cfg.model.deep_supervision else loss
+    return NnunetDeepSupervisionLoss(loss) if cfg.model.deep_supervision else loss
+
+
+def deep_supervision_weights(outputs: int) -> list[float]:
+    """nnU-Net's weights of the deep-supervision losses, for ``outputs`` outputs (full resolution first; medseg's U-Net
+    gives one per down-sampling): ``1, 1/2, 1/4, ...``, the lowest-resolution output's 0 where there are several,
+    normalised to sum 1."""
+    weights = np.array([0.5**level for level in range(outputs)])
+    if outputs > 1:
+        weights[-1] = 0.0
+    return (weights / weights.sum()).tolist()
+
+
+class NnunetDeepSupervisionLoss(DeepSupervisionLoss):
+    """MONAI's ``DeepSupervisionLoss`` with nnU-Net's weights (:func:`deep_supervision_weights`) for however many
+    outputs the network gives; the label is downsampled to each by nearest neighbour (``nearest-exact``, as
+    nnU-Net's)."""
+
+    def get_weights(self, levels: int = 1) -> list[float]:
+        return deep_supervision_weights(max(1, levels))
 
 
 # --------------------------------------------------------------------------------------------- class weights

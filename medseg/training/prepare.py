@@ -7,12 +7,13 @@ import hashlib
 import json
 import logging
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
 import monai.transforms as mt
 from monai.data import CacheDataset, DataLoader, Dataset, PersistentDataset, partition_dataset
+from torch.utils.data import RandomSampler
 
 from medseg.config import DataConfig, TrainConfig
 from medseg.data.datalist import DatasetInfo, dataset_cache_dir, split_cases, splits_path
@@ -56,6 +57,8 @@ class PreparedData:
     train_loader: DataLoader
     train_dataset: Dataset
     val_dataset: Dataset
+    val_patch_loader: DataLoader | None = None
+    """``trainer.val_iterations`` batches of validation patches (:func:`validation_patches`); None without them."""
 
 
 def choose_cache(mode: str, needed: RamEstimate, available: int) -> tuple[str, str]:
@@ -85,7 +88,10 @@ def _disk_cache_dirs(cache_dir: Path, info: DatasetInfo, data: DataConfig, crop:
     """
     files = files_digest([*info.training, *(info.validation or [])])
     labels = [info.label_values, info.ignore_value]
-    key = hashlib.sha1(json.dumps([data.spacing, data.normalization, files, labels]).encode()).hexdigest()[:12]
+    made_by = [data.spacing, data.normalization, files, labels]
+    if data.resampling != "linear":  # linear's caches keep the key they had before data.resampling
+        made_by.append(data.resampling)
+    key = hashlib.sha1(json.dumps(made_by).encode()).hexdigest()[:12]
     base = cache_dir / f"preprocessed_{key}"
     return base / f"train_pad{'x'.join(map(str, crop))}", base / "val"
 
@@ -129,7 +135,29 @@ def prepare_data(cfg: TrainConfig, info: DatasetInfo, plan: Plan, output_dir: Pa
         train_ds = make(train_cases, train_transforms(data, spatial_dims, info.label_spec), train_dir,
                         data.num_workers)
     release_freed_memory()  # what caching freed, before the loader workers fork
-    batch = cfg.trainer.batch_size
-    loader = DataLoader(train_ds, batch_size=batch, shuffle=True, num_workers=data.num_workers,
-                        drop_last=len(train_ds) > batch, worker_init_fn=loader_worker_init)
-    return PreparedData(info, view, loader, train_ds, val_ds)
+    trainer = cfg.trainer
+    loader = patch_loader(train_ds, trainer.batch_size, data.num_workers, trainer.iterations_per_epoch)
+    val_patches = (validation_patches(val_ds, data, spatial_dims, info, trainer.batch_size, trainer.val_iterations)
+                   if trainer.val_iterations and len(val_ds) else None)
+    return PreparedData(info, view, loader, train_ds, val_ds, val_patches)
+
+
+def patch_loader(dataset: Dataset, batch: int, workers: int, iterations: int | None) -> DataLoader:
+    """The loader of a patch dataset: ``iterations`` batches of ``batch`` cases drawn at random with replacement
+    (nnU-Net's epoch), or with ``iterations`` None one pass over the cases in a shuffled order. Either draws its
+    order from torch's global RNG, which the trainer seeds each epoch."""
+    if iterations is None:
+        return DataLoader(dataset, batch_size=batch, shuffle=True, num_workers=workers,
+                          drop_last=len(dataset) > batch, worker_init_fn=loader_worker_init)
+    sampler = RandomSampler(dataset, replacement=True, num_samples=iterations * batch)
+    return DataLoader(dataset, batch_size=batch, sampler=sampler, num_workers=workers,
+                      worker_init_fn=loader_worker_init)
+
+
+def validation_patches(val_ds: Dataset, data: DataConfig, spatial_dims: int, info: DatasetInfo, batch: int,
+                       iterations: int) -> DataLoader:
+    """``trainer.val_iterations`` batches of patches of the (preprocessed, cached) validation cases, sampled as the
+    training patches are (a share of them centred on foreground) without augmentation: the pseudo-Dice's input."""
+    patches = Dataset(val_ds, mt.Compose(patch_sampling(replace(data, augment="none"), spatial_dims,
+                                                        info.label_spec)))
+    return patch_loader(patches, batch, data.num_workers, iterations)

@@ -34,12 +34,16 @@ class TensorBoardLogger:
         self.writer = SummaryWriter(log_dir=str(log_dir))
 
     def scalars(self, record: dict[str, Any], **extra: float) -> None:
-        """Log an epoch record: ``loss``, ``lr``, ``val_dice`` and ``val_dice_per_class`` if present."""
+        """Log an epoch record: ``loss``, ``lr``, and if present ``pseudo_dice`` with its average and
+        ``val_dice`` with ``val_dice_per_class``."""
         step = record["epoch"]
         self.writer.add_scalar("train/loss", record["loss"], step)
         self.writer.add_scalar("train/lr", record["lr"], step)
         for name, value in extra.items():
             self.writer.add_scalar(f"train/{name}", value, step)
+        if "pseudo_dice" in record:
+            self.writer.add_scalar("val/pseudo_dice", record["pseudo_dice"], step)
+            self.writer.add_scalar("val/pseudo_dice_ema", record["pseudo_dice_ema"], step)
         if "val_dice" in record:
             self.writer.add_scalar("val/dice_mean", record["val_dice"], step)
             for name, value in record["val_dice_per_class"].items():

@@ -49,8 +49,9 @@ from medseg.training.budget import TimeBudget
 from medseg.training.loop import GracefulStop, replay
 from medseg.training.losses import build_loss, named_class_weights
 from medseg.training.prepare import PreparedData
+from medseg.training.pseudo_dice import moving_average, pseudo_dice
 from medseg.training.tensorboard import TensorBoardLogger
-from medseg.training.validation import validate
+from medseg.training.validation import ValidationResult, validate
 from medseg.typed_config import to_typed
 
 log = logging.getLogger("medseg")
@@ -89,7 +90,8 @@ def differing_values(mine: Mapping[str, Any], theirs: Mapping[str, Any],
             yield f"{prefix}{key}", a, b
 
 
-MEANING_KEYS = ("data.spacing", "data.normalization", "data.regions", "data.regions_class_order", "model", "dataset")
+MEANING_KEYS = ("data.spacing", "data.normalization", "data.resampling", "data.regions", "data.regions_class_order",
+                "model", "dataset")
 """The keys (and the nodes whose every key) that say what a checkpoint's weights mean: the spacing and intensities of
 their input, their outputs (the regions; ``dataset``: the dataset's labels and channels) and the network, every
 ``model`` key but :data:`RUN_ONLY_MODEL_KEYS`. A resumed run keeps them. ``data.patch_size`` may change: the same
@@ -216,6 +218,8 @@ class Trainer:
         self.budget = None if minutes is None else TimeBudget(60.0 * minutes, self.trainer.max_epochs)
         self.epoch, self.start_step = 0, 0
         self.best_dice, self.best_epoch, self.best_per_class = -1.0, -1, {}
+        self.pseudo_ema: float | None = None  # trainer.val_iterations: the moving average of the pseudo-Dice
+        self.best_ema = -1.0  # and its best, whose weights best.pt holds
         self.history: list[dict[str, Any]] = []
         self.epoch_losses: list[float] = []  # finite losses of the current epoch so far
         self.train_seconds = 0.0
@@ -241,8 +245,9 @@ class Trainer:
                 self.step_seconds, self.steps_run = self.step_seconds + trained, self.steps_run + steps
                 self.stop_if_budget_spent(trained)
                 first_of_budget = self.budget is not None and self.epoch == 1  # timed with its validation
-                if (self.epoch % self.trainer.val_every == 0 or self.epoch == self.trainer.max_epochs
-                        or first_of_budget):
+                if self.data.val_patch_loader is not None:
+                    record.update(self.validate_patches())
+                if self.full_validation_due() or first_of_budget:
                     record.update(self.validate())
                 self.train_seconds += time.perf_counter() - started
                 record["train_seconds"] = round(self.train_seconds, 2)  # so far: the curve of val Dice over time
@@ -287,13 +292,39 @@ class Trainer:
         seed_everything(seed)
         set_rnd(self.data.train_dataset, seed + self.dist.rank)
 
+    def full_validation_due(self) -> bool:
+        """Whether this epoch (``self.epoch`` completed) predicts the validation volumes whole: every
+        ``trainer.val_every`` epochs (never with null) and the last one."""
+        every = self.trainer.val_every
+        return self.epoch == self.trainer.max_epochs or bool(every and self.epoch % every == 0)
+
+    def validate_patches(self) -> dict[str, Any]:
+        """``trainer.val_iterations``: the pseudo-Dice of this epoch's validation patches and its moving average;
+        ``best.pt`` when the average beats every earlier one (nnU-Net's checkpoint_best); the record entries."""
+        set_rnd(self.data.val_patch_loader.dataset, epoch_seed(self.trainer.seed, self.epoch) + self.dist.rank)
+        result = pseudo_dice(self.model, self.data.val_patch_loader, self.data.info.label_spec, self.device,
+                             amp_dtype(self.trainer.precision, self.device), self.dist)
+        self.pseudo_ema = moving_average(self.pseudo_ema, result.dice)
+        if self.pseudo_ema > self.best_ema:
+            self.best_ema, self.best_epoch = self.pseudo_ema, self.epoch
+            self.save(self.layout.best_checkpoint)
+        return {"pseudo_dice": result.dice, "pseudo_dice_ema": self.pseudo_ema,
+                "pseudo_dice_per_class": result.per_class}
+
     def validate(self) -> dict[str, Any]:
-        """Validate, keep ``best.pt`` when the mean foreground Dice beats every earlier one; the record entries."""
-        result = validate(self.model, self.data.val_dataset, self.data.window, self.cfg, self.data.info.label_spec,
-                          self.device, self.dist)
+        """Predict the validation volumes whole; the record entries. Without the pseudo-Dice, keep ``best.pt`` when
+        the mean foreground Dice beats every earlier one. With it (which chose ``best.pt``), the last epoch validates
+        ``best.pt``'s weights, whose Dice the run reports, and the earlier ones the current weights."""
+        chosen_by_patches = self.data.val_patch_loader is not None and self.best_ema >= 0
+        if chosen_by_patches and self.epoch == self.trainer.max_epochs:
+            result = self.validate_weights(self.layout.best_checkpoint)
+            self.best_dice, self.best_per_class = result.dice, result.per_class
+        else:
+            result = validate(self.model, self.data.val_dataset, self.data.window, self.cfg,
+                              self.data.info.label_spec, self.device, self.dist)
         if self.tb is not None and result.overlay is not None and self.trainer.log_images:
             self.tb.overlay("val/overlay", *result.overlay, axis=self.data.window.slice_axis, step=self.epoch)
-        if result.dice > self.best_dice:  # never replace best.pt with a worse model
+        if not chosen_by_patches and result.dice > self.best_dice:  # never replace best.pt with a worse model
             self.best_dice, self.best_epoch, self.best_per_class = result.dice, self.epoch, result.per_class
             self.save(self.layout.best_checkpoint)
         record: dict[str, Any] = {"val_dice": result.dice, "val_dice_per_class": result.per_class}
@@ -302,6 +333,17 @@ class Trainer:
                 self.tb, self.model, self.data.val_dataset[0], self.data.window,
                 self.cfg.model.spatial_dims, self.cfg.data.spacing, self.device, self.epoch)
         return record
+
+    def validate_weights(self, path: Path) -> ValidationResult:
+        """The full validation of the weights of checkpoint ``path``; the network keeps its own weights."""
+        network = unwrap_model(self.model)
+        own = {key: value.clone() for key, value in network.state_dict().items()}
+        load_model_state(self.model, load_checkpoint(path, map_location=self.device)["model"], path)
+        try:
+            return validate(self.model, self.data.val_dataset, self.data.window, self.cfg,
+                            self.data.info.label_spec, self.device, self.dist)
+        finally:
+            network.load_state_dict(own)
 
     def stop_if_budget_spent(self, trained: float) -> None:
         """``trainer.max_minutes``: make this epoch (``trained`` seconds so far) the last when another would not fit."""
@@ -314,7 +356,8 @@ class Trainer:
         budget spans become ``max_epochs``, and the schedule spans them."""
         assert self.budget is not None
         if self.epoch < self.trainer.max_epochs:
-            horizon = self.budget.horizon(first_epoch, trained, first_epoch - trained, self.trainer.val_every)
+            horizon = self.budget.horizon(first_epoch, trained, first_epoch - trained,
+                                          self.trainer.val_every or self.trainer.max_epochs)
             self.set_max_epochs(broadcast_object(horizon, self.dist), reschedule=True)
 
     def set_max_epochs(self, epochs: int, reschedule: bool = False) -> None:
@@ -356,6 +399,8 @@ class Trainer:
             "best_metric": self.best_dice,
             "best_epoch": self.best_epoch,
             "best_per_class": self.best_per_class,
+            "pseudo_dice_ema": self.pseudo_ema,
+            "best_pseudo_dice_ema": self.best_ema,
             "history": self.history,
             "nonfinite_total": self.nonfinite.total,
             "train_seconds": self.train_seconds,
@@ -404,6 +449,7 @@ class Trainer:
         self.epoch, self.start_step = state["epoch"], state["step"]
         self.best_dice, self.best_epoch = state["best_metric"], state["best_epoch"]
         self.best_per_class, self.history = state["best_per_class"], state["history"]
+        self.pseudo_ema, self.best_ema = state.get("pseudo_dice_ema"), state.get("best_pseudo_dice_ema", -1.0)
         self.nonfinite.total, self.nonfinite.streak = state["nonfinite_total"], state["nonfinite_streak"]
         self.train_seconds, self.epoch_losses = state["train_seconds"], state["epoch_losses"]
         # checkpoints written before these counters: the steps and wall time from here on, wall >= train time
@@ -486,6 +532,8 @@ class Trainer:
         if not self.dist.is_main:
             return
         msg = f"epoch {record['epoch']}/{self.trainer.max_epochs}  loss {record['loss']:.4f}"
+        if "pseudo_dice" in record:
+            msg += f"  pseudo-Dice {record['pseudo_dice']:.4f} (average {record['pseudo_dice_ema']:.4f})"
         if "val_dice" in record:
             msg += f"  val Dice {record['val_dice']:.4f} (best {self.best_dice:.4f} @ {self.best_epoch})"
         log.info(msg)

@@ -80,7 +80,7 @@ def test_training_chain_keeps_label_drawn_from_image(tmp_path: Path, spatial_dim
     spacing = (1.0, 1.0, 2.5)  # also the target: resampling keeps the voxel grid (the gap absorbs rounding)
     case = case_drawn_from_its_image(tmp_path, (20, 18, 9), spacing)
     data = DataConfig(root=str(tmp_path), spacing=list(spacing), patch_size=patch, normalization="none",
-                      pos_fraction=0.5, samples_per_volume=8, augment=True)
+                      pos_fraction=0.5, samples_per_volume=8, augment="light")
     chain = train_transforms(data, spatial_dims)
     chain.set_random_state(0)
     samples = chain(case)
@@ -89,3 +89,26 @@ def test_training_chain_keeps_label_drawn_from_image(tmp_path: Path, spatial_dim
         image, label = sample[IMAGE], sample[LABEL]
         assert tuple(image.shape) == (1, *window(data, spatial_dims).net_patch)
         assert torch.equal(label, drawn_label(image)), "the training chain misaligned image and label"
+
+
+@pytest.mark.parametrize(("spatial_dims", "patch"), [(2, [12, 12]), (3, [12, 12, 6])], ids=["2d", "3d"])
+def test_nnunets_chain_crops_the_enlarged_patch_and_keeps_the_label_on_the_image(tmp_path: Path, spatial_dims: int,
+                                                                                 patch: list[int]) -> None:
+    """data.augment=nnunet: the patches reach the network's size from nnU-Net's enlarged crop, and the label still
+    follows the image: rotation and scaling interpolate both (the image linearly, the label per class) and the
+    intensity transforms move the image's values, so they agree but at some voxels; the label against its own mirror
+    image (a misaligned pair) agrees far less."""
+    spacing = (1.0, 1.0, 2.5)
+    case = case_drawn_from_its_image(tmp_path, (20, 18, 9), spacing)
+    data = DataConfig(root=str(tmp_path), spacing=list(spacing), patch_size=patch, normalization="none",
+                      pos_fraction=0.5, samples_per_volume=16, augment="nnunet")
+    chain = train_transforms(data, spatial_dims)
+    chain.set_random_state(1)
+    aligned, misaligned = [], []
+    for sample in chain(case):
+        image, label = sample[IMAGE], sample[LABEL]
+        assert tuple(image.shape) == (1, *window(data, spatial_dims).net_patch)
+        assert set(label.unique().tolist()) <= {0.0, 1.0}
+        aligned.append(float((label == drawn_label(image)).float().mean()))
+        misaligned.append(float((label.flip(1) == drawn_label(image)).float().mean()))
+    assert np.mean(aligned) > 0.85 and np.mean(aligned) > np.mean(misaligned) + 0.2, (aligned, misaligned)

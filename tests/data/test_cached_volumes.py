@@ -35,7 +35,8 @@ def prepared_ct(tmp_path: Path, spatial_dims: int, *overrides: str) -> PreparedD
     root = write_ct_dataset(tmp_path / "ct", num_cases=4, shape=(48, 40, 12), spacing=[(0.7, 0.7, 5.0),
                                                                                        (0.8, 0.8, 4.0)])
     cfg = check_config(compose_config([
-        "data=msd", f"data.root={root}", f"output_dir={tmp_path / 'run'}", f"model.spatial_dims={spatial_dims}",
+        "data=msd", "recipe=light", f"data.root={root}", f"output_dir={tmp_path / 'run'}",
+        f"model.spatial_dims={spatial_dims}",
         "data.cache=memory", "data.num_workers=0", "trainer.check_data=false", "model.channels=[4,8]",
         "model.strides=[2]", "data.patch_size=[16,16,8]" if spatial_dims == 3 else "data.patch_size=[16,16]",
         *overrides]))

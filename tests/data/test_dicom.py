@@ -143,7 +143,7 @@ def test_dataset_json_naming_series_folders_checks_plans_and_trains(tmp_path: Pa
             np.testing.assert_allclose(series[key].affine.numpy(), expected[key].affine.numpy(), atol=1e-6)
     fingerprint = compute_fingerprint(info, progress=False)
     np.testing.assert_allclose([c["spacing"] for c in fingerprint["cases"]], [[0.8, 0.9, 2.5]] * 3, atol=1e-5)
-    metrics = train(micro_config(tmp_path / "run", root, "data=msd", "data.patch_size=[16,16,8]",
+    metrics = train(micro_config(tmp_path / "run", root, "data=msd", "recipe=light", "data.patch_size=[16,16,8]",
                                  "trainer.max_epochs=1", "data.fold=all"))
     assert metrics["status"] == "completed" and set(metrics["val_dice_per_class"]) == {"organ", "lesion"}
 

@@ -103,7 +103,8 @@ def test_bad_regions_stop_training_before_it_starts(brats: dict[str, Path], tmp_
     from medseg.training.run import train
     from tests.helpers.configs import MICRO_OVERRIDES, compose_config
 
-    cfg = compose_config([*MICRO_OVERRIDES, "data=msd", f"data.root={brats['msd']}", f"output_dir={tmp_path}",
+    cfg = compose_config([*MICRO_OVERRIDES, "data=msd", "recipe=light", f"data.root={brats['msd']}",
+                          f"output_dir={tmp_path}",
                           "data.regions={whole:[1,2,3]}"])
     with pytest.raises(ConfigError, match=r"^data\.regions: region 'whole' names label value\(s\) \[3\]"):
         train(cfg)
@@ -155,7 +156,7 @@ def test_region_targets_carry_ignore_in_every_channel(brats: dict[str, Path]) ->
     info = dataset_from_config(msd_config(brats["msd"], regions=REGIONS_OVERRIDE, regions_class_order=BRATS_ORDER))
     entry = info.training[0]
     raw = read_case(entry).label  # RAS order, the training chain's
-    data = DataConfig(spacing=[1.0, 1.0, 2.0], patch_size=list(raw.shape), normalization="none", augment=False,
+    data = DataConfig(spacing=[1.0, 1.0, 2.0], patch_size=list(raw.shape), normalization="none", augment="none",
                       samples_per_volume=1)
     (patch,) = train_transforms(data, 3, info.label_spec)(dict(entry))
     target = patch["label"].numpy()

@@ -19,7 +19,8 @@ from tests.helpers.configs import REPO
 from tests.helpers.read_only import read_only_command, read_only_mount
 from tests.helpers.realistic import write_ct_dataset
 
-TRAIN = ["data=msd", "model.channels=[8,16,32]", "data.patch_size=[32,32,8]", "data.samples_per_volume=1",
+TRAIN = ["data=msd", "recipe=light", "model.channels=[8,16,32]", "data.patch_size=[32,32,8]",
+         "data.samples_per_volume=1",
          "data.num_workers=0", "trainer.max_epochs=1", "trainer.batch_size=2", "trainer.progress=false"]
 
 

@@ -84,7 +84,8 @@ def datasets(tmp_path_factory: pytest.TempPathFactory) -> Callable[[str, str], P
 
 def run_config(root: Path, fmt: str, output_dir: Path, *overrides: str) -> Any:
     """The composed training config for a dataset folder: ``data=<fmt> data.root=<root>`` and :data:`TINY`."""
-    return compose_config([f"data={fmt}", f"data.root={root}", f"output_dir={output_dir}", *TINY, *overrides])
+    return compose_config([f"data={fmt}", "recipe=light", f"data.root={root}", f"output_dir={output_dir}", *TINY,
+                           *overrides])
 
 
 def train_on(root: Path, fmt: str, output_dir: Path, *overrides: str) -> dict[str, Any]:

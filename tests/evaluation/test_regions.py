@@ -125,7 +125,7 @@ def test_region_training_3d(brats: dict[str, Path], tmp_path: Path, monkeypatch:
         return call
 
     monkeypatch.setattr(trainer_module, "build_loss", recording)
-    metrics = train(micro_config(tmp_path, brats["msd"], "data=msd", REGIONS_OVERRIDE,
+    metrics = train(micro_config(tmp_path, brats["msd"], "data=msd", "recipe=light", REGIONS_OVERRIDE,
                                  "data.regions_class_order=[1,2,4]", *RUN))
     assert seen and all(shape[1] == 3 for shape, _ in seen)
     labels = torch.cat([label for _, label in seen])
@@ -145,7 +145,7 @@ def test_region_training_3d(brats: dict[str, Path], tmp_path: Path, monkeypatch:
 def test_region_training_2d_and_its_evaluation(brats: dict[str, Path], tmp_path: Path, one_thread: None) -> None:
     """nnU-Net's region syntax, a 2D model; its checkpoint evaluates to label maps in the dataset's values."""
     run = tmp_path / "run"
-    metrics = train(micro_config(run, brats["nnunet"], "data=nnunet", "model.spatial_dims=2", *RUN))
+    metrics = train(micro_config(run, brats["nnunet"], "data=nnunet", "recipe=light", "model.spatial_dims=2", *RUN))
     assert list(metrics["val_dice_per_class"]) == list(BRATS_REGIONS)
     result = evaluate({"ckpt": str(run / "checkpoints" / "best.pt"), "input": str(brats["nnunet"]),
                        "split": "training", "output": str(tmp_path / "out"), "inference": {"progress": False}})
@@ -206,7 +206,7 @@ def test_the_loss_sees_no_ignore_voxel(brats: dict[str, Path]) -> None:
         whole_tumor=[1, 2, 4], tumor_core=[2, 4], enhancing=[4]), regions_class_order=BRATS_ORDER))
     entry = info.training[0]
     shape = read_case(entry).label.shape
-    data = DataConfig(spacing=list(SPACING), patch_size=list(shape), normalization="none", augment=False,
+    data = DataConfig(spacing=list(SPACING), patch_size=list(shape), normalization="none", augment="none",
                       samples_per_volume=1)
     (patch,) = train_transforms(data, 3, info.label_spec)(dict(entry))
     target = patch["label"][None]

@@ -181,7 +181,8 @@ def test_train_uses_exactly_the_plan_that_plan_py_wrote_and_says_it_was_for_anot
     content = json.loads(plan_file.read_text())
     assert content["planned_for"]["device"] == "cuda" and content["planned_for"]["memory_gb"] == 0.05
     run_dir = tmp_path / "run"
-    trained = run_script("train.py", ["data=msd", f"data.root={root}", f"plan.file={plan_file}", "trainer.device=cpu",
+    trained = run_script("train.py", ["data=msd", "recipe=light", f"data.root={root}", f"plan.file={plan_file}",
+                                      "trainer.device=cpu",
                                       "trainer.max_epochs=1", "trainer.progress=false", "trainer.log_images=false",
                                       "trainer.check_data=false", "data.num_workers=0", f"hydra.run.dir={run_dir}"],
                          cwd=tmp_path)

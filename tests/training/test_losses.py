@@ -27,6 +27,7 @@ from medseg.training.losses import (
     auto_class_weights,
     build_loss,
     class_weight_names,
+    deep_supervision_weights,
     output_voxels,
     resolve_class_weights,
 )
@@ -199,19 +200,27 @@ def test_a_class_weight_scales_that_class_dice() -> None:
 
 
 @pytest.mark.parametrize("region_based", [False, True], ids=["classes", "regions"])
-def test_deep_supervision_keeps_the_ignore_voxels_at_every_level(region_based: bool) -> None:
-    """MONAI's DeepSupervisionLoss: the full-resolution loss plus half the loss of the half-resolution head against
-    the label downsampled by nearest neighbour, ignore voxels included."""
+def test_deep_supervision_weighs_as_nnunet_and_keeps_the_ignore_voxels_at_every_level(region_based: bool) -> None:
+    """nnU-Net's weights through MONAI's DeepSupervisionLoss: (full + 1/2 half-resolution + 0 quarter-resolution) / 1.5,
+    each output against the label downsampled by nearest neighbour, ignore voxels included."""
     coarse_logits, coarse = _inputs(region_based, ignore=True)
     label = coarse.repeat_interleave(2, 2).repeat_interleave(2, 3).repeat_interleave(2, 4)  # 2x2x2 blocks
     logits = torch.randn(coarse_logits.shape[:2] + label.shape[2:], generator=torch.Generator().manual_seed(3))
+    lowest = torch.randn(coarse_logits.shape[:2] + tuple(s // 2 for s in coarse.shape[2:]))
     single = _loss("dice_ce", region_based, None)
     deep = _loss("dice_ce", region_based, None, deep_supervision=True)
-    value = deep([logits, coarse_logits], label)
-    torch.testing.assert_close(value, single(logits, label) + 0.5 * single(coarse_logits, coarse))
+    value = deep([logits, coarse_logits, lowest], label)
+    torch.testing.assert_close(value, (single(logits, label) + 0.5 * single(coarse_logits, coarse)) / 1.5)
     ignored = coarse[:, :1] == IGNORE_INDEX
     changed = torch.where(ignored, 50 * torch.randn_like(coarse_logits), coarse_logits)
-    assert torch.equal(deep([logits, changed], label), value)
+    assert torch.equal(deep([logits, changed, 9 * lowest], label), value)
+
+
+@pytest.mark.parametrize("outputs", [1, 2, 3, 5])
+def test_deep_supervision_weights_are_nnunets(outputs: int) -> None:
+    """nnU-Net's nnUNetTrainer: 1 / 2^i per output, the lowest resolution's 0 (with more than one), summing to 1."""
+    raw = [0.0 if i == outputs - 1 and outputs > 1 else 1 / 2**i for i in range(outputs)]
+    assert deep_supervision_weights(outputs) == pytest.approx([w / sum(raw) for w in raw])
 
 
 def test_auto_weights_follow_the_inverse_square_root_of_the_voxel_share_capped_and_averaging_one() -> None:

@@ -53,7 +53,8 @@ def test_training_peak_ram_stays_within_the_runtime_and_3x_the_resampled_data(tm
     root = write_ct_dataset(tmp_path / "ct", num_cases=5, shape=(256, 256, 64), spacing=spacings, file_ending=".nii")
     run_dir = tmp_path / "run"
     result = run_script("train.py", [
-        "data=msd", f"data.root={root}", "data.cache=memory", "data.num_workers=2", "data.patch_size=[64,64]",
+        "data=msd", "recipe=light", f"data.root={root}", "data.cache=memory", "data.num_workers=2",
+        "data.patch_size=[64,64]",
         "data.samples_per_volume=2", "model.spatial_dims=2", "model.channels=[4,8]", "model.strides=[2]",
         "trainer.max_epochs=1", "trainer.batch_size=2", "inference.sw_batch_size=64", "trainer.check_data=false",
         "trainer.progress=false", "trainer.log_images=false", f"hydra.run.dir={run_dir}"], cwd=tmp_path)

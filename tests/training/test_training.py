@@ -58,7 +58,7 @@ def test_deep_supervision_trains_every_head_and_validates_on_the_full_resolution
     forwards, watched = record_forwards(monkeypatch), record_step(monkeypatch)
     run_dir = tmp_path / "run"
     cfg = micro_config(run_dir, tiny_demo_root, "trainer.max_epochs=1", "model.deep_supervision=true",
-                       "model.channels=[4,8,16]", "model.strides=[2,2]")
+                       "model.channels=[4,8,16,16]", "model.strides=[2,2,2]")
     metrics = train(cfg)
     typed = check_config(cfg)
     patch, strides = typed.data.patch_size, typed.model.strides
@@ -72,7 +72,9 @@ def test_deep_supervision_trains_every_head_and_validates_on_the_full_resolution
         assert [shape[2:] for shape in shapes] == expected
     assert watched.step is not None  # the last step's gradients are still there: every head was trained
     untrained = [name for name, p in watched.step.model.named_parameters() if p.grad is None or not p.grad.any()]
-    assert untrained == [], "parameters the loss gave no gradient"
+    lowest = len(strides) - 2  # nnU-Net's weights: the lowest-resolution output's is 0
+    assert untrained == [f"deep_heads.{lowest}.conv.conv.weight", f"deep_heads.{lowest}.conv.conv.bias"], \
+        "parameters the loss gave no gradient"
     validation = [f for f in forwards if not f.training]
     assert validation, "the run validated"
     for forward in validation:
