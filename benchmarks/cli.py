@@ -37,6 +37,7 @@ SUBCOMMANDS: dict[str, Subcommand] = {
     "long_scan": Subcommand("benchmarks.long_scan", "peak RAM of predicting long scans with many classes vs length"),
     "scaling": Subcommand("benchmarks.scaling",
                           "time and peak RAM of prediction vs slices and classes, medseg and nnU-Net, memory-capped"),
+    "loader": Subcommand("benchmarks.loader", "CPU time per training patch of each data.augment chain"),
     "gpu": Subcommand("tools.gpu_check", "the GPU check: scripts/gpu_check.py under its older name"),
 }
 """``benchmark.py <name>`` -> its module (under the clone's root) and help."""

@@ -271,7 +271,9 @@ class DataConfig:
     """With data.regions: the label value each region writes into predicted label maps, later regions overwriting
     earlier ones (needed when regions overlap); null: each region's lowest value."""
     pos_fraction: float = ranged(0.33, ge=0, le=1)
-    """Share of patches centred on foreground."""
+    """Share of patches centred on foreground: with data.augment light or none, each patch on a foreground voxel
+    with this chance; with nnunet (nnU-Net's oversample_foreground_percent), n - round(n * (1 - share)) of a case's
+    n patches, each on a voxel of a class drawn uniformly among those the case holds."""
     samples_per_volume: int | None = ranged(None, ge=1)
     """Patches drawn from each volume per epoch; null = 2 in 3D, 16 slices in 2D."""
     augment: str = "light"

@@ -1,10 +1,10 @@
 """MONAI transform chains for training, validation and inference, built from the resolved data config.
 
 Every chain reads the case in RAS voxel order (:class:`medseg.data.reading.LoadCased`, the reader planning
-uses too), resamples to the target spacing and normalises. Training then pads volumes smaller than the
-patch, samples foreground-balanced patches and augments. In 2D mode the training patches are single slices
-across the thick axis, squeezed to 2D; validation and inference keep whole 3D volumes and run the 2D
-network slice by slice.
+uses too), resamples to the target spacing and normalises. Training then samples patches, a share of them on
+foreground (each ``data.augment`` its own way: :data:`AUGMENTATIONS`), and augments. In 2D mode the training
+patches are single slices across the thick axis, squeezed to 2D; validation and inference keep whole 3D volumes and
+run the 2D network slice by slice.
 """
 
 from __future__ import annotations
@@ -23,6 +23,7 @@ from medseg.data.labels import LabelSpec, RandCropByPosNegForegroundd, target_tr
 from medseg.data.nnunet_augment import nnunet_augmentations, nnunet_crop
 from medseg.data.reading import IMAGE, LABEL, LoadCased
 from medseg.data.resampling import ResampleToSpacingd
+from medseg.data.sampling import ClassLocationsd, RandNnunetCropd
 from medseg.errors import ConfigError, check_choice
 
 
@@ -182,22 +183,21 @@ def train_transforms(data: DataConfig, spatial_dims: int, labels: LabelSpec | No
                        *patch_sampling(data, spatial_dims, labels)])
 
 
-def patch_sampling(data: DataConfig, spatial_dims: int, labels: LabelSpec | None = None) -> list[mt.Transform]:
-    """The training chain after :func:`preprocessing`: pad to the crop, sample ``samples_per_volume`` patches,
-    augment, and make the loss's target. Takes a preprocessed case (as :func:`eval_transforms` leaves it)."""
+def patch_sampling(data: DataConfig, spatial_dims: int, labels: LabelSpec | None = None,
+                   augment: bool = True) -> list[mt.Transform]:
+    """The training chain after :func:`preprocessing`: sample ``samples_per_volume`` crops (the
+    :class:`Augmentation`'s ``sampling``: its deterministic transforms first, so that a cached dataset keeps their
+    output), squeeze them to 2D for a 2D network, augment, and make the loss's target. Takes a preprocessed case
+    (as :func:`eval_transforms` leaves it). ``augment=False``: the same sampling of the network's patch, not
+    augmented (the validation patches of the pseudo-Dice, as nnU-Net samples them)."""
     view = window(data, spatial_dims)
     augmentation = AUGMENTATIONS[check_augment(data.augment)]
-    crop = augmentation.crop(view, spatial_dims)
-    chain: list[mt.Transform] = [
-        mt.SpatialPadd(keys=[IMAGE, LABEL], spatial_size=crop),
-        RandCropByPosNegForegroundd(
-            keys=[IMAGE, LABEL], label_key=LABEL, spatial_size=crop, pos=data.pos_fraction,
-            neg=1.0 - data.pos_fraction, num_samples=samples_per_volume(data, spatial_dims), allow_smaller=False,
-        ),
-    ]
+    crop = augmentation.crop(view, spatial_dims) if augment else view.roi_size
+    chain = augmentation.sampling(data, view, spatial_dims, crop, labels)
     if spatial_dims == 2:
         chain.append(mt.SqueezeDimd(keys=[IMAGE, LABEL], dim=view.slice_axis + 1))
-    chain += augmentation.transforms(view, spatial_dims)
+    if augment:
+        chain += augmentation.transforms(view, spatial_dims)
     return [*chain, *(target_transforms(labels, LABEL) if labels is not None else []),
             mt.EnsureTyped(keys=[IMAGE, LABEL], dtype=torch.float32, track_meta=False)]
 
@@ -216,9 +216,43 @@ def augmentations(patch: Sequence[int]) -> list[mt.Transform]:
             mt.RandShiftIntensityd(keys=IMAGE, offsets=0.1, prob=0.5)]
 
 
+Sampling = Callable[[DataConfig, Window, int, list[int], LabelSpec | None], list[mt.Transform]]
+"""``sampling(data, window, spatial_dims, crop, labels)``: the transforms that turn a preprocessed case into a list
+of ``samples_per_volume`` crops of the 3D size ``crop``; deterministic ones first."""
+
+
+def pos_neg_sampling(data: DataConfig, view: Window, spatial_dims: int, crop: list[int],
+                     labels: LabelSpec | None = None) -> list[mt.Transform]:
+    """MONAI's sampling: pad a case smaller than ``crop`` (symmetrically), then centre each crop on a foreground
+    voxel (any class, so each class as often as its share of the voxels) with probability ``data.pos_fraction``,
+    else on a background voxel (:class:`~medseg.data.labels.RandCropByPosNegForegroundd`); the crop stays inside."""
+    return [
+        mt.SpatialPadd(keys=[IMAGE, LABEL], spatial_size=crop),
+        RandCropByPosNegForegroundd(
+            keys=[IMAGE, LABEL], label_key=LABEL, spatial_size=crop, pos=data.pos_fraction,
+            neg=1.0 - data.pos_fraction, num_samples=samples_per_volume(data, spatial_dims), allow_smaller=False,
+        ),
+    ]
+
+
+def nnunet_sampling(data: DataConfig, view: Window, spatial_dims: int, crop: list[int],
+                    labels: LabelSpec | None = None) -> list[mt.Transform]:
+    """nnU-Net's sampling (:mod:`medseg.data.sampling`): the voxels of each output's classes (a foreground class, or
+    a region's members; without ``labels`` each foreground class), then the last
+    :func:`~medseg.data.sampling.forced_foreground` crops of ``data.pos_fraction`` centred on a voxel of an output
+    drawn uniformly among those the case holds, the others uniform over the case padded so that the network's patch
+    (``view.roi_size``, cut from the crop's centre) reaches its borders."""
+    return [
+        ClassLocationsd(LABEL, labels.output_classes if labels is not None else None),
+        RandNnunetCropd([IMAGE, LABEL], crop, view.roi_size, samples_per_volume(data, spatial_dims),
+                        data.pos_fraction),
+    ]
+
+
 @dataclass(frozen=True)
 class Augmentation:
-    """One value of ``data.augment``: the crop the patch sampler takes and the random transforms that follow it."""
+    """One value of ``data.augment``: how the patches are sampled, the crop they take, and the random transforms
+    that follow."""
 
     crop: Callable[[Window, int], list[int]]
     """``crop(window, spatial_dims)``: the 3D crop (in 2D, 1 voxel along the slice axis), the window's ``roi_size`` or
@@ -226,6 +260,9 @@ class Augmentation:
     transforms: Callable[[Window, int], list[mt.Transform]]
     """``transforms(window, spatial_dims)``: the chain on the crop (squeezed to 2D for a 2D network), ending at the
     network's patch ``window.net_patch``."""
+    sampling: Sampling = pos_neg_sampling
+    """The crops' sampler (:data:`Sampling`): MONAI's foreground/background balance (:func:`pos_neg_sampling`) or
+    nnU-Net's foreground oversampling (:func:`nnunet_sampling`)."""
 
 
 def _nnunet_crop(view: Window, spatial_dims: int) -> list[int]:
@@ -240,10 +277,22 @@ def _nnunet_crop(view: Window, spatial_dims: int) -> list[int]:
 AUGMENTATIONS: dict[str, Augmentation] = {
     "light": Augmentation(lambda view, dims: view.roi_size, lambda view, dims: augmentations(view.net_patch)),
     "nnunet": Augmentation(_nnunet_crop, lambda view, dims: nnunet_augmentations(view.net_patch, dims,
-                                                                                  view.slice_axis)),
+                                                                                  view.slice_axis),
+                           nnunet_sampling),
     "none": Augmentation(lambda view, dims: view.roi_size, lambda view, dims: []),
 }
-"""The values of ``data.augment``."""
+"""The values of ``data.augment``. ``light`` and ``none`` sample with :func:`pos_neg_sampling`, ``nnunet`` with
+nnU-Net's foreground oversampling (:func:`nnunet_sampling`) on its enlarged crop."""
+
+
+def cached_sampling_name(data: DataConfig, spatial_dims: int) -> str:
+    """What the deterministic head of ``data.augment``'s sampling leaves in a cached training case, as a folder name
+    (:func:`medseg.training.prepare.prepare_data`'s disk cache): ``pad<crop>`` for :func:`pos_neg_sampling` (the
+    case padded to the crop), ``class_locations`` for :func:`nnunet_sampling`."""
+    augmentation = AUGMENTATIONS[check_augment(data.augment)]
+    if augmentation.sampling is nnunet_sampling:
+        return "class_locations"
+    return "pad" + "x".join(map(str, augmentation.crop(window(data, spatial_dims), spatial_dims)))
 
 
 def check_augment(augment: str) -> str:

@@ -7,7 +7,7 @@ import hashlib
 import json
 import logging
 from collections.abc import Callable
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -17,7 +17,14 @@ from torch.utils.data import RandomSampler
 
 from medseg.config import DataConfig, TrainConfig
 from medseg.data.datalist import DatasetInfo, dataset_cache_dir, split_cases, splits_path
-from medseg.data.transforms import Window, eval_transforms, patch_sampling, train_transforms, window
+from medseg.data.transforms import (
+    Window,
+    cached_sampling_name,
+    eval_transforms,
+    patch_sampling,
+    train_transforms,
+    window,
+)
 from medseg.io import atomic_write_json
 from medseg.planning.fingerprint import files_digest
 from medseg.planning.plan import Plan
@@ -79,11 +86,12 @@ def choose_cache(mode: str, needed: RamEstimate, available: int) -> tuple[str, s
     return chosen, f"auto: {estimate}; memory below {100 * MEMORY_CACHE_FRACTION:.0f}%"
 
 
-def _disk_cache_dirs(cache_dir: Path, info: DatasetInfo, data: DataConfig, crop: list[int]) -> tuple[Path, Path]:
+def _disk_cache_dirs(cache_dir: Path, info: DatasetInfo, data: DataConfig, spatial_dims: int) -> tuple[Path, Path]:
     """Training and validation folders for ``data.cache=disk``, keyed by what made their contents.
 
     A disk cache holds each case after the deterministic transforms: resampling, normalisation and the label
-    values mapped to class indices, and in training also the padding to the patch ``crop``. The key covers those
+    values mapped to class indices, and in training also the deterministic head of the sampling (the padding to the
+    crop, or nnU-Net's class locations: :func:`~medseg.data.transforms.cached_sampling_name`). The key covers those
     settings and the case files (path, size, mtime), so changed files or settings never reuse stale volumes.
     """
     files = files_digest([*info.training, *(info.validation or [])])
@@ -93,7 +101,7 @@ def _disk_cache_dirs(cache_dir: Path, info: DatasetInfo, data: DataConfig, crop:
         made_by.append(data.resampling)
     key = hashlib.sha1(json.dumps(made_by).encode()).hexdigest()[:12]
     base = cache_dir / f"preprocessed_{key}"
-    return base / f"train_pad{'x'.join(map(str, crop))}", base / "val"
+    return base / f"train_{cached_sampling_name(data, spatial_dims)}", base / "val"
 
 
 def prepare_data(cfg: TrainConfig, info: DatasetInfo, plan: Plan, output_dir: Path, dist: DistInfo) -> PreparedData:
@@ -122,7 +130,7 @@ def prepare_data(cfg: TrainConfig, info: DatasetInfo, plan: Plan, output_dir: Pa
                                    info.in_channels, info.num_outputs, data.num_workers,
                                    plan.memory.total if on_cpu and plan.memory is not None else 0)
     cache, reason = choose_cache(data.cache, needed, available_ram_bytes())
-    train_dir, val_dir = _disk_cache_dirs(cache_dir, info, data, view.roi_size)
+    train_dir, val_dir = _disk_cache_dirs(cache_dir, info, data, spatial_dims)
     if dist.is_main:
         per_rank = f" (rank 0's share of {dist.world_size} ranks)" if dist.enabled else ""
         log.info("data: %d training / %d validation cases%s; cache=%s (%s)%s", len(train_cases), len(val_cases),
@@ -158,6 +166,5 @@ def validation_patches(val_ds: Dataset, data: DataConfig, spatial_dims: int, inf
                        iterations: int) -> DataLoader:
     """``trainer.val_iterations`` batches of patches of the (preprocessed, cached) validation cases, sampled as the
     training patches are (a share of them centred on foreground) without augmentation: the pseudo-Dice's input."""
-    patches = Dataset(val_ds, mt.Compose(patch_sampling(replace(data, augment="none"), spatial_dims,
-                                                        info.label_spec)))
+    patches = Dataset(val_ds, mt.Compose(patch_sampling(data, spatial_dims, info.label_spec, augment=False)))
     return patch_loader(patches, batch, data.num_workers, iterations)

@@ -534,8 +534,9 @@ class Trainer:
         msg = f"epoch {record['epoch']}/{self.trainer.max_epochs}  loss {record['loss']:.4f}"
         if "pseudo_dice" in record:
             msg += f"  pseudo-Dice {record['pseudo_dice']:.4f} (average {record['pseudo_dice_ema']:.4f})"
-        if "val_dice" in record:
-            msg += f"  val Dice {record['val_dice']:.4f} (best {self.best_dice:.4f} @ {self.best_epoch})"
+        if "val_dice" in record:  # best.pt's Dice is known once a full validation scored it
+            msg += f"  val Dice {record['val_dice']:.4f}"
+            msg += f" (best {self.best_dice:.4f} @ {self.best_epoch})" if self.best_dice >= 0 else ""
         log.info(msg)
         assert self.tb is not None
         self.tb.scalars(record, nonfinite_steps=self.nonfinite.total)

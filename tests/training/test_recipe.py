@@ -18,6 +18,7 @@ from medseg.training.checks import check_config
 from medseg.training.prepare import patch_loader
 from medseg.training.pseudo_dice import EMA_MOMENTUM, moving_average, output_masks, overlap_counts, summarize
 from medseg.training.run import train
+from medseg.training.trainer import Trainer
 from tests.helpers.configs import compose_config
 from tests.helpers.runs import micro_config
 
@@ -153,3 +154,38 @@ def test_a_micro_run_chooses_best_by_the_moving_average_and_validates_it_whole(t
     assert load_checkpoint(run_dir / "checkpoints" / "best.pt")["epoch"] == best
     assert metrics["best_val_dice"] == history[-1]["val_dice"]
     assert json.loads((run_dir / "metrics.json").read_text())["best_epoch"] == best
+
+
+class _Stop(Exception):
+    """Ends a run after an epoch's checkpoint, as a kill would."""
+
+
+def test_a_run_of_the_recipe_resumed_after_a_stop_ends_as_the_uninterrupted_one(
+        tmp_path: Path, tiny_demo_root: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The random epochs, nnU-Net's augmentation, the validation patches and the moving average are functions of
+    (seed, epoch): a run stopped after epoch 2 and resumed ends with the same history, best.pt and weights."""
+    recipe = ["experiment=nnunet", "model.channels=[4,8]", "model.strides=[2]", "trainer.max_epochs=3",
+              "trainer.iterations_per_epoch=2", "trainer.val_iterations=2", "trainer.batch_size=1"]
+    whole = train(micro_config(tmp_path / "whole", tiny_demo_root, *recipe))
+    log_epoch = Trainer.log_epoch
+
+    def stop_after_two(self: Trainer, record: dict) -> None:
+        log_epoch(self, record)
+        if record["epoch"] == 2:
+            raise _Stop
+
+    monkeypatch.setattr(Trainer, "log_epoch", stop_after_two)
+    with pytest.raises(_Stop):
+        train(micro_config(tmp_path / "resumed", tiny_demo_root, *recipe))
+    monkeypatch.setattr(Trainer, "log_epoch", log_epoch)
+    resumed = train(micro_config(tmp_path / "resumed", tiny_demo_root, *recipe, "trainer.resume=true"))
+
+    def untimed(metrics: dict) -> list[dict]:
+        return [{k: v for k, v in record.items() if k != "train_seconds"} for record in metrics["history"]]
+
+    assert untimed(resumed) == untimed(whole) and resumed["best_epoch"] == whole["best_epoch"]
+    assert resumed["best_val_dice"] == whole["best_val_dice"]
+    for name in ("last.pt", "best.pt"):
+        got, want = (load_checkpoint(tmp_path / run / "checkpoints" / name)["model"] for run in ("resumed", "whole"))
+        for key, value in want.items():
+            torch.testing.assert_close(got[key], value, rtol=0, atol=1e-6)
