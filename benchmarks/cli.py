@@ -38,6 +38,8 @@ SUBCOMMANDS: dict[str, Subcommand] = {
     "scaling": Subcommand("benchmarks.scaling",
                           "time and peak RAM of prediction vs slices and classes, medseg and nnU-Net, memory-capped"),
     "loader": Subcommand("benchmarks.loader", "CPU time per training patch of each data.augment chain"),
+    "shift": Subcommand("benchmarks.shift", "a cross-validated sweep's folds on their validation cases under a "
+                        "scanner shift, for compare.py"),
     "gpu": Subcommand("tools.gpu_check", "the GPU check: scripts/gpu_check.py under its older name"),
 }
 """``benchmark.py <name>`` -> its module (under the clone's root) and help."""
