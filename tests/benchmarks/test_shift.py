@@ -33,7 +33,7 @@ def test_every_fold_predicts_the_shifted_copies_of_its_validation_cases(tmp_path
     for before, after in zip(original.training, shifted.training):
         assert before["case"] == after["case"]
         raw, moved = (np.asarray(nib.load(case["image"]).dataobj, dtype=np.float64) for case in (before, after))
-        assert 0 < np.abs(moved - raw).mean() and np.allclose(moved.mean(), raw.mean(), atol=0.1)
+        assert np.abs(moved - raw).mean() > 0 and np.allclose(moved.mean(), raw.mean(), atol=0.1)
         assert np.array_equal(nib.load(before["label"]).get_fdata(), nib.load(after["label"]).get_fdata())
     cases = {case["case"] for case in original.training}
     validated = {case for job in sweep.glob("[0-9]") for case in json.loads((job / "splits.json").read_text())["val"]}
