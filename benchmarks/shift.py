@@ -1,11 +1,12 @@
 """``benchmark.py shift``: a cross-validated sweep's folds on their own validation cases as another scanner would
 show them, as settings that ``compare.py`` pairs.
 
-``python scripts/benchmark.py shift SWEEP [--noise 40] [--contrast 0.7] [--blur 1.0] [--out DIR]``
+``python scripts/benchmark.py shift SWEEP [--noise 15] [--contrast 0.8] [--center 40] [--blur 0.7] [--out DIR]``
 
 The sweep's dataset (``data.root`` of its runs; an MSD or nnU-Net folder of CT or MR images) is copied with every
-training image shifted (labels unchanged): blurred in-plane by a Gaussian of ``--blur`` voxels, its contrast about its
-mean scaled by ``--contrast``, Gaussian noise of ``--noise`` (the image's units: HU on CT) added, with a fixed seed.
+training image shifted (labels unchanged): blurred in-plane by a Gaussian of ``--blur`` voxels, its contrast about
+``--center`` (the image's units: a soft-tissue HU on CT; default the image's mean) scaled by ``--contrast``, Gaussian
+noise of ``--noise`` added, with a fixed seed.
 Each finished run of the sweep then predicts the shifted copies of its own fold's validation cases (its
 ``splits.json``) with its ``best.pt``, as ``medseg predict`` does (mirroring as the checkpoint validated), and the
 label maps of every fold of a setting land in ``DIR/<setting>/``: out-of-fold predictions of the shifted cases, on the
@@ -39,19 +40,22 @@ DEFAULT_OUT_NAME = "shift"
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     """``benchmark.py shift``'s arguments."""
     parser.add_argument("sweep", type=Path, help="a multirun folder of a cross-validated sweep (data.fold=0,1,...)")
-    parser.add_argument("--noise", type=float, default=40.0, help="standard deviation of the added Gaussian noise")
-    parser.add_argument("--contrast", type=float, default=0.7, help="the contrast about the image's mean, scaled by")
-    parser.add_argument("--blur", type=float, default=1.0, help="in-plane Gaussian blur, sigma in voxels (0: none)")
+    parser.add_argument("--noise", type=float, default=15.0, help="standard deviation of the added Gaussian noise")
+    parser.add_argument("--contrast", type=float, default=0.8, help="the contrast about --center, scaled by")
+    parser.add_argument("--center", type=float, default=None, help="the value the contrast turns about (default: the "
+                        "image's mean)")
+    parser.add_argument("--blur", type=float, default=0.7, help="in-plane Gaussian blur, sigma in voxels (0: none)")
     parser.add_argument("--seed", type=int, default=0, help="seed of the noise")
     parser.add_argument("--out", type=Path, default=None, help=f"default SWEEP/{DEFAULT_OUT_NAME}")
 
 
-def shifted_image(image: np.ndarray, noise: float, contrast: float, blur: float,
-                  rng: np.random.Generator) -> np.ndarray:
+def shifted_image(image: np.ndarray, noise: float, contrast: float, blur: float, rng: np.random.Generator,
+                  center: float | None = None) -> np.ndarray:
     """``image`` ``(X, Y, Z)`` as another scanner shows it: blurred in the (X, Y) plane by ``blur`` voxels, its
-    contrast about its mean scaled by ``contrast``, Gaussian noise of ``noise`` added; float64."""
+    contrast about ``center`` (None: its mean) scaled by ``contrast``, Gaussian noise of ``noise`` added; float64."""
     out = ndimage.gaussian_filter(image.astype(np.float64), (blur, blur, 0)) if blur > 0 else image.astype(np.float64)
-    out = (out - out.mean()) * contrast + out.mean()
+    pivot = out.mean() if center is None else center
+    out = (out - pivot) * contrast + pivot
     return out + rng.normal(0.0, noise, out.shape)
 
 
@@ -65,7 +69,7 @@ def write_shifted_dataset(root: Path, fmt: str, out: Path, args: argparse.Namesp
     for case in info.training:
         for image in [case["image"]] if isinstance(case["image"], str) else case["image"]:
             source = nib.load(image)
-            data = shifted_image(np.asarray(source.dataobj), args.noise, args.contrast, args.blur, rng)
+            data = shifted_image(np.asarray(source.dataobj), args.noise, args.contrast, args.blur, rng, args.center)
             dtype = source.get_data_dtype()
             if np.issubdtype(dtype, np.integer):
                 data = np.clip(np.rint(data), np.iinfo(dtype).min, np.iinfo(dtype).max)
@@ -112,6 +116,8 @@ def run(args: argparse.Namespace) -> int:
     folders = predict_folds(sweep, shifted, data["format"], out)
     extras = " ".join(f"extra={name}={folder}" for name, folder in folders.items())
     first = next(iter(folders))
-    print(f"shifted: noise {args.noise:g}, contrast {args.contrast:g}, blur {args.blur:g} voxels; dataset {shifted}\n"
+    center = "the mean" if args.center is None else f"{args.center:g}"
+    print(f"shifted: noise {args.noise:g}, contrast {args.contrast:g} about {center}, blur {args.blur:g} voxels; "
+          f"dataset {shifted}\n"
           f"python scripts/compare.py {args.sweep} {extras} reference={first}")
     return 0

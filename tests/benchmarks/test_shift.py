@@ -22,6 +22,8 @@ def test_the_shift_is_blur_then_contrast_then_noise() -> None:
     blurred = ndimage.gaussian_filter(image, (1.0, 1.0, 0))
     noise = np.random.default_rng(7).normal(0.0, 5.0, image.shape)
     np.testing.assert_allclose(out, (blurred - blurred.mean()) * 0.5 + blurred.mean() + noise)
+    about = shifted_image(image, noise=0.0, contrast=0.5, blur=0.0, rng=np.random.default_rng(7), center=40.0)
+    np.testing.assert_allclose(about, (image - 40.0) * 0.5 + 40.0)
 
 
 def test_every_fold_predicts_the_shifted_copies_of_its_validation_cases(tmp_path: Path, tiny_demo_root: Path) -> None:
