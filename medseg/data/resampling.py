@@ -61,13 +61,13 @@ class ResampleToSpacingd(mt.MapTransform, mt.InvertibleTransform):
     def __init__(self, keys: Sequence[Hashable], pixdim: Sequence[float], resampling: str) -> None:
         super().__init__(keys)
         check_choice("data.resampling", resampling, RESAMPLINGS)
-        self.pixdim, self.resampling = [float(s) for s in pixdim], resampling
-        image_mode = "bilinear" if resampling == "linear" else SPLINE_ORDER
-        self.one_pass = self._spacing(self.pixdim, image_mode)
-        self.separate = {  # per thick axis: the spline across it, then nearest neighbour along it
+        self.pixdim = [float(s) for s in pixdim]
+        nnunet = resampling == "nnunet"
+        self.one_pass = self._spacing(self.pixdim, SPLINE_ORDER if nnunet else "bilinear")
+        self.separate = {  # nnunet: per thick axis, the spline across it, then nearest neighbour along it
             axis: (self._spacing([-1.0 if a == axis else s for a, s in enumerate(self.pixdim)], SPLINE_ORDER),
                    self._spacing([s if a == axis else -1.0 for a, s in enumerate(self.pixdim)], "nearest"))
-            for axis in range(len(self.pixdim))}
+            for axis in range(len(self.pixdim))} if nnunet else {}
 
     def _spacing(self, pixdim: list[float], image_mode: Any) -> mt.Spacingd:
         """MONAI's ``Spacingd`` to ``pixdim`` (non-positive entries: kept), the image by ``image_mode``."""
@@ -76,7 +76,7 @@ class ResampleToSpacingd(mt.MapTransform, mt.InvertibleTransform):
 
     def passes(self, spacing: Sequence[float]) -> tuple[mt.Spacingd, ...]:
         """The ``Spacingd`` passes for a case of ``spacing`` (mm per axis)."""
-        axis = separate_axis(spacing, self.pixdim) if self.resampling == "nnunet" else None
+        axis = separate_axis(spacing, self.pixdim) if self.separate else None
         return (self.one_pass,) if axis is None else self.separate[axis]
 
     def __call__(self, data: Mapping[Hashable, Any]) -> dict[Hashable, Any]:

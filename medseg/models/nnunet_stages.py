@@ -16,7 +16,7 @@ the block starts as its shortcut. The modules register their layers in nnU-Net's
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 
 import torch
 from torch import nn
@@ -69,13 +69,18 @@ def _ones(spatial_dims: int) -> tuple[int, ...]:
     return (1,) * spatial_dims
 
 
-def _conv_stack(style: ConvStyle, in_channels: int, out_channels: int, stride: Sequence[int], count: int,
-                level: int) -> nn.Sequential:
-    """nnU-Net's ``StackedConvBlocks``: ``count`` conv layers with ``level``'s kernel, the first with ``stride`` and
-    the width change: ``(B, in_channels, *S) -> (B, out_channels, *S / stride)``."""
+Block = Callable[[ConvStyle, int, int, Sequence[int], Sequence[int]], nn.Module]
+"""``block(style, in_channels, out_channels, kernel, stride)``: :class:`ConvLayer` or :class:`BasicBlockD`."""
+
+
+def _stack(block: Block, style: ConvStyle, in_channels: int, out_channels: int, stride: Sequence[int], count: int,
+           level: int) -> nn.Sequential:
+    """nnU-Net's ``StackedConvBlocks`` (``block`` :class:`ConvLayer`) or ``StackedResidualBlocks``
+    (:class:`BasicBlockD`): ``count`` blocks with ``level``'s kernel, the first with ``stride`` and the width change:
+    ``(B, in_channels, *S) -> (B, out_channels, *S / stride)``."""
     kernel, ones = style.kernels[level], _ones(style.spatial_dims)
-    return nn.Sequential(ConvLayer(style, in_channels, out_channels, kernel, stride),
-                         *(ConvLayer(style, out_channels, out_channels, kernel, ones) for _ in range(count - 1)))
+    return nn.Sequential(block(style, in_channels, out_channels, kernel, stride),
+                         *(block(style, out_channels, out_channels, kernel, ones) for _ in range(count - 1)))
 
 
 class BasicBlockD(nn.Module):
@@ -105,21 +110,12 @@ class BasicBlockD(nn.Module):
         return self.act(self.conv2(self.conv1(x)) + self.skip(x))
 
 
-def _residual_stack(style: ConvStyle, in_channels: int, out_channels: int, stride: Sequence[int], count: int,
-                    level: int) -> nn.Sequential:
-    """nnU-Net's ``StackedResidualBlocks``: ``count`` basic blocks with ``level``'s kernel, the first with ``stride``
-    and the width change: ``(B, in_channels, *S) -> (B, out_channels, *S / stride)``."""
-    kernel, ones = style.kernels[level], _ones(style.spatial_dims)
-    return nn.Sequential(BasicBlockD(style, in_channels, out_channels, kernel, stride),
-                         *(BasicBlockD(style, out_channels, out_channels, kernel, ones) for _ in range(count - 1)))
-
-
 def plain_encoder(in_channels: int, channels: Sequence[int], strides: Strides, blocks: Sequence[int],
                   style: ConvStyle) -> tuple[nn.Module, nn.ModuleList]:
     """``PlainConvEncoder``'s stages: level 0's stack (stride 1) as the stem, the others as the down stages
     (:data:`~medseg.models.conv_stages.EncoderBuilder`), ``blocks[level]`` conv layers each."""
-    stem = _conv_stack(style, in_channels, channels[0], _ones(style.spatial_dims), blocks[0], 0)
-    down = nn.ModuleList(_conv_stack(style, channels[i], channels[i + 1], strides[i], blocks[i + 1], i + 1)
+    stem = _stack(ConvLayer, style, in_channels, channels[0], _ones(style.spatial_dims), blocks[0], 0)
+    down = nn.ModuleList(_stack(ConvLayer, style, channels[i], channels[i + 1], strides[i], blocks[i + 1], i + 1)
                          for i in range(len(strides)))
     return stem, down
 
@@ -131,8 +127,8 @@ def residual_encoder(in_channels: int, channels: Sequence[int], strides: Strides
     each."""
     ones = _ones(style.spatial_dims)
     stem = nn.Sequential(ConvLayer(style, in_channels, channels[0], style.kernels[0], ones),
-                         _residual_stack(style, channels[0], channels[0], ones, blocks[0], 0))
-    down = nn.ModuleList(_residual_stack(style, channels[i], channels[i + 1], strides[i], blocks[i + 1], i + 1)
+                         _stack(BasicBlockD, style, channels[0], channels[0], ones, blocks[0], 0))
+    down = nn.ModuleList(_stack(BasicBlockD, style, channels[i], channels[i + 1], strides[i], blocks[i + 1], i + 1)
                          for i in range(len(strides)))
     return stem, down
 
@@ -149,7 +145,7 @@ class UpStage(nn.Module):
         super().__init__()
         self.transp_conv = TRANSPOSED_CONVS[style.spatial_dims](in_channels, out_channels, tuple(stride),
                                                                 tuple(stride), bias=True)
-        self.convs = _conv_stack(style, 2 * out_channels, out_channels, _ones(style.spatial_dims), convs, level)
+        self.convs = _stack(ConvLayer, style, 2 * out_channels, out_channels, _ones(style.spatial_dims), convs, level)
 
     def forward(self, x: torch.Tensor, skip: torch.Tensor) -> torch.Tensor:
         return self.convs(torch.cat((self.transp_conv(x), skip), dim=1))
