@@ -107,6 +107,18 @@ class TransformerBlock(nn.Module):
     def _feed_forward(self, x: torch.Tensor, spatial_shape: tuple[int, ...]) -> torch.Tensor:
         return self.ffn(self.ffn_norm(x), spatial_shape)
 
+    @torch.no_grad()
+    def start_as_identity(self) -> None:
+        """Zero the last layer of each residual branch, so that the block maps ``x`` to ``x`` until it trains: the
+        position conv, the attention's output projection (for a mixer without one, the pre-norm's affine, its only
+        weights) and the FFN's output linear. Their gradients are not zero, so the block still learns from its first
+        step."""
+        last_layers = [self.cpe, self.ffn[2],
+                       self.attention.proj if self.attention.mixes_tokens else self.attention_norm]
+        for layer in last_layers:
+            layer.weight.zero_()
+            layer.bias.zero_()
+
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         """``(B, C, *spatial) -> (B, C, *spatial)``."""
         spatial_shape = tuple(x.shape[2:])

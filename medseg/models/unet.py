@@ -29,6 +29,7 @@ from monai.networks.layers.utils import get_act_layer, get_norm_layer
 from torch import nn
 
 from medseg.attention import SpatialAttention, build_transformer_block, functional
+from medseg.attention.block import TransformerBlock
 from medseg.attention.common import dense_bias_bytes
 from medseg.errors import ConfigError
 from medseg.models.conv_stages import ConvStages, ConvStyle, get_conv_stages, register_conv_stages
@@ -354,6 +355,15 @@ class SlottedUNet(nn.Module):
             if style.initialize is not None:
                 style.initialize(stages)
             stages.to(memory_format=self.memory_format)
+
+    def start_slots_as_identity(self) -> list[str]:
+        """Every transformer block of the attention slots starts as the identity
+        (:meth:`~medseg.attention.block.TransformerBlock.start_as_identity`): the network then computes what its conv
+        stages alone compute, as when a block is inserted into a trained network. Returns the slots' names."""
+        blocks = {name: module for name, module in self.named_modules() if isinstance(module, TransformerBlock)}
+        for block in blocks.values():
+            block.start_as_identity()
+        return list(blocks)
 
     def _pad(self, x: torch.Tensor) -> tuple[torch.Tensor, list[int]]:
         """Pad the spatial axes of ``x`` up to a multiple of the total stride; return the original size."""

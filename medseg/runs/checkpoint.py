@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import pickle
 import zipfile
-from collections.abc import Collection, Mapping
+from collections.abc import Collection, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -56,6 +56,32 @@ def first_nonfinite(value: Any, name: str = "") -> str | None:
     return None
 
 
+def read_torch_file(path: Path, map_location: str | torch.device, what: str,
+                    safe: Sequence[Any] = ()) -> Any:
+    """The object a ``torch.save`` file at ``path`` holds, unpickled with ``weights_only=True`` (tensors and plain
+    types only; ``safe`` adds more allowed classes); ``what`` names the file's kind in messages.
+
+    Raises:
+        CheckpointError: the file is missing, is not a torch file (random or truncated bytes, another format) or
+            holds pickled objects beyond those allowed (refused unrun).
+    """
+    if not path.is_file():
+        raise CheckpointError(f"checkpoint {path} not found")
+    if not zipfile.is_zipfile(path):  # torch.save writes a zip archive; nothing else is unpickled at all
+        raise CheckpointError(f"checkpoint {path} is not {what}: it is not a torch file (another format, or a "
+                              f"truncated or corrupt copy)")
+    try:
+        with torch.serialization.safe_globals(list(safe)):
+            return torch.load(path, map_location=map_location, weights_only=True)
+    except pickle.UnpicklingError as err:
+        raise CheckpointError(
+            f"checkpoint {path} was refused: it holds pickled objects that are not tensors or plain "
+            f"types, and medseg never runs them (weights_only=True). Details: {str(err).splitlines()[0]}"
+        ) from None
+    except (RuntimeError, EOFError, OSError, ValueError) as err:
+        raise CheckpointError(f"checkpoint {path} is not {what}: torch cannot read it ({one_line(err)})") from None
+
+
 def load_checkpoint(path: str | Path, map_location: str | torch.device = "cpu",
                     needs: Collection[str] = MODEL_KEYS) -> dict[str, Any]:
     """Load a medseg checkpoint safely (``weights_only=True``): the one loader of every path (resume, evaluation,
@@ -71,21 +97,7 @@ def load_checkpoint(path: str | Path, map_location: str | torch.device = "cpu",
             infinite values (the message names the first).
     """
     path = Path(path)
-    if not path.is_file():
-        raise CheckpointError(f"checkpoint {path} not found")
-    if not zipfile.is_zipfile(path):  # torch.save writes a zip archive; nothing else is unpickled at all
-        raise CheckpointError(f"checkpoint {path} is not a medseg checkpoint: it is not a torch file (another "
-                              f"format, or a truncated or corrupt copy)")
-    try:
-        state = torch.load(path, map_location=map_location, weights_only=True)
-    except pickle.UnpicklingError as err:
-        raise CheckpointError(
-            f"checkpoint {path} was refused: it holds pickled objects that are not tensors or plain "
-            f"types, and medseg never runs them (weights_only=True). Details: {str(err).splitlines()[0]}"
-        ) from None
-    except (RuntimeError, EOFError, OSError, ValueError) as err:
-        raise CheckpointError(f"checkpoint {path} is not a medseg checkpoint: torch cannot read it ({one_line(err)})"
-                              ) from None
+    state = read_torch_file(path, map_location, "a medseg checkpoint")
     if not isinstance(state, dict) or state.get("format") != CHECKPOINT_FORMAT:
         raise CheckpointError(f"checkpoint {path} is not a medseg checkpoint: it was not written by medseg (no "
                               f"'{CHECKPOINT_FORMAT}' tag)")

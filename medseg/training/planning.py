@@ -25,6 +25,7 @@ from medseg.planning.report import memory_text
 from medseg.runs.checkpoint import load_checkpoint
 from medseg.runtime.device import resolve_device
 from medseg.training.checks import check_config
+from medseg.training.nnunet_start import nnunet_start, with_nnunet_plan
 
 log = logging.getLogger("medseg")
 
@@ -34,9 +35,10 @@ def plan_config(cfg: TrainConfig, info: DatasetInfo, progress: bool,
     """``cfg`` with its null plannable keys filled from the dataset's (cached) fingerprint, and the plan.
 
     Under ``data.plan_from=init`` the plannable keys are first taken from ``start``, the checkpoint the run starts
-    from (``trainer.init_from`` or the one it resumes), so none is left to plan; with ``plan.file`` from that plan
-    file, medseg's or nnU-Net's (:mod:`medseg.planning.plan_file`), which must have been planned for this dataset and
-    whose values are checked as the command line's (:func:`with_plan_file`). Logs the resolved
+    from (``trainer.init_from`` or the one it resumes), so none is left to plan; a run that starts from a trained
+    nnU-Net model trains on its plan (:func:`~medseg.training.nnunet_start.with_nnunet_plan`); with ``plan.file``
+    from that plan file, medseg's or nnU-Net's (:mod:`medseg.planning.plan_file`), which must have been planned for
+    this dataset and whose values are checked as the command line's (:func:`with_plan_file`). Logs the resolved
     preprocessing and network, where they came from, the machine the plan is for (a warning, once, when the run
     trains on another device) and the estimated training memory.
 
@@ -46,7 +48,11 @@ def plan_config(cfg: TrainConfig, info: DatasetInfo, progress: bool,
     """
     if cfg.plan.file and cfg.data.plan_from == "init":
         raise ConfigError(f"plan.file={cfg.plan.file} and data.plan_from=init both give the plan: keep one")
-    if cfg.data.plan_from == "init":
+    nnunet = nnunet_start(cfg)
+    if nnunet is not None:  # nnU-Net's weights fit its plan's network alone
+        cfg = with_nnunet_plan(cfg, nnunet)
+        start = nnunet.checkpoint
+    elif cfg.data.plan_from == "init":
         cfg = plan_of_checkpoint(cfg, start)
     fingerprint = dataset_fingerprint(info, cfg.data, progress)
     plan_file = (read_plan_file(cfg.plan.file, fingerprint, cfg.model.spatial_dims, cfg.plan.nnunet_configuration)
@@ -63,7 +69,8 @@ def plan_config(cfg: TrainConfig, info: DatasetInfo, progress: bool,
     if cfg.data.plan_from == "init":
         origin = f"taken from {start}"
     elif plan_file is not None:
-        origin = f"taken from plan.file={cfg.plan.file}"
+        origin = f"taken from plan.file={cfg.plan.file}" + (f" ({nnunet.configuration}, the plan of {start})"
+                                                            if nnunet is not None else "")
         if kept:
             origin += f"; kept from the config: {', '.join(kept)}"
     else:

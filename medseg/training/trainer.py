@@ -40,6 +40,7 @@ from medseg.runs.checkpoint import (
     state_mismatch,
 )
 from medseg.runs.layout import RunLayout
+from medseg.runs.nnunet_model import NnunetModel
 from medseg.runtime.device import amp_dtype, autocast, peak_memory_mb, reset_peak_memory
 from medseg.runtime.distributed import any_rank, broadcast_object, gather_objects
 from medseg.runtime.launch import SINGLE_PROCESS, DistInfo
@@ -48,6 +49,7 @@ from medseg.training.attention_logging import log_attention
 from medseg.training.budget import TimeBudget
 from medseg.training.loop import GracefulStop, replay
 from medseg.training.losses import build_loss, named_class_weights
+from medseg.training.nnunet_start import nnunet_start, read_val_cases, start_from_nnunet
 from medseg.training.prepare import PreparedData
 from medseg.training.pseudo_dice import moving_average, pseudo_dice
 from medseg.training.tensorboard import TensorBoardLogger
@@ -488,6 +490,10 @@ class Trainer:
             CheckpointError: the checkpoint is missing or foreign, or its architecture differs otherwise (the message
                 names the differing tensors and model config keys).
         """
+        source = nnunet_start(self.cfg)
+        if source is not None:
+            self.init_from_nnunet(source)
+            return
         state = load_checkpoint(path, map_location=self.device)
         try:
             source_classes = LabelSpec.from_dict(state["dataset"]).num_outputs
@@ -514,6 +520,20 @@ class Trainer:
                 if before != now]
             log.info("initialised from %s (its weights only); re-initialised %d layer(s) of another shape%s: %s", path,
                      len(layers), f" ({', '.join(changes)})" if changes else "", ", ".join(layers) or "none")
+
+    def init_from_nnunet(self, source: NnunetModel) -> None:
+        """``trainer.init_from`` a trained nnU-Net model: :func:`~medseg.training.nnunet_start.start_from_nnunet`, its
+        attention slots started as the identity, and one log line of what started afresh.
+
+        Raises:
+            CheckpointError: see :func:`~medseg.training.nnunet_start.start_from_nnunet`.
+        """
+        val_cases = read_val_cases(self.layout.splits_file)
+        start = start_from_nnunet(self.model, self.cfg, self.data.info, source, val_cases)
+        if self.dist.is_main:
+            log.info("initialised from %s (its weights only): %s; started as the identity: %s; started afresh: %s; "
+                     "%s", source.describe(), start.classes, ", ".join(start.identity_slots) or "no attention slot",
+                     ", ".join(start.fresh) or "nothing else", start.leak_check)
 
     def restore_rng(self) -> None:
         """Put back the torch (and CUDA) RNG of a mid-epoch checkpoint."""
