@@ -12,7 +12,8 @@ its out-of-fold predictions (``validation/``). Each fold is :mod:`benchmarks.nnu
 length of training set by the budget); the plan and the preprocessing are made once, by the first fold. The paths
 to give medseg are printed at the end and written to ``OUT/nnunet_crossval.json``.
 
-nnU-Net is an optional extra: ``pip install -e ".[peers]"``.
+nnU-Net is the optional ``peers`` extra,
+installed with the README's command, which keeps the torch installed.
 """
 
 from __future__ import annotations

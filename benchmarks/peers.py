@@ -20,7 +20,8 @@ RAM of the process tree (the resident sets of the process and its workers summed
 for every system), the optimiser steps in the budget, the plans side by side, and how soon medseg's validation Dice
 (during training) reached nnU-Net's final Dice.
 
-nnU-Net is an optional extra: ``pip install -e ".[peers]"``.
+nnU-Net is the optional ``peers`` extra,
+installed with the README's command, which keeps the torch installed.
 """
 
 from __future__ import annotations
@@ -62,7 +63,8 @@ MEDSEG_COMMON = ("trainer.progress=false", "trainer.max_epochs=100000")
 """Every medseg run: the budget alone ends training."""
 DICE_AGREEMENT = 1e-3
 """nnU-Net's own Dice per class must agree with medseg's scoring of the same predictions to this."""
-INSTALL_HINT = 'nnU-Net v2 is not installed: pip install -e ".[peers]" (the optional extra pins nnunetv2)'
+INSTALL_HINT = ("nnU-Net v2 is not installed: pip install -e \".[peers]\" \"torch==$(python -c 'import torch; "
+                "print(torch.__version__)')\" (the optional extra pins nnunetv2; the torch pin keeps your torch)")
 
 
 # --- measuring a process tree -------------------------------------------------------------------

@@ -31,8 +31,8 @@ Each run is a process of its own (:func:`benchmarks.common.run_child`): its seco
 starts) and kills it when it passes ``--cap-gb``: the run is recorded as ``stopped: over cap at T s``, and the
 system's larger sizes in that sweep as ``not run: over cap at N``. A run that fails otherwise fails the benchmark,
 naming its log. The report: ``scaling.md``, ``scaling.json`` and ``scaling.png`` (time and peak RSS against slices
-and against classes, one line per system, the cap drawn, stopped runs marked). nnU-Net is an optional extra:
-``pip install -e ".[peers]"``.
+and against classes, one line per system, the cap drawn, stopped runs marked). nnU-Net is the optional ``peers`` extra,
+installed with the README's command, which keeps the torch installed.
 """
 
 from __future__ import annotations

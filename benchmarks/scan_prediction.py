@@ -30,7 +30,8 @@ times the windows run, over those seconds) beside this CPU's fp32 matrix-product
 per class of each medseg run against medseg's dense one and against nnU-Net's, and against ``--label`` where one is
 given, on the whole scan and in the body (``--body``: HU above -500), since a network's output on windows wholly in
 air, where instance normalisation divides rounding noise by its epsilon, is noise. ``--collect`` adds the runs
-earlier invocations left under ``--out``. nnU-Net is an optional extra: ``pip install -e ".[peers]"``.
+earlier invocations left under ``--out``. nnU-Net is the optional ``peers`` extra,
+installed with the README's command, which keeps the torch installed.
 """
 
 from __future__ import annotations

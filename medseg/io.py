@@ -7,6 +7,8 @@ A process killed at any moment leaves either the old file or the new one, never 
 leaves are removed by the next writer of the folder (:func:`remove_temporaries`, and :func:`replaced_folder` itself).
 A full disk or quota is one :class:`~medseg.errors.NoSpaceError` naming the file, whose previous version is intact.
 :func:`check_writable` lets a command find a folder it cannot write into before it does any work.
+:func:`read_json_setting` reads the JSON file a setting names (a splits file, a plans file), refusing a Python pickle
+(nnU-Net v1's format) with what to give instead.
 """
 
 from __future__ import annotations
@@ -156,6 +158,32 @@ def atomic_write_text(path: str | Path, text: str) -> Path:
 def atomic_write_json(path: str | Path, obj: Any) -> Path:
     """Atomically replace ``path`` with ``obj`` as indented JSON."""
     return atomic_write_text(path, json.dumps(obj, indent=2) + "\n")
+
+
+PICKLE_START = b"\x80"
+"""The first byte of a Python pickle (protocol 2 and later), the format of nnU-Net v1's plans and splits files."""
+
+
+def read_json_setting(path: str | Path, where: str, missing: str, pickled: str) -> Any:
+    """The JSON content of the file at ``path``, which a setting names (``where``: ``data.splits=PATH``, ...).
+
+    Raises:
+        ConfigError: one line naming ``where``: no such file (``missing`` says what to do), a Python pickle
+            (``pickled`` says which JSON file to give instead: nnU-Net v1 wrote its plans and splits as pickles, v2
+            writes JSON), or a file that is not readable as JSON.
+    """
+    try:
+        content = Path(path).expanduser().read_bytes()
+    except FileNotFoundError:
+        raise ConfigError(f"{where}: no such file{missing}") from None
+    except OSError as err:
+        raise ConfigError(f"{where}: not readable as JSON ({err})") from None
+    if content.startswith(PICKLE_START):
+        raise ConfigError(f"{where}: a Python pickle, as nnU-Net v1 wrote its files, not JSON; {pickled}")
+    try:
+        return json.loads(content)
+    except (UnicodeDecodeError, json.JSONDecodeError) as err:
+        raise ConfigError(f"{where}: not readable as JSON ({err})") from None
 
 
 def json_safe(value: Any) -> Any:

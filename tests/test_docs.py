@@ -126,3 +126,21 @@ def test_the_reference_script_writes_and_checks_the_page(tmp_path: Path) -> None
     assert row in page.read_text(encoding="utf-8")
     page.write_text(page.read_text(encoding="utf-8").replace(row, "| `trainer.lr` | `float` | `0.01` | `>= 0` |"))
     assert reference("--check") == 1
+
+
+PEERS_INSTALL = re.compile(r"pip install [^\n`]*\.\[[^\]\n]*peers[^\]\n]*\][^\n`]*")
+"""A ``pip install`` command line that installs the ``peers`` extra (nnU-Net v2, which pulls torchvision)."""
+TORCH_KEPT = "\"torch==$(python -c 'import torch; print(torch.__version__)')\""
+"""What such a command pins so that pip keeps the torch the user installed."""
+
+
+def test_every_install_of_the_peers_extra_keeps_the_users_torch() -> None:
+    """A plain ``pip install -e ".[peers]"`` lets torchvision replace the user's torch (a CPU build with the newest
+    CUDA one): every command the docs' code blocks and the benchmarks' install hint give pins the installed torch."""
+    from benchmarks.peers import INSTALL_HINT
+
+    commands = [(path.name, command) for path in PAGES for match in FENCE.finditer(path.read_text(encoding="utf-8"))
+                for command in PEERS_INSTALL.findall(match.group(0))] + [("benchmarks/peers.py", INSTALL_HINT)]
+    assert len(commands) >= 4, "README.md, against-nnunet.md and performance.md give the command"
+    unpinned = [f"{name}: {command}" for name, command in commands if TORCH_KEPT not in command]
+    assert not unpinned, "\n".join(unpinned)

@@ -29,7 +29,7 @@ from medseg.data.demo import ensure_demo_dataset
 from medseg.data.labels import LabelSpec, config_regions, msd_labels, nnunet_labels
 from medseg.data.reading import IMAGE_ENDINGS
 from medseg.errors import ConfigError, DatasetError
-from medseg.io import atomic_write_json, check_writable
+from medseg.io import atomic_write_json, check_writable, read_json_setting
 
 log = logging.getLogger("medseg")
 
@@ -322,17 +322,15 @@ def read_splits(path: str | Path, fold: int, num_folds: int, ids: Iterable[str])
     ``splits.json`` (``{"fold": k, "train": [...], "val": [...]}``, fold k only).
 
     Raises:
-        ConfigError: no such file, not JSON, not a splits file, another number of folds than ``num_folds``, or a
-            run's file of another fold. DatasetError: the fold names cases the dataset lacks, misses some of its
-            cases, or puts a case in both its training and validation cases.
+        ConfigError: no such file, not JSON (an nnU-Net v1 pickle is named as one), not a splits file, another
+            number of folds than ``num_folds``, a run's file of another fold, or a fold without validation cases
+            (training would end without a validated ``best.pt``).
+        DatasetError: the fold names cases the dataset lacks, misses some of its cases, or puts a case in both its
+            training and validation cases.
     """
     where = f"data.splits={path}"
-    try:
-        content = json.loads(Path(path).expanduser().read_text())
-    except FileNotFoundError:
-        raise ConfigError(f"{where}: no such file") from None
-    except (OSError, json.JSONDecodeError) as err:
-        raise ConfigError(f"{where}: not readable as JSON ({err})") from None
+    content = read_json_setting(path, where, "", "give nnU-Net v2's splits_final.json (nnUNet_preprocessed/<dataset>/) "
+                                "or a list of {\"train\": [case ids], \"val\": [case ids]} per fold")
     if isinstance(content, dict) and "fold" in content:  # a run's splits.json
         if content["fold"] != fold:
             raise ConfigError(f"{where}: a run's splits of fold {content['fold']} only; data.fold={fold}")
@@ -345,6 +343,10 @@ def read_splits(path: str | Path, fold: int, num_folds: int, ids: Iterable[str])
     else:
         raise ConfigError(f"{where}: not a splits file (expected nnU-Net's splits_final.json, a list of "
                           "{\"train\": [...], \"val\": [...]} per fold, or a run's splits.json)")
+    if not entry["val"]:
+        raise ConfigError(f"{where}: fold {fold} has an empty \"val\" list; every fold needs validation cases (they "
+                          f"choose best.pt): give a splits file whose fold {fold} holds some, or data.fold=all to "
+                          f"train on every case")
     ids, train, val = set(ids), set(entry["train"]), set(entry["val"])
     for problem, cases in (("names cases the dataset lacks", (train | val) - ids),
                            ("misses cases of the dataset", ids - train - val),
@@ -365,6 +367,10 @@ def split_cases(
     every case and validates on them too (nnU-Net's convention). Otherwise the cases are shuffled with ``seed`` and
     dealt into ``num_folds`` folds; the split is stored in ``splits_file`` (if given) and reused, so
     a fold means the same cases across runs.
+
+    Raises:
+        ConfigError: see :func:`read_splits`; or more folds than cases, which leaves a fold without validation cases.
+        DatasetError: see :func:`read_splits`; stored splits that do not fit the dataset's cases.
     """
     ids = sorted(entry["case"] for entry in info.training)
     if given is not None and fold != "all":
@@ -374,6 +380,9 @@ def split_cases(
     if fold == "all":
         return info.training, info.training
     fold = int(fold)
+    if num_folds > len(ids):
+        raise ConfigError(f"data.num_folds={num_folds}: the dataset has {len(ids)} training case(s), so a fold would "
+                          f"have no validation cases; set data.num_folds at most {len(ids)}, or data.fold=all")
     if splits_file is not None and splits_file.is_file():
         splits = json.loads(splits_file.read_text())
     else:

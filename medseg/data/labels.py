@@ -394,3 +394,29 @@ def config_regions(spec: LabelSpec, regions: Mapping[str, Sequence[int]] | None,
         raise ConfigError(f"data.regions_class_order={list(order or [])} needs data.regions (name -> label values)")
     return build_regions(spec, {str(k): [int(v) for v in values] for k, values in regions.items()}, order,
                          "data.regions", "data.regions_class_order")
+
+
+def renumbering(written: LabelSpec, scored: LabelSpec, where: str) -> dict[int, int] | None:
+    """How a label map written with ``written``'s classes reads in ``scored``'s numbering: each label value of
+    ``written`` -> the value ``scored`` gives the class of the same name (another tool's ``dataset.json`` may number
+    the same classes otherwise); None when both number them alike. Region-based classes are matched as a whole.
+
+    Raises:
+        ConfigError: classes that cannot be matched by name (a class of one that the other lacks, or regions that
+            differ), named; ``where`` names the predictions' source.
+    """
+    if (written.regions, written.regions_class_order) != (scored.regions, scored.regions_class_order) and (
+            written.region_based or scored.region_based):
+        raise ConfigError(f"{where}: regions {region_values(written)} (order {written.regions_class_order}) differ "
+                          f"from the scored dataset's {region_values(scored)} (order {scored.regions_class_order})")
+    theirs = {name: value for value, name in written.declared.items()}
+    ours = {name: value for value, name in scored.declared.items()}
+    if theirs == ours:
+        return None
+    only_theirs, only_ours = sorted(set(theirs) - set(ours)), sorted(set(ours) - set(theirs))
+    if only_theirs or only_ours:
+        parts = ([f"its classes {', '.join(only_theirs)} are not the scored dataset's"] if only_theirs else []) + (
+            [f"the scored dataset's {', '.join(only_ours)} are not among its classes"] if only_ours else [])
+        raise ConfigError(f"{where}: the classes cannot be matched by name: {'; '.join(parts)} (its labels: "
+                          f"{describe_values(written.declared)}; the dataset's: {describe_values(scored.declared)})")
+    return {value: ours[name] for name, value in theirs.items()}

@@ -165,9 +165,27 @@ def drop_trailing_singletons(array: np.ndarray) -> np.ndarray:
     return array
 
 
+def nifti_proxy(path: str | Path) -> SpatialImage:
+    """A NIfTI file's image with its header read and its voxels left on disk (nibabel's proxy): shape, affine and
+    header without a decompression of the voxels.
+
+    Raises:
+        ImageReadError: the file is missing, or nibabel cannot read its header (an empty file, a ``.nii.gz`` that is no
+            gzip stream, another format under a NIfTI ending); the message names it, nibabel's exception is the cause.
+    """
+    try:
+        return nib.load(str(path))
+    except Exception as err:  # the file's bytes decide what nibabel or gzip raise: all "unreadable"
+        raise ImageReadError(path, f"cannot read file ({one_line(err)})") from err
+
+
 def nifti_header(path: str | Path) -> nib.Nifti1Header | None:
-    """The header of a NIfTI file (its voxels are not read), to write an output onto its grid; None for others."""
-    return nib.load(str(path)).header if str(path).endswith(NIBABEL_ENDINGS) else None
+    """The header of a NIfTI file (its voxels are not read), to write an output onto its grid; None for others.
+
+    Raises:
+        ImageReadError: see :func:`nifti_proxy`.
+    """
+    return nifti_proxy(path).header if str(path).endswith(NIBABEL_ENDINGS) else None
 
 
 class RasImage(NamedTuple):

@@ -87,6 +87,19 @@ class CrossvalResult:
         return self.summary.get("failed", [])
 
 
+def run_splits(run: Run) -> dict[str, Any]:
+    """A run's ``splits.json``: ``{"fold": k or "all", "train": [ids], "val": [ids]}``.
+
+    Raises:
+        DatasetError: no ``splits.json``, or one that is not JSON.
+    """
+    path = run.splits_file
+    try:
+        return json.loads(path.read_text())
+    except (OSError, ValueError) as err:
+        raise DatasetError(f"{path}: cannot read the fold's validation cases ({type(err).__name__}: {err})") from None
+
+
 def _fold_cases(run: Run, net: EvalModel) -> tuple[int, list[Case]]:
     """The fold number and validation cases of a finished run (its ``splits.json`` in its model's dataset).
 
@@ -95,10 +108,7 @@ def _fold_cases(run: Run, net: EvalModel) -> tuple[int, list[Case]]:
             its dataset lacks.
     """
     path = run.splits_file
-    try:
-        splits = json.loads(path.read_text())
-    except (OSError, ValueError) as err:
-        raise DatasetError(f"{path}: cannot read the fold's validation cases ({type(err).__name__}: {err})") from None
+    splits = run_splits(run)
     if splits.get("fold") == "all":
         raise DatasetError(f"{run.path} trained with data.fold=all: it has no held-out cases; cross-validate "
                            f"folds 0..{net.data.num_folds - 1} (python scripts/train.py -m data.fold=0,1,2,3,4)")

@@ -13,10 +13,11 @@ Behind ``scripts/evaluate.py``, in one of two ways:
 Every output (foreground class, or region) of every case is scored in the original geometry with the label's own
 voxel spacing (:mod:`medseg.scoring.metrics`), the ignore label's voxels left out of prediction and reference (a
 region's reference is the union of its labels): Dice, HD95 (mm), normalised surface Dice at ``tolerance_mm`` and both
-volumes (mL), into ``metrics.csv``; means go to ``summary.json``. Empty masks: both empty gives Dice 1, NSD 1, HD95
-NaN (flag ``both_empty``); an empty reference with a non-empty prediction gives Dice 0, NSD 0, HD95 inf
-(``ref_empty``); an empty prediction with a non-empty reference the same (``pred_empty``). HD95 means skip NaN and inf
-and report how many they skipped.
+volumes (mL), into ``metrics.csv``; means go to ``summary.json``. Empty masks follow medseg's one rule
+(:mod:`medseg.scoring.metrics`): both empty gives Dice, NSD and HD95 NaN (flag ``both_empty``), left out of the means
+and counted; an empty reference with a non-empty prediction gives Dice 0, NSD 0, HD95 inf (``ref_empty``); an empty
+prediction with a non-empty reference the same (``pred_empty``). HD95 means skip NaN and inf and report how many they
+skipped.
 
 A label that cannot be scored (its shape or geometry differs from its image, or it holds values that are not whole
 numbers or not labels of the checkpoint) fails its case, reported by name and recorded in ``summary.json``; the other

@@ -20,7 +20,7 @@ from __future__ import annotations
 import logging
 import math
 import re
-from collections.abc import Collection, Sequence
+from collections.abc import Collection, Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import datetime
 from pathlib import Path
@@ -28,12 +28,12 @@ from typing import Any
 
 from tqdm import tqdm
 
-from medseg.data.datalist import case_id, dataset_from_config
-from medseg.data.labels import LabelSpec
+from medseg.data.datalist import dataset_from_config
+from medseg.data.labels import LabelSpec, renumbering
 from medseg.errors import ConfigError, DatasetError, MedsegError
-from medseg.evaluation.crossval import class_statistics
+from medseg.evaluation.crossval import class_statistics, run_splits
 from medseg.evaluation.folder import check_predictions, score_pair
-from medseg.inference.cases import image_files
+from medseg.inference.cases import files_by_case, read_dataset
 from medseg.inference.model import load_model
 from medseg.io import atomic_write_json, json_safe
 from medseg.runs.folders import FOLD_KEY, Run
@@ -75,6 +75,11 @@ class ExternalPredictions:
     """``case -> label map``."""
     folds: list[int] = field(default_factory=list)
     """The folds read (``fold_<k>/validation``); empty for a flat folder."""
+    fold_cases: dict[int, list[str]] = field(default_factory=dict)
+    """``fold -> the cases its validation/ folder predicts``; empty for a flat folder."""
+    renumber: dict[int, int] | None = None
+    """The predictions' label values -> the sweep's, where the tool's ``dataset.json`` numbers the classes otherwise
+    (:func:`~medseg.data.labels.renumbering`); None: the same numbering."""
     compute: dict[str, float] = field(default_factory=dict)
     """:data:`~medseg.runs.folders.COMPUTE_KEYS` the tool recorded: ``train_seconds``, ``wall_seconds`` (means over
     the folds), ``params``."""
@@ -111,8 +116,8 @@ def gather_predictions(source: ExternalSource, folds: Collection[int]) -> Extern
     layout), else the folder's own files.
 
     Raises:
-        ConfigError: no such folder, a fold of the sweep without its ``validation/`` folder, or a case predicted by two
-            folds.
+        ConfigError: no such folder, a fold of the sweep without its ``validation/`` folder, a case predicted by two
+            folds, or a case held by two files of one folder (:func:`~medseg.inference.cases.files_by_case`).
     """
     where = source.key
     if not source.path.is_dir():
@@ -121,35 +126,49 @@ def gather_predictions(source: ExternalSource, folds: Collection[int]) -> Extern
                                                       if source.nnunet else ""))
     by_fold = fold_folders(source.path)
     if not by_fold and not source.nnunet:
-        return ExternalPredictions(source, {case_id(path): str(path) for path in image_files(source.path)})
+        return ExternalPredictions(source, files_by_case(source.path, where))
     missing = [f"fold_{fold}/validation" for fold in sorted(folds) if fold not in by_fold or not by_fold[fold].is_dir()]
     if missing:
         raise ConfigError(f"{where}: no {', '.join(missing)}: the sweep cross-validated folds {sorted(folds)} (nnU-Net"
                           f" writes fold_<k>/validation when a fold's training ends, or with nnUNetv2_train ... --val)")
     files: dict[str, str] = {}
+    fold_cases: dict[int, list[str]] = {}
     for fold in sorted(folds):
-        for path in image_files(by_fold[fold]):
-            case = case_id(path)
+        fold_files = files_by_case(by_fold[fold], where)
+        for case, path in fold_files.items():
             if case in files:
                 raise ConfigError(f"{where}: case {case} is predicted by two folds ({files[case]}, {path}); "
                                   f"out-of-fold predictions need disjoint folds")
-            files[case] = str(path)
-    return ExternalPredictions(source, files, sorted(folds))
+            files[case] = path
+        fold_cases[fold] = sorted(fold_files)
+    return ExternalPredictions(source, files, sorted(folds), fold_cases)
 
 
-def check_cases(predictions: ExternalPredictions, cases: Collection[str]) -> None:
-    """The predictions cover exactly the sweep's out-of-fold ``cases``.
+def check_cases(predictions: ExternalPredictions, cases: Collection[str],
+                fold_cases: Mapping[int, Collection[str]]) -> None:
+    """The predictions cover exactly the sweep's out-of-fold ``cases``, and each fold of theirs (nnU-Net's layout)
+    exactly the validation cases of the sweep's fold of the same number (``fold_cases``), so that fold k is paired
+    with fold k.
 
     Raises:
-        ConfigError: cases without a prediction, or predictions of cases the sweep did not hold out, named.
+        ConfigError: cases without a prediction, or predictions of cases the sweep did not hold out, named; or a fold
+            whose cases differ from the sweep's fold of that number, with the cases that differ.
     """
     missing, extra = sorted(set(cases) - set(predictions.files)), sorted(set(predictions.files) - set(cases))
+    advice = "train the sweep on the same folds (data.splits=<its splits_final.json>)"
     if missing or extra:
         parts = ([f"no prediction of {len(missing)} of the sweep's {len(cases)} out-of-fold case(s): {listed(missing)}"]
                  if missing else []) + ([f"{len(extra)} case(s) the sweep did not hold out: {listed(extra)}"]
                                         if extra else [])
-        raise ConfigError(f"{predictions.source.key}: {'; '.join(parts)}; train the sweep on the same folds "
-                          f"(data.splits=<its splits_final.json>)")
+        raise ConfigError(f"{predictions.source.key}: {'; '.join(parts)}; {advice}")
+    for fold, theirs in predictions.fold_cases.items():
+        ours = set(fold_cases.get(fold, ()))
+        if set(theirs) != ours:
+            only_theirs, only_ours = sorted(set(theirs) - ours), sorted(ours - set(theirs))
+            parts = ([f"only its fold_{fold} holds {listed(only_theirs)}"] if only_theirs else []) + (
+                [f"only the sweep's fold {fold} holds {listed(only_ours)}"] if only_ours else [])
+            raise ConfigError(f"{predictions.source.key}: fold_{fold}/validation predicts other cases than the "
+                              f"sweep's fold {fold} validated: {'; '.join(parts)}; {advice}")
 
 
 def log_times(path: Path) -> tuple[float, float]:
@@ -229,6 +248,8 @@ class SweepDataset:
     folds: list[int]
     root: str
     """The dataset's ``data.root``."""
+    fold_cases: dict[int, list[str]] = field(default_factory=dict)
+    """``fold -> its validation cases`` (the ``splits.json`` of the fold's first run that has one)."""
 
 
 def sweep_dataset(runs: Sequence[Run], cases: Collection[str]) -> SweepDataset:
@@ -249,7 +270,22 @@ def sweep_dataset(runs: Sequence[Run], cases: Collection[str]) -> SweepDataset:
                            f"was the dataset changed?")
     folds = sorted({int(run.overrides[FOLD_KEY]) for run in runs if run.overrides.get(FOLD_KEY, "").isdigit()})
     return SweepDataset({case: str(entries[case]["label"]) for case in sorted(cases)}, model.label_spec, folds,
-                        str(model.data.root))
+                        str(model.data.root), validation_cases(runs))
+
+
+def validation_cases(runs: Sequence[Run]) -> dict[int, list[str]]:
+    """``fold -> its validation cases`` of a sweep's runs: the ``splits.json`` of each fold's first run that has one
+    (a run trained on ``data.fold=all`` holds out none).
+
+    Raises:
+        DatasetError: a ``splits.json`` that is not JSON (:func:`~medseg.evaluation.crossval.run_splits`).
+    """
+    cases: dict[int, list[str]] = {}
+    for run in runs:
+        splits = run_splits(run) if run.splits_file.is_file() else {}
+        if isinstance(splits.get("fold"), int):
+            cases.setdefault(splits["fold"], sorted(splits.get("val") or []))
+    return cases
 
 
 def checked_predictions(source: ExternalSource, dataset: SweepDataset) -> ExternalPredictions:
@@ -257,14 +293,32 @@ def checked_predictions(source: ExternalSource, dataset: SweepDataset) -> Extern
     compute nnU-Net recorded; nothing is scored or written.
 
     Raises:
-        ConfigError: see :func:`gather_predictions`, :func:`check_cases`. PredictionError: predictions on another grid.
+        ConfigError: see :func:`gather_predictions`, :func:`check_cases`, :func:`nnunet_renumbering`.
+        PredictionError: predictions on another grid.
     """
     predictions = gather_predictions(source, dataset.folds)
-    check_cases(predictions, dataset.references)
+    check_cases(predictions, dataset.references, dataset.fold_cases)
     check_predictions(predictions.files, dataset.references, source.key)
     if source.nnunet:
+        predictions.renumber = nnunet_renumbering(source, dataset.labels)
         nnunet_compute(predictions)
     return predictions
+
+
+def nnunet_renumbering(source: ExternalSource, labels: LabelSpec) -> dict[int, int] | None:
+    """How nnU-Net's label maps (numbered by the ``dataset.json`` of its results folder) read in the sweep's numbering
+    ``labels``, classes matched by name (:func:`~medseg.data.labels.renumbering`); None when both number them alike,
+    or when the folder has no ``dataset.json`` (logged: its numbering is taken to be the sweep's).
+
+    Raises:
+        ConfigError: classes that cannot be matched by name; a ``dataset.json`` that is no dataset description.
+    """
+    path = source.path / "dataset.json"
+    if not path.is_file():
+        log.warning("%s: no dataset.json: its label maps are taken to number the classes as the sweep's dataset does",
+                    source.key)
+        return None
+    return renumbering(read_dataset(path).label_spec, labels, f"{source.key} ({path})")
 
 
 def score_external(predictions: ExternalPredictions, dataset: SweepDataset, tolerance_mm: float, sweep_dir: Path,
@@ -281,7 +335,8 @@ def score_external(predictions: ExternalPredictions, dataset: SweepDataset, tole
     for case, reference in tqdm(dataset.references.items(), desc=f"score {source.name}", unit="case",
                                 disable=not progress):
         try:
-            rows += score_pair(case, predictions.files[case], reference, dataset.labels, tolerance_mm)
+            rows += score_pair(case, predictions.files[case], reference, dataset.labels, tolerance_mm,
+                               predictions.renumber)
         except MedsegError as err:
             failed.append(f"{case}: {err}")
     if failed:

@@ -21,12 +21,11 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
-import nibabel as nib
 import numpy as np
+from monai.transforms import MapLabelValue
 from tqdm import tqdm
 
 from medseg.config import EvaluateConfig
-from medseg.data.datalist import case_id
 from medseg.data.labels import LabelSpec
 from medseg.data.reading import (
     NIBABEL_ENDINGS,
@@ -34,10 +33,11 @@ from medseg.data.reading import (
     check_label_values,
     drop_trailing_singletons,
     label_values,
+    nifti_proxy,
     read_file,
 )
-from medseg.errors import DatasetError, PredictionError
-from medseg.inference.cases import dataset_json, find_references, image_files, read_dataset
+from medseg.errors import DatasetError, ImageReadError, PredictionError
+from medseg.inference.cases import dataset_json, files_by_case, find_references, read_dataset
 from medseg.inference.ensemble import checkpoint_files
 from medseg.inference.model import EvalModel, load_model
 from medseg.inference.predict import root_message
@@ -58,9 +58,14 @@ class ScoredFolder:
 
 
 def voxel_grid(path: str) -> tuple[tuple[int, ...], np.ndarray]:
-    """A label file's spatial shape ``(X, Y, Z)`` and ``(4, 4)`` affine; a NIfTI file's from its header alone."""
+    """A label file's spatial shape ``(X, Y, Z)`` and ``(4, 4)`` affine; a NIfTI file's from its header alone.
+
+    Raises:
+        ImageReadError: the file cannot be read (:func:`~medseg.data.reading.nifti_proxy`,
+            :func:`~medseg.data.reading.read_file`).
+    """
     if path.endswith(NIBABEL_ENDINGS):
-        image = nib.load(path)
+        image = nifti_proxy(path)
         shape, affine = image.shape, np.asarray(image.affine, dtype=np.float64)
     else:
         array, affine = read_file(path)
@@ -80,7 +85,9 @@ def grid_difference(prediction: str, reference: str) -> str | None:
 
 
 def check_predictions(predictions: Mapping[str, str], references: Mapping[str, str], where: str) -> None:
-    """Every reference case has a prediction, on its reference's voxel grid (``where`` names the predictions).
+    """Every reference case has a prediction, on its reference's voxel grid (``where`` names the predictions). A file
+    whose grid cannot be read is left to its case: reading it for scoring fails that case, by name, as any unreadable
+    file does.
 
     Raises:
         PredictionError: a reference case has no prediction, or a prediction lies on another voxel grid than its
@@ -90,9 +97,15 @@ def check_predictions(predictions: Mapping[str, str], references: Mapping[str, s
     if missing:
         raise PredictionError(f"{where}: no prediction for {len(missing)} of the {len(references)} reference "
                               f"case(s): {', '.join(missing)} (expected <case>.nii.gz for each)")
-    mismatched = [f"{case}: {Path(predictions[case]).name} is on another grid than {reference}: {difference}"
-                  for case, reference in references.items()
-                  if (difference := grid_difference(predictions[case], reference)) is not None]
+    mismatched = []
+    for case, reference in references.items():
+        try:
+            difference = grid_difference(predictions[case], reference)
+        except ImageReadError:
+            continue  # scoring reads the file again and fails its case with the reader's message
+        if difference is not None:
+            mismatched.append(f"{case}: {Path(predictions[case]).name} is on another grid than {reference}: "
+                              f"{difference}")
     if mismatched:
         raise PredictionError(f"{where}: {len(mismatched)} prediction(s) on another voxel grid than their "
                               f"reference, nothing scored:\n  " + "\n  ".join(mismatched))
@@ -102,11 +115,12 @@ def match_predictions(pred: Path, references: Mapping[str, str]) -> tuple[dict[s
     """Each reference case's prediction file in ``pred`` and the predictions without a reference.
 
     Raises:
-        PredictionError: ``pred`` is no folder, or see :func:`check_predictions`.
+        PredictionError: ``pred`` is no folder, a case held by two files
+            (:func:`~medseg.inference.cases.files_by_case`), or see :func:`check_predictions`.
     """
     if not pred.is_dir():
         raise PredictionError(f"pred={pred}: not a folder of predictions")
-    predictions = {case_id(path): str(path) for path in image_files(pred)}
+    predictions = files_by_case(pred, f"pred={pred}")
     check_predictions(predictions, references, f"pred={pred}")
     return {case: predictions[case] for case in references}, sorted(set(predictions) - set(references))
 
@@ -129,24 +143,44 @@ def found_classes(references: Mapping[str, str]) -> LabelSpec:
 
 def folder_classes(input_path: str, model: EvalModel | None, references: Mapping[str, str]) -> LabelSpec:
     """The classes scored: ``ckpt``'s, else the ``dataset.json``'s of ``input``, else the values found in the
-    references (see the module docstring)."""
+    references (see the module docstring).
+
+    Raises:
+        PredictionError: no foreground class to score (references that hold only background, and no class list).
+    """
     if model is not None:
         return model.label_spec
     description = dataset_json(Path(input_path).expanduser())
-    return read_dataset(description).label_spec if description is not None else found_classes(references)
+    if description is not None:
+        return read_dataset(description).label_spec
+    labels = found_classes(references)
+    if not labels.outputs:
+        raise PredictionError(f"input={input_path}: nothing to score: the {len(references)} reference(s) hold only "
+                              f"background (0) and no class list names the classes; give input=<dataset.json> (its "
+                              f"labels) or ckpt=<checkpoint> to score each class's absence")
+    return labels
 
 
-def score_pair(case: str, prediction: str, reference: str, labels: LabelSpec,
-               tolerance_mm: float) -> list[dict[str, Any]]:
+def score_pair(case: str, prediction: str, reference: str, labels: LabelSpec, tolerance_mm: float,
+               renumber: Mapping[int, int] | None = None) -> list[dict[str, Any]]:
     """The metric rows of one prediction file against its reference file (same grid, checked before).
 
+    ``renumber``: the prediction's label values -> the reference's (:func:`~medseg.data.labels.renumbering`), for a
+    tool whose ``dataset.json`` numbers the same classes otherwise; its keys are then the values the prediction may
+    hold, and MONAI's ``MapLabelValue`` turns them into the reference's before scoring.
+
     Raises:
-        DatasetError: either file is unreadable or holds values that are not whole numbers or not ``labels``'.
+        DatasetError: either file is unreadable or holds values that are not whole numbers or not ``labels``' (or
+            ``renumber``'s).
     """
     ref_array, ref_affine = read_file(reference)
     ref_map = check_label_values(drop_trailing_singletons(ref_array), reference, labels.declared, "the scored classes")
-    pred_map = check_label_values(drop_trailing_singletons(read_file(prediction)[0]), prediction, labels.declared,
-                         "the scored classes")
+    declared = labels.declared if renumber is None else {
+        value: labels.declared[target] for value, target in renumber.items()}
+    pred_map = check_label_values(drop_trailing_singletons(read_file(prediction)[0]), prediction, declared,
+                                  "the scored classes")
+    if renumber is not None:
+        pred_map = MapLabelValue(list(renumber), list(renumber.values()), dtype=pred_map.dtype)(pred_map)
     return score_case(case, pred_map, ref_map, voxel_spacing(ref_affine), labels, tolerance_mm)
 
 
@@ -154,7 +188,8 @@ def score_folder(cfg: EvaluateConfig, output: Path) -> ScoredFolder:
     """Score the predictions of ``cfg.pred`` against the references of ``cfg.input`` (see the module docstring).
 
     Raises:
-        PredictionError: no references, predictions missing or on another grid (nothing is scored then).
+        PredictionError: no references, predictions missing or on another grid, or no class to score (nothing is
+            scored then).
         ConfigError: ``output`` cannot be written into. CheckpointError: a ``ckpt`` that cannot be read.
     """
     started = time.perf_counter()

@@ -47,6 +47,26 @@ def image_files(folder: Path) -> list[Path]:
                   if p.is_file() and not p.name.startswith(".") and p.name.endswith(IMAGE_ENDINGS))
 
 
+def files_by_case(folder: Path, where: str) -> dict[str, str]:
+    """Case id -> file of each image file of ``folder`` (:func:`image_files`, the case id
+    :func:`~medseg.data.datalist.case_id`): the one reader of a folder of label maps (references, predictions).
+
+    Raises:
+        PredictionError: a case held by two files (``case.nii`` and ``case.nii.gz``, or ``case.nii.gz`` and
+            ``case.nrrd``), which one would be scored and which ignored is not for medseg to guess; ``where`` names
+            the folder's setting.
+    """
+    files: dict[str, list[str]] = {}
+    for path in image_files(folder):
+        files.setdefault(case_id(path), []).append(path.name)
+    ambiguous = {case: names for case, names in files.items() if len(names) > 1}
+    if ambiguous:
+        named = "; ".join(f"{case}: {', '.join(names)}" for case, names in sorted(ambiguous.items())[:3])
+        raise PredictionError(f"{where}: {len(ambiguous)} case(s) held by two or more files in {folder} ({named}); "
+                              f"keep one file per case")
+    return {case: str(folder / names[0]) for case, names in files.items()}
+
+
 def group_channels(files: Sequence[Path]) -> list[Case]:
     """Cases of a folder of images: nnU-Net ``CASE_XXXX`` channel files grouped (:func:`channel_groups`, the
     parser of dataset folders), else one file per case.
@@ -79,10 +99,14 @@ def check_channels(cases: Sequence[Case], num_channels: int, where: str) -> None
 
 
 def attach_labels(cases: list[Case], label_dir: Path) -> list[Case]:
-    """Give each case without a label the file of ``label_dir`` with the same case id, if there is one."""
+    """Give each case without a label the file of ``label_dir`` with the same case id, if there is one.
+
+    Raises:
+        PredictionError: a case held by two files of ``label_dir`` (:func:`files_by_case`).
+    """
     if not label_dir.is_dir():
         return cases
-    labels = {case_id(p): str(p) for p in image_files(label_dir)}
+    labels = files_by_case(label_dir, str(label_dir))
     for case in cases:
         if case.label is None:
             case.label = labels.get(case.case)
@@ -192,7 +216,8 @@ def find_references(input_path: str | Path, split: str, trained_on: DataConfig |
     ``labelsTr/``), or a folder of label files.
 
     Raises:
-        PredictionError: the path does not exist or holds no label file.
+        PredictionError: the path does not exist, holds no label file, or holds a case in two files
+            (:func:`files_by_case`).
     """
     path = Path(input_path).expanduser()
     if not path.exists():
@@ -202,7 +227,7 @@ def find_references(input_path: str | Path, split: str, trained_on: DataConfig |
         labels = {case.case: case.label for case in _dataset_cases(description, split, trained_on) if case.label}
     else:
         folder = next((path / d for d in ("labelsTs", "labelsTr") if (path / d).is_dir()), path)
-        labels = {case_id(p): str(p) for p in image_files(folder)}
+        labels = files_by_case(folder, f"input={path}")
     if not labels:
         raise PredictionError(f"input={path}: no reference labels found (a folder of label files, one holding "
                               f"labelsTs/ or labelsTr/, or a dataset.json whose {split!r} cases have labels)")

@@ -14,7 +14,6 @@ to the RAS axis it runs along by the orientation of each case's file, which the 
 
 from __future__ import annotations
 
-import json
 import math
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
@@ -25,10 +24,13 @@ import numpy as np
 
 from medseg.data.transforms import thick_axis
 from medseg.errors import ConfigError
+from medseg.io import read_json_setting
 from medseg.models.nnunet_stages import NNUNET_NETWORKS
 from medseg.planning.plan import Plan, plan_normalization
 
 CONFIGURATIONS = {3: "3d_fullres", 2: "2d"}
+MEDIAN_SPACING = "original_median_spacing_after_transp"
+"""The entry of nnU-Net's plans holding the dataset's median spacing, in nnU-Net's axis order."""
 """The nnU-Net configuration of each network dimension unless one is named."""
 NORMALIZATIONS = {"CTNormalization": "ct", "ZScoreNormalization": "zscore", "NoNormalization": "none"}
 """nnU-Net's normalisation classes medseg has, by medseg's ``data.normalization`` scheme."""
@@ -79,15 +81,23 @@ def load_plans(path: str | Path, where: str) -> dict[str, Any]:
     """The JSON of the file at ``path``; ``where`` (``nnunet_plans=PATH``, ``plan.file=PATH``) names it in messages.
 
     Raises:
-        ConfigError: the file is missing or not JSON.
+        ConfigError: the file is missing, an nnU-Net v1 pickle or not JSON (:func:`~medseg.io.read_json_setting`).
     """
-    try:
-        return json.loads(Path(path).expanduser().read_text())
-    except FileNotFoundError:
-        raise ConfigError(f"{where}: no such file (nnU-Net writes nnUNetPlans.json into "
-                          "nnUNet_preprocessed/<dataset>/)") from None
-    except (OSError, json.JSONDecodeError) as err:
-        raise ConfigError(f"{where}: not readable as JSON ({err})") from None
+    return read_json_setting(path, where, " (nnU-Net writes nnUNetPlans.json into nnUNet_preprocessed/<dataset>/)",
+                             "give nnU-Net v2's nnUNetPlans.json (nnUNetv2_plan_and_preprocess writes it into "
+                             "nnUNet_preprocessed/<dataset>/) or a medseg plan file (scripts/plan.py)")
+
+
+def _plans_entry(plans: Mapping[str, Any], key: str, where: str, needed_for: str) -> Any:
+    """``plans[key]`` of nnU-Net's plans, which medseg reads for ``needed_for``.
+
+    Raises:
+        ConfigError: one line naming ``where`` (the file) and ``key`` when the plans lack it.
+    """
+    if key not in plans:
+        raise ConfigError(f"{where}: no {key!r} (medseg reads it for {needed_for}); expected an nnU-Net v2 plans file "
+                          f"as nnUNetv2_plan_and_preprocess writes it")
+    return plans[key]
 
 
 def is_nnunet_plans(content: Any) -> bool:
@@ -138,7 +148,7 @@ def read_configuration(plans: Mapping[str, Any], name: str, spatial_dims: int, w
             blocks = config.get("n_conv_per_stage_encoder", [2] * stages)
             decoder = config.get("n_conv_per_stage_decoder", [2] * (stages - 1))
             arch = {}
-        return NnunetConfiguration(
+        configuration = NnunetConfiguration(
             name=name, patch_size=patch, batch_size=int(config["batch_size"]), stages=stages, features=features,
             spacing=[float(s) for s in config["spacing"]], strides=[[int(s) for s in level] for level in strides],
             kernel_sizes=[[int(k) for k in level] for level in kernels], network=network,
@@ -149,6 +159,24 @@ def read_configuration(plans: Mapping[str, Any], name: str, spatial_dims: int, w
     except (KeyError, TypeError, ValueError, AttributeError) as err:
         raise ConfigError(f"{where}: no {name} configuration with a patch_size, spacing, batch_size and network "
                           f"({err!r}); expected an nnU-Net v2 plans file") from None
+    _check_stage_lists(configuration, spatial_dims, where)
+    return configuration
+
+
+def _check_stage_lists(config: NnunetConfiguration, spatial_dims: int, where: str) -> None:
+    """Refuse strides or kernel sizes that do not give each of the configuration's stages one entry per axis.
+
+    Raises:
+        ConfigError: naming the list and its first wrong entry, or its length.
+    """
+    for key, levels in (("strides", config.strides), ("kernel_sizes", config.kernel_sizes)):
+        if len(levels) != config.stages:
+            raise ConfigError(f"{where}: {config.name}'s {key} has {len(levels)} entries for {config.stages} stages; "
+                              f"expected one per stage")
+        wrong = next((index for index, level in enumerate(levels) if len(level) != spatial_dims), None)
+        if wrong is not None:
+            raise ConfigError(f"{where}: {config.name}'s {key}[{wrong}]={levels[wrong]}: expected {spatial_dims} "
+                              f"entries (one per axis of a {spatial_dims}D configuration)")
 
 
 def read_nnunet_plans(path: str | Path, spatial_dims: int, configuration: str | None = None) -> NnunetConfiguration:
@@ -214,7 +242,11 @@ def _normalization(plans: Mapping[str, Any], config: NnunetConfiguration, channe
              if scheme == "zscore" and any(config.use_mask_for_norm) else [])
     if scheme != "ct":
         return {"scheme": scheme}, notes
-    properties = plans["foreground_intensity_properties_per_channel"]
+    properties = _plans_entry(plans, "foreground_intensity_properties_per_channel", where, "CT normalisation")
+    missing = [str(c) for c in range(channels) if not isinstance(properties, Mapping) or str(c) not in properties]
+    if missing:
+        raise ConfigError(f"{where}: 'foreground_intensity_properties_per_channel' has no channel {missing[0]} (medseg "
+                          f"reads each channel's for CT normalisation)")
     return plan_normalization({"intensity": [properties[str(c)] for c in range(channels)]}, is_ct=True), notes
 
 
@@ -252,7 +284,7 @@ def _network(config: NnunetConfiguration, axes: list[int], where: str) -> tuple[
 def _spacing(plans: Mapping[str, Any], config: NnunetConfiguration, axes: list[int], where: str) -> list[float]:
     """The (3,) RAS target spacing: the configuration's; a 2D one's two in-plane entries, and along the slice axis
     (which nnU-Net does not resample) the median spacing. Checked to slice across nnU-Net's slice axis in 2D."""
-    median = [float(s) for s in plans["original_median_spacing_after_transp"]]
+    median = [float(s) for s in _plans_entry(plans, MEDIAN_SPACING, where, "the slice axis's spacing")]
     spacing = _in_ras(config.spacing if len(config.spacing) == 3 else [median[0], *config.spacing], axes)
     if len(config.patch_size) == 2 and thick_axis(spacing) != axes[0]:
         raise ConfigError(f"{where}: {config.name} slices across RAS axis {axes[0]}, but medseg would slice the "
@@ -280,7 +312,7 @@ def nnunet_values(plans: Mapping[str, Any], config: NnunetConfiguration, fingerp
         raise ConfigError(f"{where}: {config.name} is the cascade's second stage (it reads {config.previous_stage}'s "
                           "predictions); medseg has no cascade: train 3d_fullres or 3d_lowres")
     axes = ras_axes(plans, fingerprint, where)
-    median = _in_ras(plans["original_median_spacing_after_transp"], axes)
+    median = _in_ras(_plans_entry(plans, MEDIAN_SPACING, where, "checking the plan against this dataset"), axes)
     if not np.allclose(median, fingerprint["median_spacing"], rtol=1e-3):
         raise ConfigError(f"{where}: nnU-Net's median spacing {[round(s, 4) for s in median]} mm (RAS) is not this "
                           f"dataset's {[round(s, 4) for s in fingerprint['median_spacing']]}: planned for other data")

@@ -10,7 +10,8 @@ they remove leave the output's mask (a class's become background in the label ma
 - ``remove_small``: remove the class's components smaller than ``min_volume_mm3`` (``RemoveSmallObjects``).
 
 :func:`decide` chooses them as nnU-Net does, on the out-of-fold predictions of a cross-validation, with HD95 as a
-guard: for each class, a step is a candidate when it raises the class's mean Dice over all cases and does not
+guard: for each class, a step is a candidate when it raises the class's mean Dice (over the cases where it is
+defined: :mod:`medseg.scoring.metrics`' rule) and does not
 worsen its HD95 (no more cases without a finite HD95, and a mean over the finite ones that does not grow); of the
 two candidates, the one with the higher mean Dice is taken, else none. The volume below which ``remove_small``
 removes components is read from the references: half the smallest connected component of the class in any
@@ -37,7 +38,7 @@ from monai.transforms import KeepLargestConnectedComponent, RemoveSmallObjects
 from medseg.errors import ConfigError
 from medseg.runs.layout import crossval_dir
 from medseg.scoring.detection import components
-from medseg.scoring.metrics import dice, hd95
+from medseg.scoring.metrics import defined_mean, dice, hd95
 
 POSTPROCESSING_FILE = "postprocessing.json"
 STEPS = ("none", "largest_component", "remove_small")
@@ -187,7 +188,7 @@ def decide(cases: Iterable[OutOfFoldCase], labels: Mapping[int, str]) -> dict[st
     for index in foreground:
         if math.isfinite(smallest[index]):
             steps[index]["remove_small"] = ClassStep("remove_small", smallest[index] / 2)
-    dices = {index: {name: float(np.mean(values)) for name, values in named.items()}
+    dices = {index: {name: defined_mean(values) for name, values in named.items()}
              for index, named in _step_scores(cases, steps, "dice").items()}
     raising = {index: {name: step for name, step in steps[index].items() if dices[index][name] > dices[index]["none"]}
                for index in foreground}

@@ -8,22 +8,21 @@ centres, in mm, in memory that grows with the surfaces, not the scan), computed 
 its percentile with numpy, which has no limit on the number of distances (``torch.quantile``, in MONAI's
 ``compute_hausdorff_distance``, refuses more than 2^24 of them: the surfaces of a large scan's noisy mask).
 
-Empty masks (per case and class), nnU-Net style but free of NaN in Dice:
+Empty masks (per case and class), one rule for every score and mean medseg reports (validation, ``evaluate``,
+cross-validation, postprocessing, ``compare.py``): a class absent from both reference and prediction has no Dice nor
+NSD (NaN, *undefined*, as Metrics Reloaded prescribes and as nnU-Net v2's evaluator scores it), and means leave such a
+case out (:func:`defined_mean`, nnU-Net's ``nanmean``) rather than count it as perfect:
 
 ==============================  ======  ======  =====  ==============
 reference / prediction          Dice    NSD     HD95   flag
 ==============================  ======  ======  =====  ==============
-both empty                      1.0     1.0     NaN    ``both_empty``
+both empty                      NaN     NaN     NaN    ``both_empty``
 reference empty, prediction not 0.0     0.0     inf    ``ref_empty``
 prediction empty, reference not 0.0     0.0     inf    ``pred_empty``
 ==============================  ======  ======  =====  ==============
 
-Means (:func:`aggregate`) average Dice and NSD over every case; HD95 means skip NaN and inf and
-report how many values they skipped (``hd95_excluded``).
-
-A comparison of settings follows Metrics Reloaded instead (:func:`undefined_when_empty`, :func:`defined_mean`): a case
-without the class in reference and prediction has no Dice nor NSD (NaN), so an empty case never counts as a perfect
-score in a mean.
+Means (:func:`aggregate`) average Dice and NSD over the cases where they are defined and count the cases left out
+(``both_empty``); HD95 means skip NaN and inf and report how many values they skipped (``hd95_excluded``).
 """
 
 from __future__ import annotations
@@ -35,7 +34,6 @@ from typing import Any
 
 import numpy as np
 import torch
-from monai.metrics import compute_dice
 from scipy import ndimage
 from scipy.spatial import cKDTree
 
@@ -97,32 +95,15 @@ def volume_ml(mask: np.ndarray | torch.Tensor, spacing: Sequence[float]) -> floa
     return float(_binary(mask).sum()) * float(np.prod(spacing)) / 1000.0
 
 
-def dice_scores(pred: np.ndarray | torch.Tensor, ref: np.ndarray | torch.Tensor, classes: Iterable[int]) -> list[float]:
-    """Dice ``2|P∩R| / (|P| + |R|)`` of each class index in ``classes`` between two integer label maps.
-
-    The one Dice of medseg, for validation and evaluation alike: MONAI's ``compute_dice`` with
-    ``ignore_empty=False``, so a class absent from both maps scores 1.0 and one absent from the reference only 0.0.
-    """
-    pred, ref = torch.as_tensor(pred), torch.as_tensor(ref)
-    if pred.shape != ref.shape:
-        raise ValueError(f"prediction shape {tuple(pred.shape)} differs from reference shape {tuple(ref.shape)}")
-    classes = list(classes)
-    # the maps as they are, one channel of class indices: MONAI compares them with one class at a time (a bool
-    # mask a voxel, integer counts), where one-hot float64 channels would take 16 bytes a voxel and class
-    scores = compute_dice(pred[None, None], ref[None, None], include_background=True, ignore_empty=False,
-                          num_classes=max(classes, default=0) + 1)
-    return scores[0, classes].tolist()
-
-
 def dice(pred: np.ndarray | torch.Tensor, ref: np.ndarray | torch.Tensor) -> float:
-    """Dice ``2|P∩R| / (|P| + |R|)`` of two binary masks of the same shape; 1.0 when both are empty
-    (:func:`dice_scores`'s convention), counted in place: MONAI's ``compute_dice`` makes float one-hot copies of both
-    masks, 2 GB at 512 x 512 x 400."""
+    """Dice ``2|P∩R| / (|P| + |R|)`` of two binary masks of the same shape, the one Dice of medseg (validation and
+    evaluation alike); NaN (undefined) when both are empty, 0.0 when only one is (the module's rule). Counted in
+    place: MONAI's ``compute_dice`` makes float one-hot copies of both masks, 2 GB at 512 x 512 x 400."""
     pred, ref = _binary(pred), _binary(ref)
     if pred.shape != ref.shape:
         raise ValueError(f"prediction shape {pred.shape} differs from reference shape {ref.shape}")
     total = int(np.count_nonzero(pred)) + int(np.count_nonzero(ref))
-    return 1.0 if total == 0 else float(2 * np.count_nonzero(pred & ref) / total)
+    return math.nan if total == 0 else float(2 * np.count_nonzero(pred & ref) / total)
 
 
 _QUERY_CHUNK = 1 << 20
@@ -214,13 +195,13 @@ def surface_dice(pred: np.ndarray | torch.Tensor, ref: np.ndarray | torch.Tensor
                  tolerance_mm: float) -> float:
     """Normalised surface Dice: the share of both surfaces lying within ``tolerance_mm`` of the other.
 
-    1.0 when both masks are empty, 0.0 when exactly one is.
+    NaN (undefined) when both masks are empty, 0.0 when exactly one is.
     """
     pred, ref = _binary(pred), _binary(ref)
     _check_pair(pred, ref, spacing)
     flag = empty_flag(pred, ref)
     if flag:
-        return 1.0 if flag == BOTH_EMPTY else 0.0
+        return math.nan if flag == BOTH_EMPTY else 0.0
     return _nsd_of(surface_distances(pred, ref, spacing), tolerance_mm)
 
 
@@ -232,7 +213,7 @@ def class_metrics(pred: np.ndarray | torch.Tensor, ref: np.ndarray | torch.Tenso
     _check_pair(pred, ref, spacing)
     flag = empty_flag(pred, ref)
     if flag:
-        hd, nsd = (math.nan, 1.0) if flag == BOTH_EMPTY else (math.inf, 0.0)
+        hd, nsd = (math.nan, math.nan) if flag == BOTH_EMPTY else (math.inf, 0.0)
     else:
         distances = surface_distances(pred, ref, spacing)
         hd, nsd = _hd95_of(distances), _nsd_of(distances, tolerance_mm)
@@ -248,7 +229,8 @@ def _finite_mean(values: Sequence[float]) -> tuple[float, int]:
 
 def undefined_when_empty(values: Mapping[str, float], flag: str) -> dict[str, float]:
     """``values`` (metric name -> value) of one case and class, with each of :data:`UNDEFINED_WHEN_EMPTY` NaN when
-    ``flag`` is ``both_empty``: the case is then left out of those metrics' means, not counted as a 1."""
+    ``flag`` is ``both_empty``: the module's rule applied to a ``metrics.csv`` written before medseg scored such a
+    case NaN (it wrote 1), so that older cross-validations read as new ones."""
     return {name: math.nan if flag == BOTH_EMPTY and name in UNDEFINED_WHEN_EMPTY else value
             for name, value in values.items()}
 
@@ -266,22 +248,24 @@ def aggregate(per_class: Mapping[str, Sequence[ClassMetrics]]) -> dict[str, Any]
         per_class: class name -> that class's metrics in every evaluated case.
 
     Returns:
-        ``{"classes": {name: {"dice", "hd95_mm", "hd95_excluded", "nsd", "pred_ml", "ref_ml", "num_cases"}},
-        "foreground_mean": {"dice", "hd95_mm", "nsd"}}``. Class means of Dice, NSD and volumes use every
-        case; HD95 means skip non-finite values (``hd95_excluded`` counts them). The foreground mean is
-        the mean of the class means (classes whose HD95 mean is NaN are skipped for HD95).
+        ``{"classes": {name: {"dice", "hd95_mm", "hd95_excluded", "nsd", "pred_ml", "ref_ml", "num_cases",
+        "both_empty"}}, "foreground_mean": {"dice", "hd95_mm", "nsd"}}``. Class means of Dice and NSD use the cases
+        where they are defined (``both_empty`` counts the cases without the class in reference and prediction, left
+        out; NaN when every case is one), of the volumes every case; HD95 means skip non-finite values
+        (``hd95_excluded`` counts them). The foreground mean is the mean of the class means that are defined.
     """
     classes: dict[str, dict[str, Any]] = {}
     for name, items in per_class.items():
         hd_mean, excluded = _finite_mean([m.hd95_mm for m in items])
         classes[name] = {
-            "dice": float(np.mean([m.dice for m in items])) if items else math.nan,
+            "dice": defined_mean(m.dice for m in items),
             "hd95_mm": hd_mean,
             "hd95_excluded": excluded,
-            "nsd": float(np.mean([m.nsd for m in items])) if items else math.nan,
+            "nsd": defined_mean(m.nsd for m in items),
             "pred_ml": float(np.mean([m.pred_ml for m in items])) if items else math.nan,
             "ref_ml": float(np.mean([m.ref_ml for m in items])) if items else math.nan,
             "num_cases": len(items),
+            "both_empty": sum(m.flag == BOTH_EMPTY for m in items),
         }
     foreground = {
         key: _finite_mean([c[key] for c in classes.values()])[0] for key in ("dice", "hd95_mm", "nsd")

@@ -192,7 +192,14 @@ def resume_command() -> str | None:
     else:
         args, folder = list(hydra_cfg.overrides.task), f"hydra.run.dir={hydra_cfg.runtime.output_dir}"
     kept = [arg for arg in args if _override_key(arg) not in RESUME_DROPPED]
-    return shlex.join(["python", sys.argv[0], *kept, folder, "trainer.resume=true"])
+    return shlex.join([*typed_program(), *kept, folder, "trainer.resume=true"])
+
+
+def typed_program() -> list[str]:
+    """The words that started this command as the user typed them: ``medseg train`` (the ``medseg`` entry point names
+    the command so in ``sys.argv[0]``, :func:`medseg.commands.main`), else ``python <script>``."""
+    program = sys.argv[0]
+    return program.split(" ") if program.startswith("medseg ") else ["python", program]
 
 
 def _override_key(arg: str) -> str | None:

@@ -380,7 +380,7 @@ class Trainer:
         """Save ``last.pt`` (mid-epoch at ``step`` > 0) and stop with :class:`TrainingInterrupted`."""
         path = self.save(self.layout.last_checkpoint, step=step)
         raise TrainingInterrupted(
-            f"stopped by {stop.name} at epoch {self.epoch + 1}, step {step}; saved {path or 'last.pt (rank 0)'}. "
+            f"stopped by {stop.name} at {saved_at(self.epoch, step)}; saved {path or 'last.pt (rank 0)'}. "
             f"Resume with the same overrides plus: hydra.run.dir={self.output_dir} trainer.resume=true",
             128 + stop.signum)
 
@@ -461,8 +461,8 @@ class Trainer:
         if path.resolve() == self.layout.last_checkpoint.resolve():
             self.saved_last = saved_at(self.epoch, self.start_step)
         if self.dist.is_main:
-            where = f"epoch {self.epoch}" + (f", step {self.start_step}" if self.start_step else "")
-            log.info("resumed from %s at %s (best val Dice %.4f)", path, where, self.best_dice)
+            log.info("resumed from %s at %s (best val Dice %.4f)", path, saved_at(self.epoch, self.start_step),
+                     self.best_dice)
 
     def check_same_meaning(self, state: Mapping[str, Any], path: Path) -> None:
         """Refuse to resume checkpoint ``state`` (read from ``path``) when its weights mean something else in this run:

@@ -5,7 +5,6 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-import numpy as np
 import torch
 from monai.data import Dataset
 from torch import nn
@@ -19,7 +18,7 @@ from medseg.runtime.device import amp_dtype
 from medseg.runtime.distributed import gather_objects
 from medseg.runtime.host_memory import release_freed_memory
 from medseg.runtime.launch import DistInfo
-from medseg.scoring.metrics import dice
+from medseg.scoring.metrics import defined_mean, dice
 
 
 @dataclass
@@ -41,10 +40,11 @@ def validate(model: nn.Module, dataset: Dataset, window: Window, cfg: TrainConfi
     windows), run on ``device`` in ``trainer.precision``.
 
     ``dataset`` gives labels as class indices (:func:`medseg.data.transforms.eval_transforms` with ``labels``). Dice
-    follows evaluate.py's convention (:func:`medseg.scoring.metrics.dice`): an output absent from both label and
-    prediction scores 1, any prediction of an output the label lacks scores 0, so validation and evaluation agree. A
-    region's prediction is its sigmoid above 0.5, its reference the union of its classes; ignore voxels count in
-    neither. Per-case scores are gathered over the ranks before averaging.
+    follows medseg's one rule (:mod:`medseg.scoring.metrics`), so validation and evaluation agree: an output absent
+    from both label and prediction has no Dice and is left out of the means, any prediction of an output the label
+    lacks scores 0. A region's prediction is its sigmoid above 0.5, its reference the union of its classes; ignore
+    voxels count in neither. Per-case scores are gathered over the ranks before averaging: per output over the cases
+    where it is defined, then over the outputs whose mean is defined (NaN when none is).
     """
     model.eval()
     names = labels.output_names
@@ -64,6 +64,5 @@ def validate(model: nn.Module, dataset: Dataset, window: Window, cfg: TrainConfi
             overlay = (image[0, 0].cpu(), *(torch.from_numpy(labels.label_map(m)) for m in (reference, pred)))
     release_freed_memory()  # the volumes' maps, before training allocates again
     all_rows = [row for part in gather_objects(rows, dist) for row in part]
-    per_class = np.mean(np.asarray(all_rows, dtype=float), axis=0) if all_rows else [np.nan] * len(names)
-    named = {name: float(value) for name, value in zip(names, per_class)}
-    return ValidationResult(float(np.mean(list(named.values()))) if named else float("nan"), named, overlay)
+    named = {name: defined_mean(row[index] for row in all_rows) for index, name in enumerate(names)}
+    return ValidationResult(defined_mean(named.values()), named, overlay)

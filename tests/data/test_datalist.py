@@ -175,3 +175,32 @@ def test_data_num_folds_must_agree_with_the_splits_file(tmp_path: Path) -> None:
         split_cases(info, 0, 5, given=path)
     with pytest.raises(ConfigError, match=r"missing\.json: no such file$"):
         split_cases(info, 0, 5, given=tmp_path / "missing.json")
+
+
+def test_a_fold_without_validation_cases_is_refused_before_training(tmp_path: Path) -> None:
+    """A given fold with an empty "val" list, or more generated folds than cases, would train without a validated
+    best.pt: refused by name."""
+    info = _info(6)
+    path = tmp_path / "splits_final.json"
+    splits = _nnunet_splits(path, [e["case"] for e in info.training], 3)
+    splits[1] = {"train": sorted(e["case"] for e in info.training), "val": []}
+    path.write_text(json.dumps(splits))
+    with pytest.raises(ConfigError, match=rf"^data\.splits={path}: fold 1 has an empty \"val\" list; every fold needs "
+                                          r"validation cases"):
+        split_cases(info, 1, 3, given=path)
+    assert len(split_cases(info, 0, 3, given=path)[1]) == 2, "the other folds are usable"
+    with pytest.raises(ConfigError, match=r"^data\.num_folds=7: the dataset has 6 training case\(s\), so a fold would "
+                                          r"have no validation cases; set data\.num_folds at most 6"):
+        split_cases(info, 6, 7)
+
+
+def test_an_nnunet_v1_splits_pickle_says_what_to_give_instead(tmp_path: Path) -> None:
+    import pickle
+
+    info = _info(6)
+    path = tmp_path / "splits_final.pkl"
+    path.write_bytes(pickle.dumps([{"train": ["c00"], "val": ["c01"]}]))
+    with pytest.raises(ConfigError, match=rf"^data\.splits={path}: a Python pickle, as nnU-Net v1 wrote its files, not "
+                                          r"JSON; give nnU-Net v2's splits_final\.json") as error:
+        split_cases(info, 0, 1, given=path)
+    assert "\n" not in str(error.value)

@@ -203,3 +203,80 @@ def test_two_datasets_with_the_same_case_names_are_told_apart(tmp_path: Path, ti
     cross_validate({"dir": str(sweep), "inference": {"progress": False}})
     with pytest.raises(DatasetError, match=rf"{other}.*{tiny_demo_root}|{tiny_demo_root}.*{other}"):
         build_comparison(sweep, resamples=99)
+
+
+def _swap_values(path: Path) -> None:
+    """Rewrite a label map with its values 1 and 2 swapped."""
+    image = nib.load(path)
+    values = np.asarray(image.dataobj)
+    nib.save(nib.Nifti1Image(np.choose(values, [0, 2, 1]).astype(values.dtype), image.affine), path)
+
+
+def _nnunet_dataset_json(results: Path, labels: dict[str, int]) -> None:
+    (results / "dataset.json").write_text(json.dumps({"channel_names": {"0": "MRI"}, "labels": labels,
+                                                      "numTraining": 8, "file_ending": ".nii.gz"}))
+
+
+def test_nnunets_own_label_numbering_is_matched_by_name(fresh: tuple[Path, Path]) -> None:
+    """nnU-Net's dataset.json numbers the demo's two classes the other way round and its label maps say so: perfect
+    predictions score Dice 1 once the classes are matched by name."""
+    sweep, results = fresh
+    for path in results.glob("fold_*/validation/*.nii.gz"):
+        _swap_values(path)
+    _nnunet_dataset_json(results, {"background": 0, "bright sphere": 1, "dim sphere": 2})
+    comparison = build_comparison(sweep, reference=NNUNET, external=[parse_source(f"nnunet={results}")],
+                                  progress=False)
+    assert comparison.reference.label == NNUNET
+    scores = read_csv(sweep / "external" / NNUNET / "metrics.csv")
+    assert len(scores) == 8 * 2 and all(float(row["dice"]) == 1.0 for row in scores)
+
+
+def test_nnunet_classes_that_cannot_be_matched_stop_with_one_line(fresh: tuple[Path, Path],
+                                                                  capsys: pytest.CaptureFixture[str]) -> None:
+    sweep, results = fresh
+    _nnunet_dataset_json(results, {"background": 0, "spleen": 1, "dim sphere": 2})
+    assert compare([str(sweep), f"nnunet={results}"]) == 1
+    err = capsys.readouterr().err.strip()
+    assert len(err.splitlines()) == 1 and _nothing_written(sweep)
+    assert "cannot be matched by name" in err and "spleen" in err and "bright sphere" in err
+
+
+def test_a_fold_holding_other_cases_than_the_sweeps_fold_is_named(fresh: tuple[Path, Path],
+                                                                   capsys: pytest.CaptureFixture[str]) -> None:
+    """The union of the folds is the sweep's, but one case of each fold was predicted by the other fold."""
+    sweep, results = fresh
+    first = sorted((results / "fold_0" / "validation").glob("*.nii.gz"))[0]
+    second = sorted((results / "fold_1" / "validation").glob("*.nii.gz"))[0]
+    first.rename(results / "fold_1" / "validation" / first.name)
+    second.rename(results / "fold_0" / "validation" / second.name)
+    assert compare([str(sweep), f"nnunet={results}"]) == 1
+    err = capsys.readouterr().err.strip()
+    assert len(err.splitlines()) == 1 and _nothing_written(sweep)
+    case = first.name.removesuffix(".nii.gz")
+    assert "fold_0/validation predicts other cases than the sweep's fold 0" in err
+    assert f"only the sweep's fold 0 holds {case}" in err and second.name.removesuffix(".nii.gz") in err
+
+
+@pytest.mark.parametrize("content", [b"", b"not a gzip stream"], ids=["empty", "not-gzip"])
+def test_an_unreadable_nnunet_prediction_stops_with_one_line(fresh: tuple[Path, Path],
+                                                             capsys: pytest.CaptureFixture[str],
+                                                             content: bytes) -> None:
+    sweep, results = fresh
+    path = sorted((results / "fold_0" / "validation").glob("*.nii.gz"))[0]
+    path.write_bytes(content)
+    assert compare([str(sweep), f"nnunet={results}"]) == 1
+    err = capsys.readouterr().err.strip()
+    last = err.splitlines()[-1]  # after the scoring's progress bar
+    assert last.startswith("error: ") and "cannot be scored" in last and f"{path}: cannot read file" in last
+    assert not (sweep / "external").exists()
+
+
+def test_a_case_under_two_endings_in_a_fold_is_refused(fresh: tuple[Path, Path],
+                                                       capsys: pytest.CaptureFixture[str]) -> None:
+    sweep, results = fresh
+    path = sorted((results / "fold_0" / "validation").glob("*.nii.gz"))[0]
+    nib.save(nib.load(path), path.with_name(path.name.removesuffix(".gz")))
+    assert compare([str(sweep), f"nnunet={results}"]) == 1
+    err = capsys.readouterr().err.strip()
+    assert len(err.splitlines()) == 1 and _nothing_written(sweep)
+    assert "held by two or more files" in err and path.name in err

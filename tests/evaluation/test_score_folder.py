@@ -139,3 +139,39 @@ def test_the_scripts_predict_then_score(ckpt: Path, images: Path, references: Pa
     (tmp_path / "out" / "demo_000.nii.gz").unlink()
     missing = run_script("evaluate.py", [f"pred={tmp_path / 'out'}", f"input={references}"], cwd=tmp_path)
     assert missing.returncode == 1 and "no prediction for 1 of the 3 reference case(s): demo_000" in missing.stderr
+
+
+@pytest.mark.parametrize("content", [b"", b"not a gzip stream"], ids=["empty", "not-gzip"])
+def test_an_unreadable_prediction_fails_its_case_by_name(references: Path, tmp_path: Path, content: bytes) -> None:
+    """An empty file or one that is no gzip stream under ``.nii.gz`` fails its case as a truncated stream does; the
+    grid check, which reads headers only, leaves it to its case."""
+    pred = tmp_path / "pred"
+    shutil.copytree(references, pred)
+    (pred / "demo_001.nii.gz").write_bytes(content)
+    result = evaluate({"pred": str(pred), "input": str(references), "output": str(tmp_path / "scores"),
+                       "inference": QUIET})
+    assert result.exit_code == 1 and result.summary["num_scored"] == 2
+    assert [failure["case"] for failure in result.failed] == ["demo_001"]
+    assert "demo_001.nii.gz: cannot read file" in result.failed[0]["reason"]
+
+
+@pytest.mark.parametrize("folder", ["pred", "references"])
+def test_a_case_under_two_endings_is_refused_by_name(references: Path, tmp_path: Path, folder: str) -> None:
+    pred = tmp_path / "pred"
+    shutil.copytree(references, pred)
+    twice = pred if folder == "pred" else references
+    nib.save(nib.load(twice / "demo_002.nii.gz"), twice / "demo_002.nii")
+    with pytest.raises(PredictionError, match=r"1 case\(s\) held by two or more files .*\(demo_002: demo_002\.nii, "
+                                              r"demo_002\.nii\.gz\); keep one file per case$"):
+        evaluate({"pred": str(pred), "input": str(references), "inference": QUIET})
+
+
+def test_references_without_foreground_and_no_class_list_score_nothing(references: Path, tmp_path: Path) -> None:
+    for path in references.iterdir():
+        label = nib.load(path)
+        nib.save(nib.Nifti1Image(np.zeros(label.shape, np.uint8), label.affine), path)
+    pred = Path(shutil.copytree(references, tmp_path / "pred"))
+    with pytest.raises(PredictionError, match=r"nothing to score: the 3 reference\(s\) hold only background \(0\) "
+                                              r"and no class list names the classes"):
+        evaluate({"pred": str(pred), "input": str(references), "inference": QUIET})
+    assert not (pred / "summary.json").exists()

@@ -189,6 +189,17 @@ def test_the_network_of_nnunet_s_plan_costs_the_flops_of_nnunet_s(tmp_path: Path
      r"for other data$"),
     (_changed(lambda p, c: p.update(image_reader_writer="NaturalImage2DIO")),
      r"nnU-Net read these images with NaturalImage2DIO; medseg maps the axes of SimpleITKIO, NibabelIO, "),
+    (_changed(lambda p, c: p.pop("foreground_intensity_properties_per_channel")),
+     r"no 'foreground_intensity_properties_per_channel' \(medseg reads it for CT normalisation\); expected an "
+     r"nnU-Net v2 plans file"),
+    (_changed(lambda p, c: p.update(foreground_intensity_properties_per_channel={})),
+     r"'foreground_intensity_properties_per_channel' has no channel 0"),
+    (_changed(lambda p, c: p.pop("original_median_spacing_after_transp")),
+     r"no 'original_median_spacing_after_transp' \(medseg reads it for checking the plan against this dataset\)"),
+    (_changed(lambda p, c: c["architecture"]["arch_kwargs"].update(kernel_sizes=[[3, 3]] + [[3, 3, 3]] * 4)),
+     r"3d_fullres's kernel_sizes\[0\]=\[3, 3\]: expected 3 entries \(one per axis of a 3D configuration\)$"),
+    (_changed(lambda p, c: c["architecture"]["arch_kwargs"].update(kernel_sizes=[[3, 3, 3]] * 4)),
+     r"3d_fullres's kernel_sizes has 4 entries for 5 stages; expected one per stage$"),
 ])
 def test_what_medseg_cannot_train_from_nnunet_s_plan_is_refused_in_one_line(tmp_path: Path, plans: dict,
                                                                             message: str) -> None:
@@ -312,3 +323,15 @@ def test_train_runs_on_nnunet_s_plan_and_folds(tmp_path: Path) -> None:
     model = load_checkpoint(run_dir / "checkpoints" / "last.pt")["config"]["model"]
     assert (model["conv_stages"], model["encoder_blocks"], model["decoder_convs"]) == ("nnunet_resenc",
                                                                                        [1, 3, 4, 6, 6], 1)
+
+
+def test_nnunet_v1_plans_pickle_says_what_to_give_instead(tmp_path: Path) -> None:
+    import pickle
+
+    _, fingerprint = _ct(tmp_path)
+    path = tmp_path / "nnUNetPlansv2.1_plans_3D.pkl"
+    path.write_bytes(pickle.dumps({"plans_per_stage": {0: {"patch_size": [20, 64, 56]}}}))
+    with pytest.raises(ConfigError, match=rf"^plan\.file={path}: a Python pickle, as nnU-Net v1 wrote its files, not "
+                                          r"JSON; give nnU-Net v2's nnUNetPlans\.json") as error:
+        read_plan_file(path, fingerprint, 3)
+    assert "\n" not in str(error.value)

@@ -123,8 +123,8 @@ def test_summary_pools_the_cases() -> None:
 
 
 def test_an_empty_case_cannot_pass_for_a_found_lesion(tmp_path: Path) -> None:
-    """Case a holds a lesion the prediction half covers; case b holds none and none is predicted. Dice averages 1 for
-    b in; nnU-Net's way leaves b out; detection finds 1 of 1 lesions, no false positive."""
+    """Case a holds a lesion the prediction half covers; case b holds none and none is predicted. The Dice mean leaves
+    b out (counted as both_empty), as nnU-Net's nanmean does; detection finds 1 of 1 lesions, no false positive."""
     root, predictions = tmp_path / "msd", tmp_path / "pred"
     for folder in (root / "imagesTr", root / "labelsTr", predictions):
         folder.mkdir(parents=True)
@@ -141,7 +141,8 @@ def test_an_empty_case_cannot_pass_for_a_found_lesion(tmp_path: Path) -> None:
     info = load_dataset(root)
     scored = score_folder(SimpleNamespace(label_spec=info.label_spec), info.training, predictions)
     dice_a = 2 * half.sum() / (half.sum() + lesion.sum())
-    assert scored["summary"]["classes"]["lesion"]["dice"] == pytest.approx((dice_a + 1) / 2)
+    assert scored["summary"]["classes"]["lesion"]["dice"] == pytest.approx(dice_a)
+    assert scored["summary"]["classes"]["lesion"]["both_empty"] == 1
     assert scored["dice_empty_left_out"]["lesion"] == pytest.approx(dice_a)
     assert scored["detection"]["lesion"] == pytest.approx({"lesions": 1, "found": 1, "sensitivity": 1.0,
                                                            "false_positives_per_case": 0.0, "dice_per_lesion": dice_a})

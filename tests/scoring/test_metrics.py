@@ -40,7 +40,7 @@ def _voxels(shape, *points) -> np.ndarray:
 
 @pytest.mark.parametrize(
     ("pred_full", "ref_full", "flag", "expected_dice", "expected_nsd", "expected_hd"),
-    [(False, False, BOTH_EMPTY, 1.0, 1.0, math.nan), (True, False, REF_EMPTY, 0.0, 0.0, math.inf),
+    [(False, False, BOTH_EMPTY, math.nan, math.nan, math.nan), (True, False, REF_EMPTY, 0.0, 0.0, math.inf),
      (False, True, PRED_EMPTY, 0.0, 0.0, math.inf)],
 )
 def test_empty_mask_conventions(pred_full, ref_full, flag, expected_dice, expected_nsd, expected_hd) -> None:
@@ -51,7 +51,8 @@ def test_empty_mask_conventions(pred_full, ref_full, flag, expected_dice, expect
     ref = block if ref_full else np.zeros(shape, dtype=bool)
     metrics = class_metrics(pred, ref, SPACING, tolerance_mm=1.0)
     assert metrics.flag == flag
-    assert metrics.dice == expected_dice and metrics.nsd == expected_nsd
+    assert metrics.dice == pytest.approx(expected_dice, nan_ok=True)
+    assert metrics.nsd == pytest.approx(expected_nsd, nan_ok=True)
     if math.isnan(expected_hd):
         assert math.isnan(metrics.hd95_mm)
     else:
@@ -136,7 +137,7 @@ def test_score_case_per_class_of_label_maps() -> None:
     assert scores[1]["dice"] == 1.0 and scores[1]["hd95_mm"] == 0.0 and scores[1]["flags"] == ""
     assert scores[2]["flags"] == REF_EMPTY and scores[2]["dice"] == 0.0
     assert scores[2]["pred_ml"] == pytest.approx(0.001)
-    assert scores[3]["flags"] == BOTH_EMPTY and scores[3]["dice"] == 1.0
+    assert scores[3]["flags"] == BOTH_EMPTY and math.isnan(scores[3]["dice"]), "absent from both: undefined"
 
 
 def test_voxel_spacing_of_lps_affine() -> None:
@@ -169,3 +170,18 @@ def test_metrics_reloaded_leaves_a_case_without_the_class_undefined() -> None:
     assert undefined_when_empty({"dice": 0.0, "nsd": 0.0}, REF_EMPTY) == {"dice": 0.0, "nsd": 0.0}
     assert defined_mean([1.0, math.nan, 0.5]) == 0.75 and math.isnan(defined_mean([math.nan]))
     assert defined_mean([1.0, math.inf]) == math.inf
+
+
+def test_a_class_absent_from_reference_and_prediction_is_left_out_of_every_mean() -> None:
+    """One rule (nnU-Net v2's NaN and nanmean, Metrics Reloaded's): the mean is over the cases that hold the class in
+    reference or prediction, and counts the case it left out; never an absent class scored as a perfect 1."""
+    block = np.zeros((6, 5, 4), dtype=bool)
+    block[1:4, 1:4, 1:3] = True
+    empty = np.zeros_like(block)
+    half = block.copy()
+    half[:2] = False
+    per_class = {"tumour": [class_metrics(half, block, SPACING, 1.0), class_metrics(empty, empty, SPACING, 1.0)]}
+    summary = aggregate(per_class)["classes"]["tumour"]
+    assert summary["dice"] == pytest.approx(dice(half, block)) and summary["both_empty"] == 1
+    assert summary["nsd"] == pytest.approx(per_class["tumour"][0].nsd) and summary["num_cases"] == 2
+    assert math.isnan(aggregate({"tumour": per_class["tumour"][1:]})["classes"]["tumour"]["dice"])

@@ -199,7 +199,8 @@ def test_graceful_stop_mid_epoch_then_resume_equals_uninterrupted_run(tmp_path: 
         assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
     else:  # ckpt_path= resumes from a file
         result = _run(tiny_demo_root, run_dir, f"ckpt_path={last}")
-    assert "at epoch 1, step 2" in result.stdout + result.stderr
+    assert "resumed from" in result.stdout + result.stderr and "at epoch 2, step 2" in result.stdout + result.stderr, \
+        "the resume names the epoch and step as the stop did"
     _assert_same_run(run_dir, reference)
 
 

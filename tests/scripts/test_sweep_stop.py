@@ -111,6 +111,6 @@ def test_the_printed_command_resumes_the_stopped_sweep(sigterm_sweep: tuple[Path
                             capture_output=True, text=True, timeout=TIMEOUT)
     log = result.stdout + result.stderr
     assert result.returncode == 0, log[-3000:]
-    assert f"resumed from {sweep / '0' / 'checkpoints' / 'last.pt'} at epoch 0, step 1" in log
+    assert f"resumed from {sweep / '0' / 'checkpoints' / 'last.pt'} at epoch 1, step 1" in log, "as the stop named it"
     assert f"{sweep / '1' / 'checkpoints' / 'last.pt'} does not exist: starting from scratch" in log
     assert [row["status"] for row in read_csv(sweep / "summary.csv")] == ["completed", "completed"]

@@ -27,7 +27,7 @@ from monai.data import DataLoader
 from omegaconf import OmegaConf
 
 from medseg.cli import one_line_errors
-from medseg.errors import ConfigError
+from medseg.errors import ConfigError, TrainingInterrupted
 from medseg.runs.checkpoint import load_checkpoint, save_checkpoint
 from medseg.training import run as run_module
 from medseg.training import trainer as trainer_module
@@ -97,6 +97,31 @@ def test_a_stop_during_the_last_validation_finishes_the_record(tmp_path: Path, t
     assert written["best_val_dice"] == load_checkpoint(run_dir / "checkpoints" / "best.pt")["best_metric"]
 
 
+def test_the_stop_and_the_resume_name_the_same_epoch(tmp_path: Path, tiny_demo_root: Path,
+                                                     monkeypatch: pytest.MonkeyPatch,
+                                                     caplog: pytest.LogCaptureFixture) -> None:
+    """A stop after epoch 1's validation saves last.pt at the end of epoch 1; the stop and the resume both say so."""
+    validate, calls = trainer_module.validate, []
+
+    def validate_then_sigterm_once(*args: Any, **kwargs: Any) -> Any:
+        result = validate(*args, **kwargs)
+        calls.append(1)
+        if len(calls) == 1:
+            signal.raise_signal(signal.SIGTERM)
+        return result
+
+    monkeypatch.setattr(trainer_module, "validate", validate_then_sigterm_once)
+    run_dir = tmp_path / "run"
+    with pytest.raises(TrainingInterrupted) as stopped:
+        train(micro_config(run_dir, tiny_demo_root, "trainer.max_epochs=2", "trainer.val_every=1"))
+    assert str(stopped.value).startswith("stopped by SIGTERM at epoch 1; saved ")
+    with caplog.at_level("INFO", logger="medseg"):
+        train(micro_config(run_dir, tiny_demo_root, "trainer.max_epochs=2", "trainer.val_every=1",
+                           "trainer.resume=true"))
+    last = run_dir / "checkpoints" / "last.pt"
+    assert f"resumed from {last} at epoch 1 (best val Dice" in caplog.text
+
+
 def test_in_a_multirun_a_stop_during_the_last_validation_completes_the_run_then_stops_the_sweep(
         tmp_path: Path, tiny_demo_root: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     validate = trainer_module.validate
@@ -160,6 +185,25 @@ def test_the_resume_command_of_a_multirun_is_the_sweeps_own_in_its_folder(tmp_pa
         f"hydra.sweep.dir={tmp_path / 'multirun' / 'sweep'}", "trainer.resume=true"]
     hydra.sweeper._target_ = "hydra_plugins.hydra_optuna_sweeper.optuna_sweeper.OptunaSweeper"
     assert run_module.resume_command() is None, "a search samples its runs anew: no command resumes it"
+
+
+def test_the_resume_command_of_medseg_train_is_medseg_train(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """``medseg train`` names itself so in ``sys.argv[0]`` (medseg.commands.main): the command printed to resume a
+    sweep or a single run starts with the words typed, ``medseg train``, never ``python 'medseg train'``."""
+    hydra = OmegaConf.create({"mode": RunMode.MULTIRUN, "sweep": {"dir": "multirun/sweep"},
+                              "sweeper": {"_target_": run_module.BASIC_SWEEPER}})
+    monkeypatch.setattr(run_module, "HydraConfig", SimpleNamespace(initialized=lambda: True, get=lambda: hydra))
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setattr(sys, "argv", ["medseg train", "-m", "trainer.seed=1,2"])
+    assert shlex.split(run_module.resume_command()) == [
+        "medseg", "train", "-m", "trainer.seed=1,2", f"hydra.sweep.dir={tmp_path / 'multirun' / 'sweep'}",
+        "trainer.resume=true"]
+    single = OmegaConf.create({"mode": RunMode.RUN, "overrides": {"task": ["trainer.seed=1"]},
+                               "runtime": {"output_dir": str(tmp_path / "run")}})
+    monkeypatch.setattr(run_module, "HydraConfig", SimpleNamespace(initialized=lambda: True, get=lambda: single))
+    monkeypatch.setattr(sys, "argv", ["medseg train", "trainer.seed=1"])
+    assert shlex.split(run_module.resume_command()) == [
+        "medseg", "train", "trainer.seed=1", f"hydra.run.dir={tmp_path / 'run'}", "trainer.resume=true"]
 
 
 class WorkerHandlers(torch.utils.data.Dataset):
