@@ -39,7 +39,17 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from benchmarks.common import MIB, Target, peak_bytes, ratio, size_label, targets_markdown, time_ms, write_report
+from benchmarks.common import (
+    MIB,
+    Target,
+    add_results_argument,
+    peak_bytes,
+    ratio,
+    size_label,
+    targets_markdown,
+    time_ms,
+    write_report,
+)
 from medseg.attention import available_blocks, build_attention, functional
 from medseg.attention.common import dense_bias_bytes
 from medseg.attention.masa import MaSA
@@ -361,7 +371,7 @@ def run_maps(args: argparse.Namespace, shapes: Sequence[tuple[int, ...]], device
     ]
     markdown = "\n".join(lines) + "\n"
     print(markdown)
-    write_report(args.out, "attention_maps", markdown, report)
+    write_report(args.out, "attention_maps", markdown, report, args, device)
     return 0
 
 
@@ -407,7 +417,7 @@ def run(args: argparse.Namespace) -> int:
     }
     markdown = to_markdown(report, cells, shapes)
     print(markdown)
-    write_report(args.out, "attention", markdown, report)
+    write_report(args.out, "attention", markdown, report, args, device)
     return 0
 
 
@@ -430,3 +440,4 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="autocast of the forward pass (bf16, fp16) or none (fp32)")
     parser.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
     parser.add_argument("--out", type=Path, default=None, help="write attention.md and attention.json here")
+    add_results_argument(parser)

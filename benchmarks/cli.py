@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import argparse
 import importlib
+import shlex
 from collections.abc import Sequence
 from dataclasses import dataclass
 
@@ -58,8 +59,12 @@ def command_parser(module: str, prog: str) -> argparse.ArgumentParser:
 
 
 def run_command(module: str, prog: str, argv: Sequence[str]) -> int:
-    """Parse ``argv`` with :func:`command_parser` and run ``module``; its exit code."""
+    """Parse ``argv`` with :func:`command_parser` and run ``module``; its exit code. The namespace's
+    ``command_line`` is the command as typed in the clone (``python scripts/benchmark.py models --out DIR``), which
+    the reports record beside their figures."""
     args = command_parser(module, prog).parse_args(argv)
+    script, *subcommand = prog.split()
+    args.command_line = shlex.join(["python", f"scripts/{script}", *subcommand, *argv])
     return args.run(args)
 
 

@@ -1,6 +1,7 @@
 """What the benchmarks share: timing, peak memory, the machine's description, the training config as
-``scripts/train.py`` composes it, the report writers (targets, ``<name>.md`` + ``<name>.json``), and a prediction
-run in a process of its own (:func:`run_child`), stopped at a cap on its resident memory where one is given.
+``scripts/train.py`` composes it, the report writers (targets; :func:`write_report`: ``<name>.md`` + ``<name>.json``
+with the figures' provenance, and with ``--results`` the same in the clone's ``results/``), and a prediction run in a
+process of its own (:func:`run_child`), stopped at a cap on its resident memory where one is given.
 
 Peak memory (:func:`peak_bytes`): on CUDA ``torch.cuda.max_memory_allocated`` above the allocation before the run.
 On the CPU, every allocation and free that PyTorch's CPU allocator reports to ``torch.profiler``
@@ -10,12 +11,15 @@ that running sum.
 
 from __future__ import annotations
 
+import argparse
 import contextlib
 import itertools
 import json
 import operator
 import os
+import platform
 import re
+import shlex
 import signal
 import statistics
 import subprocess
@@ -24,6 +28,7 @@ import tempfile
 import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
+from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any, TypeVar
 
@@ -36,6 +41,7 @@ from medseg.hydra_config import compose_config
 from medseg.io import atomic_write_json, atomic_write_text
 from medseg.runtime.host_memory import child_pids
 from medseg.tables import markdown_table
+from medseg.version import __version__ as MEDSEG_VERSION
 
 MIB = 2**20
 CAP_INTERVAL_S = 0.1
@@ -210,11 +216,55 @@ def targets_markdown(targets: Sequence[Mapping[str, Any]], value_format: str = "
     return markdown_table(["target", "value", "goal", "met"], rows, formats={"value": value_format}, missing="n/a")
 
 
-def write_report(out: Path | None, name: str, markdown: str, report: Mapping[str, Any]) -> None:
-    """Write ``<out>/<name>.md`` and ``<out>/<name>.json`` (atomically; nothing when ``out`` is None)."""
-    if out is not None:
-        atomic_write_text(out / f"{name}.md", markdown)
-        atomic_write_json(out / f"{name}.json", report)
+def add_results_argument(parser: argparse.ArgumentParser) -> None:
+    """``--results DIR``: also write the report into ``DIR``; ``--results results`` in the clone's root writes the
+    figures the docs quote, with their provenance, into ``results/``."""
+    parser.add_argument("--results", type=Path, default=None, metavar="DIR",
+                        help="also write the report here (<name>.md, and <name>.json with the machine, versions, "
+                             "command and date beside the figures); the docs' figures are in the clone's results/")
+
+
+def _version(package: str) -> str | None:
+    """The installed version of ``package``; None where it is not installed."""
+    from importlib.metadata import PackageNotFoundError, version
+
+    try:
+        return version(package)
+    except PackageNotFoundError:
+        return None
+
+
+def provenance(command: str, device: torch.device | str = "cpu") -> dict[str, Any]:
+    """Where and how figures were measured: the machine (platform, CPU model, CPU count, torch's threads, the
+    device), the versions of python, torch, monai and medseg, ``command`` and the date (UTC)."""
+    device = torch.device(device)
+    return {
+        "date": datetime.now(timezone.utc).isoformat(timespec="seconds"),
+        "command": command,
+        "machine": {"platform": platform.platform(), "processor": cpu_model().strip(" ()") or platform.processor(),
+                    "cpu_count": os.cpu_count(), "torch_threads": torch.get_num_threads(),
+                    "device": machine(device) if device.type == "cuda" else str(device)},
+        "versions": {"python": platform.python_version(), "torch": torch.__version__, "monai": _version("monai"),
+                     "medseg": MEDSEG_VERSION},
+    }
+
+
+def write_report(out: Path | None, name: str, markdown: str, report: Mapping[str, Any],
+                 invocation: argparse.Namespace | None, device: torch.device | str = "cpu") -> None:
+    """The one writer of every benchmark's figures: ``<out>/<name>.md`` and ``<out>/<name>.json`` (atomically;
+    nothing when ``out`` is None), and the same in ``invocation.results`` where ``--results`` was given
+    (:func:`add_results_argument`). ``device`` is the device that ran the figures.
+
+    The JSON holds ``report`` and, beside it, ``provenance`` (:func:`provenance`): the machine, the versions, the
+    command (``invocation.command_line``, as :func:`benchmarks.cli.run_command` records it; else this process's
+    ``sys.argv``) and the date.
+    """
+    command = getattr(invocation, "command_line", None) or shlex.join(sys.argv)
+    data = {**report, "provenance": provenance(command, device)}
+    for folder in (out, getattr(invocation, "results", None)):
+        if folder is not None:
+            atomic_write_text(folder / f"{name}.md", markdown)
+            atomic_write_json(folder / f"{name}.json", data)
 
 
 class OverCap(Exception):

@@ -25,7 +25,7 @@ from typing import Any
 import monai.transforms as mt
 import torch
 
-from benchmarks.common import compose_train_config, machine, write_report
+from benchmarks.common import add_results_argument, compose_train_config, machine, write_report
 from medseg.data.datalist import dataset_from_config
 from medseg.data.transforms import AUGMENTATIONS, eval_transforms, patch_sampling, samples_per_volume
 from medseg.tables import markdown_table
@@ -45,6 +45,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="seconds of one training step on the training device: the workers each chain needs")
     parser.add_argument("--batch", type=int, default=2, help="patches per training step (for --step)")
     parser.add_argument("--out", type=Path, default=None, help=f"loader.md/.json (default {DEFAULT_OUT})")
+    add_results_argument(parser)
 
 
 def run(args: argparse.Namespace) -> int:
@@ -79,7 +80,7 @@ def run(args: argparse.Namespace) -> int:
               "chains": rows}
     markdown = to_markdown(report)
     print(markdown)
-    write_report((args.out or DEFAULT_OUT).resolve(), "loader", markdown, report)
+    write_report((args.out or DEFAULT_OUT).resolve(), "loader", markdown, report, args)
     return 0
 
 

@@ -34,7 +34,14 @@ from typing import Any
 import numpy as np
 import torch
 
-from benchmarks.common import compose_train_config, machine, run_child, targets_markdown, write_report
+from benchmarks.common import (
+    add_results_argument,
+    compose_train_config,
+    machine,
+    run_child,
+    targets_markdown,
+    write_report,
+)
 from medseg.config import SLAB_SLICES
 from medseg.io import atomic_write_json
 from medseg.tables import markdown_table
@@ -175,7 +182,7 @@ def run(args: argparse.Namespace) -> int:
               "runs": rows, "targets": targets(rows, args.size, args.classes)}
     markdown = to_markdown(report)
     print(markdown)
-    write_report(out, "long_scan", markdown, report)
+    write_report(out, "long_scan", markdown, report, args)
     return 0
 
 
@@ -229,6 +236,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--slab-slices", type=int, default=SLAB_SLICES,
                         help="inference.slab_slices of the slab-wise runs")
     parser.add_argument("--out", type=Path, default=None, help=f"runs and long_scan.md/.json (default {DEFAULT_OUT})")
+    add_results_argument(parser)
 
 
 if __name__ == "__main__":

@@ -41,6 +41,7 @@ from torch import nn
 from benchmarks.common import (
     MIB,
     Target,
+    add_results_argument,
     compose_train_config,
     machine,
     peak_bytes,
@@ -360,7 +361,7 @@ def run(args: argparse.Namespace) -> int:
     print(text_table(*table(rows), **TABLE_STYLE))
     markdown = to_markdown(report, rows)
     print("\n" + markdown.split("## targets", 1)[1].strip())
-    write_report(args.out, "models", markdown, report)
+    write_report(args.out, "models", markdown, report, args, device)
     return 0
 
 
@@ -383,3 +384,4 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--override", nargs="*", default=[], help="extra config overrides, e.g. model.channels=[...]")
     parser.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
     parser.add_argument("--out", type=Path, default=None, help="write models.md and models.json here")
+    add_results_argument(parser)

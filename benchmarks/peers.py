@@ -44,7 +44,7 @@ import numpy as np
 import torch
 
 from benchmarks import REPO
-from benchmarks.common import compose_train_config, machine, tree_rss_bytes, write_report
+from benchmarks.common import add_results_argument, compose_train_config, machine, tree_rss_bytes, write_report
 from medseg.io import atomic_write_json
 from medseg.runs.layout import RunLayout
 from medseg.tables import markdown_table, text_table
@@ -492,7 +492,7 @@ def run(args: argparse.Namespace) -> int:
     markdown = to_markdown(meta, results)
     for table in report_tables(results):
         print(text_table(*table))
-    write_report(out, "peers", markdown, {"meta": meta, "results": [asdict(r) for r in results]})
+    write_report(out, "peers", markdown, {"meta": meta, "results": [asdict(r) for r in results]}, args, device)
     print(f"\nreport: {out / 'peers.md'}")
     return 0
 
@@ -504,5 +504,6 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                                                      f"(or any of {','.join(SYSTEMS)})")
     parser.add_argument("--out", type=Path, default=Path("outputs/benchmark/peers"),
                         help="runs, nnU-Net's folders, peers.md and peers.json go here")
+    add_results_argument(parser)
     parser.add_argument("--collect", action="store_true",
                         help="train nothing: rebuild the report from the runs already under --out")

@@ -24,7 +24,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from benchmarks.common import TimedNetwork, machine, targets_markdown, write_report
+from benchmarks.common import TimedNetwork, add_results_argument, machine, targets_markdown, write_report
 from medseg.config import ModelConfig
 from medseg.inference.backends import BACKENDS, window_network
 from medseg.inference.sliding_window import infer_volume
@@ -94,7 +94,7 @@ def run(args: argparse.Namespace) -> int:
     }
     markdown = to_markdown(report)
     print(markdown)
-    write_report(args.out, "prediction", markdown, report)
+    write_report(args.out, "prediction", markdown, report, args)
     return 0
 
 
@@ -130,3 +130,4 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--reps", type=int, default=1, help="rounds of both paths, alternating their order")
     parser.add_argument("--progress", action="store_true", help="a progress bar over the windows")
     parser.add_argument("--out", type=Path, default=None, help="write prediction.md and prediction.json here")
+    add_results_argument(parser)

@@ -24,7 +24,14 @@ from typing import Any
 
 import torch
 
-from benchmarks.common import Target, compose_train_config, machine, targets_markdown, write_report
+from benchmarks.common import (
+    Target,
+    add_results_argument,
+    compose_train_config,
+    machine,
+    targets_markdown,
+    write_report,
+)
 from medseg.tables import CellFormat, markdown_table, text_table
 
 MODELS: dict[str, tuple[str, ...]] = {
@@ -159,7 +166,7 @@ def run(args: argparse.Namespace) -> int:
     print(text_table(*table(results), formats=TABLE_FORMATS))
     markdown = to_markdown(report, results)
     print("\n" + markdown.split("## targets", 1)[1].strip())
-    write_report(args.out, "quality", markdown, report)
+    write_report(args.out, "quality", markdown, report, args, device)
     return 0
 
 
@@ -178,3 +185,4 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         default=Path("outputs/benchmark/quality"),
         help="run directories, quality.md and quality.json go here",
     )
+    add_results_argument(parser)

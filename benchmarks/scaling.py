@@ -46,7 +46,7 @@ from typing import Any
 
 import torch
 
-from benchmarks.common import OverCap, machine, run_child, write_report
+from benchmarks.common import OverCap, add_results_argument, machine, run_child, write_report
 from benchmarks.long_scan import NETWORK_SPACING, SCAN_SPACING, synthetic_ct, untrained_checkpoint
 from benchmarks.peers import INSTALL_HINT
 from medseg.config import SLAB_SLICES
@@ -267,7 +267,7 @@ def run(args: argparse.Namespace) -> int:
               "runs": rows}
     markdown = to_markdown(report)
     print(markdown)
-    write_report(out, "scaling", markdown, report)
+    write_report(out, "scaling", markdown, report, args)
     render_figure(report).savefig(out / "scaling.png", dpi=120)
     return 0
 
@@ -342,4 +342,5 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--slab-slices", type=int, default=SLAB_SLICES, help="medseg's inference.slab_slices")
     parser.add_argument("--out", type=Path, default=None,
                         help=f"runs, models and scaling.md/.json/.png (default {DEFAULT_OUT})")
+    add_results_argument(parser)
 

@@ -50,6 +50,7 @@ from monai.transforms import Compose, Spacingd
 
 from benchmarks.common import (
     TimedNetwork,
+    add_results_argument,
     fp32_matmul_gflops,
     machine,
     ratio,
@@ -241,7 +242,7 @@ def run(args: argparse.Namespace) -> int:
     report = compare(runs, args, out, matmul)
     markdown = to_markdown(report)
     print(markdown)
-    write_report(out, "scan_prediction", markdown, report)
+    write_report(out, "scan_prediction", markdown, report, args)
     return 0
 
 
@@ -339,6 +340,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="also report the runs that earlier invocations left under --out (the same mirroring)")
     parser.add_argument("--out", type=Path, default=None, help="the runs and scan_prediction.md/.json "
                                                                f"(default {DEFAULT_OUT})")
+    add_results_argument(parser)
 
 
 if __name__ == "__main__":

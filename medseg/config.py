@@ -400,8 +400,8 @@ class PlanningConfig:
 
 SLAB_SLICES = 2
 """``inference.slab_slices``'s default: each slice of a slab costs classes x the file's cross-section x 4 bytes
-several times over (the resampling's output and its copies); 512 x 512 x 60 with 30 classes peaked at 2.44 GB with
-8 slices a slab, 2.02 with 4 and 1.75 with 2, in the same seconds (``benchmark.py long_scan --slab-slices``)."""
+several times over (the resampling's output and its copies), so a thinner slab holds less; the result is the same
+for any slab."""
 
 
 @dataclass
@@ -416,8 +416,8 @@ class InferenceConfig:
     """Where windows are stitched (cpu saves GPU memory); null = the device that runs the network."""
     precision: str = "auto"
     """auto (bf16 on CUDA, fp32 on the CPU), fp32, bf16, or int8 (inference.backend=openvino only): the network's
-    arithmetic; training validates in trainer.precision. bf16 on the CPU is about 3x faster than fp32 where the CPU
-    has native bf16 (AMX or AVX512-BF16), slower where it has not. int8: the network quantised after training by
+    arithmetic; training validates in trainer.precision. bf16 on the CPU is faster than fp32 only where the CPU has
+    native bf16 (AMX or AVX512-BF16). int8: the network quantised after training by
     NNCF, calibrated on inference.calibration_windows windows of the checkpoint's training cases and cached beside the
     checkpoint (openvino_int8/); its Dice against fp32 is to be checked on your data."""
     backend: str = "torch"

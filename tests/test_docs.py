@@ -84,21 +84,47 @@ def test_config_reference_is_generated_from_the_schema() -> None:
     assert page == reference_markdown(), "docs/configuration.md is stale: run python scripts/config_reference.py"
 
 
-def reference_rows(name: str) -> dict[str, list[str]]:
-    """The rows of entry point ``name``'s table in the generated reference: key -> [type, default, range, meaning]."""
-    section = reference_markdown().split(f"\n## {name}: ", 1)[1].split("\n## ", 1)[0]
-    rows = {}
-    for line in section.splitlines():
+def reference_sections() -> dict[str, str]:
+    """The sections of the generated reference: heading's anchor -> its text (the heading's line excluded)."""
+    parts = reference_markdown().split("\n## ")[1:]
+    return {slug(part.split("\n", 1)[0]): part.split("\n", 1)[1] for part in parts}
+
+
+def section_rows(anchor: str, sections: dict[str, str]) -> dict[str, list[str]]:
+    """The rows of the reference's section ``anchor``, after those of the node sections it links (a command's nodes;
+    the node a node derives from): key -> [type, default, range, meaning]."""
+    rows: dict[str, list[str]] = {}
+    text = sections[anchor]
+    for linked in re.findall(r"\]\(#([\w-]+)\)", text):
+        rows.update(section_rows(linked, sections))
+    for line in text.splitlines():
         if line.startswith("| `"):
             cells = [cell.strip() for cell in re.split(r"(?<!\\)\|", line)[1:-1]]
             rows[cells[0].strip("`")] = [cell.strip("`").replace("\\|", "|") for cell in cells[1:]]
     return rows
 
 
+def reference_rows(name: str) -> dict[str, list[str]]:
+    """Every key of entry point ``name`` in the generated reference, from its own section and the node sections it
+    links: key -> [type, default, range, meaning]."""
+    sections = reference_sections()
+    (anchor,) = [anchor for anchor in sections if anchor.startswith(f"{slug(name)}-python-scripts")]
+    return section_rows(anchor, sections)
+
+
+def test_the_reference_describes_each_node_once_with_the_commands_that_take_it() -> None:
+    sections = reference_sections()
+    assert [anchor for anchor in sections if anchor.startswith("the-data-node")] == ["the-data-node"]
+    assert "Taken by `train`, `plan`, `check_data`." in sections["the-data-node"]
+    assert sum("`data.root`" in text for text in sections.values()) == 1
+    validation = section_rows("the-inference-node-of-train", sections)
+    assert validation["inference.overlap"][1] == "0.25" and reference_rows("predict")["inference.overlap"][1] == "0.5"
+
+
 @pytest.mark.parametrize("name", list(SCHEMAS))
 def test_reference_tables_hold_every_key_with_the_schemas_default(name: str) -> None:
     rows = reference_rows(name)
-    assert list(rows) == [key for key, _, _, _ in key_docs(SCHEMAS[name])]
+    assert sorted(rows) == sorted(key for key, _, _, _ in key_docs(SCHEMAS[name]))
     defaults = OmegaConf.structured(SCHEMAS[name])
     for key, kind, valid, doc in key_docs(SCHEMAS[name]):
         parent, _, leaf = key.rpartition(".")

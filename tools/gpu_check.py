@@ -558,7 +558,8 @@ def write_results(out: Path, meta: Mapping[str, Any], records: Sequence[Record])
         "parts": [asdict(r) for r in records],
         "targets": [{**t, "label": f"{t['label']} [{r.name}]"} for r in records for t in r.targets],
     }
-    write_report(out, "results", to_markdown(report), report)
+    device = "cuda" if meta["cuda"] and not meta["dry_run"] else "cpu"
+    write_report(out, "results", to_markdown(report), report, None, device)
     return report
 
 

@@ -15,11 +15,11 @@ the sliding window and the class names. ``ckpt`` may also name several models (a
   checkpoint was trained with (its ``data.fold``, ``num_folds`` and ``split_seed``; the stored split when there is
   one).
 
-Each case is preprocessed by :func:`medseg.data.transforms.eval_transforms`, predicted by
-:func:`medseg.inference.sliding_window.infer_volume` (gaussian sliding windows, optional mirroring: the ``inference``
-node), and its probabilities (softmax classes, or a sigmoid per region) are taken back to the original voxel grid with
-MONAI's ``Invertd`` and to the file's own axis order, averaged over the models, turned into one mask per output
-(argmax; a region's sigmoid above 0.5) and postprocessed per output (``postprocessing``:
+Each case is predicted by the checkpoint's :class:`medseg.inference.inferer.Inferer` (preprocessing, gaussian
+sliding windows with optional mirroring: the ``inference`` node; the probabilities, softmax classes or a sigmoid per
+region, taken back to the original voxel grid and the file's own axis order slab by slab), averaged over the models
+(:class:`medseg.inference.ensemble.Ensemble`), turned into one mask per output (argmax; a region's sigmoid above
+0.5) and postprocessed per output (:func:`medseg.inference.inferer.segment`; ``postprocessing``:
 :mod:`medseg.postprocessing.components`; ``auto`` finds the decision ``scripts/crossval.py`` made for exactly these
 checkpoints). ``OUTPUT/<case>.nii.gz`` holds the dataset's own label values with the original image's affine and
 header (``save_probabilities``: ``<case>.npz`` with float16 ``probabilities`` ``(C, X, Y, Z)`` too, before
