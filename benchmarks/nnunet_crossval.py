@@ -7,7 +7,7 @@ folds=0,1,2,3,4 budget_minutes=N [configuration=3d_fullres] --out OUT``
 
 Under ``OUT``: ``nnUNet_raw/`` (links to the dataset's files), ``nnUNet_preprocessed/<dataset>/`` with nnU-Net's
 ``nnUNetPlans.json`` and the ``splits_final.json`` it draws on its first fold (its default: 5 folds), and
-``nnUNet_results/<dataset>/nnUNetTrainer__nnUNetPlans__<configuration>/fold_<k>/`` with each fold's training log and
+``nnUNet_results/<dataset>/BudgetTrainer__nnUNetPlans__<configuration>/fold_<k>/`` with each fold's training log and
 its out-of-fold predictions (``validation/``). Each fold is :mod:`benchmarks.nnunet_peer` (nnU-Net's defaults, the
 length of training set by the budget); the plan and the preprocessing are made once, by the first fold. The paths
 to give medseg are printed at the end and written to ``OUT/nnunet_crossval.json``.
@@ -26,6 +26,7 @@ import sys
 from pathlib import Path
 
 from benchmarks.common import compose_train_config
+from benchmarks.nnunet_peer import TRAINER
 from benchmarks.peers import INSTALL_HINT, NNUNET_DATASET_ID, Command, parse_overrides, write_nnunet_raw
 from medseg.io import atomic_write_json
 
@@ -64,7 +65,7 @@ def run(args: argparse.Namespace) -> int:
                  str(budget_s), str(out / f"fold_{fold}.json")], out / f"fold_{fold}.log", env).run()
     preprocessed = folders["nnUNet_preprocessed"] / raw.name
     paths = {"splits": str(preprocessed / "splits_final.json"), "plans": str(preprocessed / "nnUNetPlans.json"),
-             "results": str(folders["nnUNet_results"] / raw.name / f"nnUNetTrainer__nnUNetPlans__{configuration}"),
+             "results": str(folders["nnUNet_results"] / raw.name / f"{TRAINER}__nnUNetPlans__{configuration}"),
              "configuration": configuration, "folds": folds, "budget_minutes": budget_s / 60.0,
              "reports": {fold: json.loads((out / f"fold_{fold}.json").read_text()) for fold in folds}}
     atomic_write_json(out / "nnunet_crossval.json", paths)

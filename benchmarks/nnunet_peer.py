@@ -22,6 +22,9 @@ import torch
 
 from medseg.io import atomic_write_json
 
+TRAINER = "BudgetTrainer"
+"""The class name of :func:`budget_trainer`'s trainer, which names nnU-Net's trained-model folder
+(``<trainer>__<plans>__<configuration>``)."""
 MIN_EPOCHS = 10
 """The first epoch may take at most ``budget / MIN_EPOCHS``: its iterations set every epoch's."""
 
@@ -76,6 +79,7 @@ def budget_trainer(seconds: float) -> type:
                 self.on_validation_epoch_end(val_outputs)
             self.on_epoch_end()
 
+    assert BudgetTrainer.__name__ == TRAINER
     return BudgetTrainer
 
 

@@ -169,6 +169,13 @@ class Setting:
         return float(values.mean(axis=1).std(ddof=1)) if len(values) > 1 and values.shape[1] else None
 
     @property
+    def starts(self) -> list[tuple[str, str]]:
+        """``(fold, the weights its runs started from)`` of each fold whose runs started from trained weights
+        (``trainer.init_from``), in fold order; empty for a setting trained from scratch."""
+        pairs = {(run.overrides.get(FOLD_KEY, "?"), start) for run in self.runs if (start := run.started_from)}
+        return sorted(pairs, key=lambda pair: (len(pair[0]), pair))
+
+    @property
     def cases(self) -> int:
         return len(next(iter(self.scores.values())))
 

@@ -129,6 +129,14 @@ def external_notes(comparison: Comparison) -> list[str]:
             f"{'; '.join(sources)}."] if sources else []
 
 
+def start_notes(comparison: Comparison) -> list[str]:
+    """The paragraph of ``compare.md`` on the trained weights each setting's runs started from
+    (``trainer.init_from``), fold by fold; none when every run started from scratch."""
+    lines = [f"- `{setting.label}`: " + "; ".join(f"fold {fold} from {source}" for fold, source in setting.starts)
+             for setting in comparison.settings if setting.starts]
+    return ["Started from trained weights (`trainer.init_from`):\n" + "\n".join(lines)] if lines else []
+
+
 def undefined_notes(comparison: Comparison) -> list[str]:
     """The paragraph of ``compare.md`` on the cases left out as undefined: per output, how many cases of each setting
     hold it in neither label nor prediction (Dice and NSD undefined), and the lesion-wise measures' rule."""
@@ -223,6 +231,7 @@ def render_markdown(comparison: Comparison) -> str:
         *unpredicted_notes(comparison),
         setting_table(comparison, markdown_table),
         *external_notes(comparison),
+        *start_notes(comparison),
         *undefined_notes(comparison),
         f"![forest plot]({report_name(comparison.reference.label, '.png')})",
         *ranking_notes(comparison),
@@ -246,12 +255,13 @@ def row_record(row: Row) -> dict[str, Any]:
 
 def setting_record(setting: Setting, sweep_dir: Path) -> dict[str, Any]:
     """A setting of ``compare.json``: its cross-validations, seeds, cases, foreground Dice and its seed-to-seed
-    spread, compute and efficiency."""
+    spread, compute, the weights each fold started from (if any) and efficiency."""
     return {"setting": setting.label, "crossval": [str(path.relative_to(sweep_dir)) for path in setting.crossvals],
             "seeds": len(setting.seeds), "cases": setting.cases, "dice": setting.dice,
             "dice_seed_sd": setting.seed_spread((FOREGROUND, "dice")), "compute": setting.compute,
             "devices": sorted({run.device for run in setting.runs if run.status == "completed"}),
-            **({"source": setting.source} if setting.source else {}), **setting.efficiency}
+            **({"source": setting.source} if setting.source else {}),
+            **({"started_from": dict(setting.starts)} if setting.starts else {}), **setting.efficiency}
 
 
 def render_json(comparison: Comparison) -> dict[str, Any]:

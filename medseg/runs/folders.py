@@ -110,6 +110,13 @@ class Run(RunLayout):
             value = self.attention_distances().get(metric)
         return float(value) if isinstance(value, (int, float)) and not isinstance(value, bool) else math.nan
 
+    @property
+    def started_from(self) -> str | None:
+        """The weights the run started from (``trainer.init_from``, in words, from ``metrics.json``); None for a run
+        from scratch."""
+        value = (self.metrics or {}).get("started_from")
+        return value if isinstance(value, str) else None
+
     def dice_per_class(self) -> dict[str, float]:
         """Best-epoch validation Dice per class, keyed ``dice_<class name with underscores>``."""
         per_class = (self.metrics or {}).get("val_dice_per_class") or {}

@@ -230,6 +230,7 @@ class Trainer:
         self.wall_before = 0.0  # wall time of the processes this run was resumed from, up to their checkpoint
         self.resume_rng: dict[str, torch.Tensor | None] | None = None
         self.saved_last: str | None = None  # the epoch (and step) last.pt holds, for the message of a failed save
+        self.started_from: str | None = None  # trainer.init_from: the weights the run started from, in words
         self.tb = TensorBoardLogger(self.layout.tensorboard) if dist.is_main else None
 
     # --- the loop ----------------------------------------------------------------------------
@@ -409,6 +410,7 @@ class Trainer:
             "step_seconds": self.step_seconds,
             "steps_run": self.steps_run,
             "wall_seconds": self.wall_seconds(),
+            "started_from": self.started_from,
             "config": asdict(self.cfg),
             "loss": self.loss,
             "dataset": self.dataset_description(),
@@ -457,6 +459,7 @@ class Trainer:
         # checkpoints written before these counters: the steps and wall time from here on, wall >= train time
         self.step_seconds, self.steps_run = state.get("step_seconds", 0.0), state.get("steps_run", 0)
         self.wall_before = state.get("wall_seconds", self.train_seconds)
+        self.started_from = state.get("started_from")
         self.resume_rng = {"torch": state["torch_rng"], "cuda": state["cuda_rng"]} if self.start_step else None
         if path.resolve() == self.layout.last_checkpoint.resolve():
             self.saved_last = saved_at(self.epoch, self.start_step)
@@ -513,6 +516,7 @@ class Trainer:
                 f"channels may differ, set the model config as the checkpoint's"
                 + (f": {', '.join(differing[:4])}" if differing else ""))
         kept = load_fitting_state(self.model, state["model"])
+        self.started_from = str(path)
         if self.dist.is_main:
             info, layers = self.data.info, sorted({key.rsplit(".", 1)[0] for key in kept})
             changes = [f"{what} {before} -> {now}" for what, before, now in (
@@ -530,6 +534,7 @@ class Trainer:
         """
         val_cases = read_val_cases(self.layout.splits_file)
         start = start_from_nnunet(self.model, self.cfg, self.data.info, source, val_cases)
+        self.started_from = source.describe()
         if self.dist.is_main:
             log.info("initialised from %s (its weights only): %s; started as the identity: %s; started afresh: %s; "
                      "%s", source.describe(), start.classes, ", ".join(start.identity_slots) or "no attention slot",
@@ -576,6 +581,7 @@ class Trainer:
             "peak_memory_mb": round(peak_memory_mb(self.device), 1),
             "device": str(self.device),
             "nonfinite_steps": self.nonfinite.total,
+            "started_from": self.started_from,
             "history": self.history,
         }
 

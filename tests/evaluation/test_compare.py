@@ -306,3 +306,24 @@ def test_a_cross_validation_without_the_lesion_columns_still_compares(
     assert {row.metric for row in comparison.rows} == {"dice", "hd95_mm", "nsd"}
     assert "model.bottleneck=identity did not record them" in caplog.text
     assert len(plot_panels(comparison)) == 1
+
+
+def test_the_report_names_the_weights_each_fold_started_from(tmp_path: Path) -> None:
+    """A setting fine-tuned from nnU-Net's folds (trainer.init_from, recorded in each run's metrics.json): compare.md
+    and compare.json say which weights each fold started from; settings trained from scratch say nothing."""
+    sweep, _ = fake_sweep(tmp_path)
+    started = {}
+    for job in sweep.iterdir():
+        overrides = OmegaConf.load(job / ".hydra" / "overrides.yaml") if (job / ".hydra").is_dir() else []
+        if "model.bottleneck=masa" in overrides:
+            fold = next(o.split("=")[1] for o in overrides if o.startswith("data.fold="))
+            started[fold] = f"nnU-Net's nnUNetTrainer 3d_fullres fold {fold} (R/fold_{fold}/checkpoint_final.pth)"
+            metrics = json.loads((job / "metrics.json").read_text())
+            (job / "metrics.json").write_text(json.dumps({**metrics, "started_from": started[fold]}))
+    assert compare([str(sweep), "reference=model.bottleneck=none"]) == 0
+    folds = "; ".join(f"fold {fold} from {started[fold]}" for fold in sorted(started))
+    assert f"Started from trained weights (`trainer.init_from`):\n- `model.bottleneck=masa`: {folds}\n" in (
+        sweep / "compare.md").read_text()
+    settings = {s["setting"]: s for s in json.loads((sweep / "compare.json").read_text())["settings"]}
+    assert settings["model.bottleneck=masa"]["started_from"] == started
+    assert "started_from" not in settings["model.bottleneck=none"]
