@@ -97,7 +97,11 @@ def load_checkpoint(path: str | Path, map_location: str | torch.device = "cpu",
             infinite values (the message names the first).
     """
     path = Path(path)
-    state = read_torch_file(path, map_location, "a medseg checkpoint")
+    return _checked(read_torch_file(path, map_location, "a medseg checkpoint"), path, needs)
+
+
+def _checked(state: Any, path: Path, needs: Collection[str]) -> dict[str, Any]:
+    """``state`` read from ``path``, checked to be a medseg checkpoint holding ``needs`` (:func:`load_checkpoint`)."""
     if not isinstance(state, dict) or state.get("format") != CHECKPOINT_FORMAT:
         raise CheckpointError(f"checkpoint {path} is not a medseg checkpoint: it was not written by medseg (no "
                               f"'{CHECKPOINT_FORMAT}' tag)")
@@ -114,6 +118,53 @@ def load_checkpoint(path: str | Path, map_location: str | torch.device = "cpu",
         raise CheckpointError(f"checkpoint {path} holds NaN or infinite values in {bad}: it is corrupt; use "
                               f"another checkpoint (best.pt, or an earlier run's)")
     return state
+
+
+def _tensors(value: Any) -> dict[str, torch.Tensor] | None:
+    """``value`` when it is a state dict (names to tensors), else None."""
+    if isinstance(value, Mapping) and value and all(isinstance(k, str) and isinstance(v, torch.Tensor)
+                                                    for k, v in value.items()):
+        return dict(value)
+    return None
+
+
+NNUNET_NETWORK_KEYS = ("encoder.", "decoder.")
+"""The top-level modules of nnU-Net's networks (``PlainConvUNet``, ``ResidualEncoderUNet``)."""
+
+
+def read_start_weights(path: str | Path, map_location: str | torch.device = "cpu") -> dict[str, Any]:
+    """What ``trainer.init_from`` names, but nnU-Net's trained models (:mod:`medseg.runs.nnunet_model`): a medseg
+    checkpoint (:func:`load_checkpoint`), or a file holding a plain state dict of medseg's network (``torch.save(
+    model.state_dict())``, or one under ``"state_dict"``), returned as ``{"model": it}``.
+
+    Raises:
+        CheckpointError: a MONAI bundle (its network is MONAI's), nnU-Net's network weights outside its trained-model
+            folder (their plan, axes and labels are there), a file that is neither, or a medseg checkpoint refused by
+            :func:`load_checkpoint`; in one line.
+    """
+    path = Path(path)
+    bundle = next((folder for folder in (path, *path.parents[:2]) if (folder / "configs").is_dir()
+                   and (folder / "models").is_dir()), None)
+    if bundle is not None:
+        raise CheckpointError(f"trainer.init_from={path} is in a MONAI bundle ({bundle}): its network is MONAI's, "
+                              "which medseg does not build; medseg starts from its own checkpoints, plain state dicts "
+                              "of its network and nnU-Net v2's trained-model folders")
+    state = read_torch_file(path, map_location, "a medseg checkpoint or state dict")
+    if isinstance(state, dict) and "format" in state:
+        return _checked(state, path, MODEL_KEYS)
+    weights = _tensors(state) or _tensors(state.get("state_dict") if isinstance(state, dict) else None)
+    nnunet = weights is None and isinstance(state, dict) and "network_weights" in state
+    if nnunet or (weights is not None and all(key.startswith(NNUNET_NETWORK_KEYS) for key in weights)):
+        raise CheckpointError(f"trainer.init_from={path} holds the weights of nnU-Net's network outside its "
+                              "trained-model folder: give that folder (plans.json, dataset.json, fold_<k>/), whose "
+                              "plan, axes and labels say what the weights mean")
+    if weights is None:
+        raise CheckpointError(f"trainer.init_from={path} is neither a medseg checkpoint nor a state dict (a mapping of "
+                              "names to tensors)")
+    bad = first_nonfinite(weights)
+    if bad is not None:
+        raise CheckpointError(f"trainer.init_from={path} holds NaN or infinite values in {bad}: it is corrupt")
+    return {"model": weights}
 
 
 def state_mismatch(expected: Mapping[str, torch.Tensor], state_dict: Mapping[str, torch.Tensor]) -> str:

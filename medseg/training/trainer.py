@@ -36,6 +36,7 @@ from medseg.runs.checkpoint import (
     load_checkpoint,
     load_fitting_state,
     load_model_state,
+    read_start_weights,
     save_checkpoint,
     state_mismatch,
 )
@@ -484,20 +485,36 @@ class Trainer:
 
     def init_weights(self, path: Path) -> None:
         """``trainer.init_from``: another run's weights, and nothing else of it (the optimizer, the schedule and the
-        epochs start afresh).
+        epochs start afresh): a medseg checkpoint, a plain state dict of medseg's network
+        (:func:`~medseg.runs.checkpoint.read_start_weights`), or a trained nnU-Net model (:meth:`init_from_nnunet`).
 
-        The model config must match the checkpoint's. Only the layers whose shape follows the number of classes or
+        The model config must match the weights'. Only the layers whose shape follows the number of classes or
         input channels may differ: those keep their fresh initialisation and are named in one log line.
 
         Raises:
-            CheckpointError: the checkpoint is missing or foreign, or its architecture differs otherwise (the message
-                names the differing tensors and model config keys).
+            CheckpointError: the weights are missing or foreign, or their architecture differs otherwise (the message
+                names the differing tensors and, for a checkpoint, the differing model config keys).
         """
         source = nnunet_start(self.cfg)
         if source is not None:
             self.init_from_nnunet(source)
             return
-        state = load_checkpoint(path, map_location=self.device)
+        state = read_start_weights(path, map_location=self.device)
+        changes = self.check_fit(state, path) if "config" in state else self.check_state_dict_fit(state["model"], path)
+        kept = load_fitting_state(self.model, state["model"])
+        self.started_from = str(path)
+        if self.dist.is_main:
+            layers = sorted({key.rsplit(".", 1)[0] for key in kept})
+            log.info("initialised from %s (its weights only); re-initialised %d layer(s) of another shape%s: %s", path,
+                     len(layers), f" ({', '.join(changes)})" if changes else "", ", ".join(layers) or "none")
+
+    def check_fit(self, state: Mapping[str, Any], path: Path) -> list[str]:
+        """Refuse a medseg checkpoint whose network is not this run's but for its classes and input channels; returns
+        those that differ, in words.
+
+        Raises:
+            CheckpointError: naming the differing tensors and model config keys.
+        """
         try:
             source_classes = LabelSpec.from_dict(state["dataset"]).num_outputs
             source_channels = len(state["dataset"]["channel_names"])
@@ -515,15 +532,31 @@ class Trainer:
                 f"trainer.init_from={path} does not fit this model ({mismatch}); only the number of classes and input "
                 f"channels may differ, set the model config as the checkpoint's"
                 + (f": {', '.join(differing[:4])}" if differing else ""))
-        kept = load_fitting_state(self.model, state["model"])
-        self.started_from = str(path)
-        if self.dist.is_main:
-            info, layers = self.data.info, sorted({key.rsplit(".", 1)[0] for key in kept})
-            changes = [f"{what} {before} -> {now}" for what, before, now in (
-                ("classes", source_classes, info.num_outputs), ("input channels", source_channels, info.in_channels))
-                if before != now]
-            log.info("initialised from %s (its weights only); re-initialised %d layer(s) of another shape%s: %s", path,
-                     len(layers), f" ({', '.join(changes)})" if changes else "", ", ".join(layers) or "none")
+        info = self.data.info
+        return [f"{what} {before} -> {now}" for what, before, now in (
+            ("classes", source_classes, info.num_outputs), ("input channels", source_channels, info.in_channels))
+            if before != now]
+
+    def check_state_dict_fit(self, weights: Mapping[str, torch.Tensor], path: Path) -> list[str]:
+        """Refuse a plain state dict that is not this run's network but in the layers whose shape follows the classes
+        or input channels (found by building the network with one more of each); returns nothing to add.
+
+        Raises:
+            CheckpointError: naming the tensors that differ.
+        """
+        info, patch = self.data.info, self.data.window.net_patch
+        with torch.random.fork_rng(devices=[]), torch.device("meta"):
+            own = build_model(self.cfg.model, info.in_channels, info.num_outputs, patch).state_dict()
+            wider = build_model(self.cfg.model, info.in_channels + 1, info.num_outputs + 1, patch).state_dict()
+        following = {key for key in own if own[key].shape != wider[key].shape}
+        mismatch = state_mismatch({key: value for key, value in own.items() if key not in following},
+                                  {key: value for key, value in weights.items() if key not in following})
+        missing = sorted(following - set(weights))
+        if mismatch or missing:
+            raise CheckpointError(f"trainer.init_from={path} (a state dict) does not fit this model ("
+                                  f"{mismatch or 'missing: ' + ', '.join(missing)}); only the layers that follow the "
+                                  "classes and input channels may differ: set the model config of the network it is of")
+        return []
 
     def init_from_nnunet(self, source: NnunetModel) -> None:
         """``trainer.init_from`` a trained nnU-Net model: :func:`~medseg.training.nnunet_start.start_from_nnunet`, its

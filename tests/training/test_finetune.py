@@ -111,3 +111,46 @@ def test_plan_from_is_checked(tmp_path: Path) -> None:
         train(micro_config(tmp_path / "run", tmp_path, "data.plan_from=init"))
     with pytest.raises(ConfigError, match="data.plan_from='source' is not valid. Valid values: data, init"):
         train(micro_config(tmp_path / "run", tmp_path, "data.plan_from=source"))
+
+
+def test_a_plain_state_dict_of_medseg_s_network_starts_a_run(source: Path, two_classes: Path, tmp_path: Path,
+                                                             caplog: pytest.LogCaptureFixture) -> None:
+    """``torch.save(model.state_dict())`` (or one under "state_dict") of the same network: its weights, the head and
+    stem of other classes and channels re-initialised; a state dict of another network is refused naming tensors."""
+    weights = load_checkpoint(source)["model"]
+    plain = tmp_path / "weights.pt"
+    torch.save({"state_dict": weights}, plain)
+    run_dir = tmp_path / "run"
+    with caplog.at_level(logging.INFO, logger="medseg"):
+        train(micro_config(run_dir, two_classes, "data.format=msd", "trainer.max_epochs=1", "trainer.lr=0",
+                           "trainer.weight_decay=0", f"data.spacing={SOURCE_SPACING}", f"trainer.init_from={plain}"))
+    after = load_checkpoint(run_dir / "checkpoints" / "last.pt")
+    kept = [key for key in weights if after["model"][key].shape == weights[key].shape]
+    assert {key.split(".")[0] for key in weights} - {key.split(".")[0] for key in kept} <= {"head"}
+    for key in kept:
+        torch.testing.assert_close(after["model"][key], weights[key], rtol=0, atol=0, msg=key)
+    assert any(f"initialised from {plain} (its weights only)" in r.getMessage() for r in caplog.records)
+    assert after["started_from"] == str(plain)
+    torch.save({key: value for key, value in weights.items() if not key.startswith("down.0.")}, plain)
+    with pytest.raises(CheckpointError, match=r"\(a state dict\) does not fit this model \(missing: down\.0\."):
+        train(micro_config(tmp_path / "other", two_classes, "data.format=msd", f"trainer.init_from={plain}"))
+
+
+@pytest.mark.parametrize("kind", ["monai_bundle", "nnunet_network", "neither"])
+def test_weights_medseg_cannot_start_from_are_refused_in_one_line(kind: str, two_classes: Path,
+                                                                   tmp_path: Path) -> None:
+    if kind == "monai_bundle":  # MONAI's bundle layout: configs/ (its network_def) and models/model.pt
+        (tmp_path / "bundle" / "configs").mkdir(parents=True)
+        (tmp_path / "bundle" / "models").mkdir()
+        path = tmp_path / "bundle" / "models" / "model.pt"
+        torch.save({"model.0.conv.weight": torch.zeros(1)}, path)
+        message = r"is in a MONAI bundle .*: its network is MONAI's, which medseg does not build"
+    else:
+        path = tmp_path / "weights.pt"
+        torch.save({"encoder.stages.0.0.convs.0.conv.weight": torch.zeros(1)} if kind == "nnunet_network"
+                   else {"epoch": 3}, path)
+        message = (r"holds the weights of nnU-Net's network outside its trained-model folder: give that folder"
+                   if kind == "nnunet_network" else r"is neither a medseg checkpoint nor a state dict")
+    with pytest.raises(CheckpointError, match=message) as error:
+        train(micro_config(tmp_path / "run", two_classes, "data.format=msd", f"trainer.init_from={path}"))
+    assert "\n" not in str(error.value)
