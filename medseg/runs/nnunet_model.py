@@ -111,12 +111,33 @@ class NnunetModel:
         return f"nnU-Net's {self.trainer} {self.configuration} fold {self.fold} ({self.checkpoint})"
 
     def validation_cases(self) -> list[str] | None:
-        """The cases its fold held out, by the predictions of its ``validation/`` folder; None without one."""
-        validation = self.checkpoint.parent / "validation"
-        if not validation.is_dir():
-            return None
+        """The cases its fold held out (:func:`held_out_cases`); None without a ``validation/`` folder."""
+        return held_out_cases(self.checkpoint.parent, str(self.dataset.get("file_ending", ".nii.gz")))
+
+    def folds_held_out(self) -> list[list[str]] | None:
+        """The cases each of its folds ``0..n-1`` held out, as nnU-Net's ``splits_final.json`` lists them; None unless
+        every fold folder up to the last has a ``validation/`` folder."""
         ending = str(self.dataset.get("file_ending", ".nii.gz"))
-        return sorted(p.name.removesuffix(ending) for p in validation.iterdir() if p.name.endswith(ending))
+        numbers = sorted(int(match[1]) for path in self.folder.iterdir()
+                         if (match := FOLD_FOLDER.match(path.name)) and match[1] != "all")
+        if not numbers or numbers != list(range(len(numbers))):
+            return None
+        folds = []
+        for number in numbers:
+            cases = held_out_cases(self.folder / f"fold_{number}", ending)
+            if cases is None:
+                return None
+            folds.append(cases)
+        return folds
+
+
+def held_out_cases(fold_folder: Path, ending: str) -> list[str] | None:
+    """The cases a fold of nnU-Net held out: those its ``validation/`` folder predicted (``<case><ending>``, as nnU-Net
+    writes them when the fold's training ends); None without that folder."""
+    validation = fold_folder / "validation"
+    if not validation.is_dir():
+        return None
+    return sorted(p.name.removesuffix(ending) for p in validation.iterdir() if p.name.endswith(ending))
 
 
 def read_nnunet_model(path: str | Path, fold: int | str) -> NnunetModel:

@@ -22,6 +22,7 @@ from medseg.config import TrainConfig
 from medseg.data.datalist import DatasetInfo
 from medseg.data.labels import LabelSpec
 from medseg.errors import CheckpointError, ConfigError
+from medseg.io import atomic_write_json
 from medseg.models import SlottedUNet, build_model, unwrap_model
 from medseg.models.conv_stages import get_conv_stages
 from medseg.models.nnunet_stages import NNUNET_FROM_PLAN, NNUNET_NETWORKS
@@ -72,6 +73,27 @@ def with_nnunet_plan(cfg: TrainConfig, source: NnunetModel) -> TrainConfig:
                           f"model.conv_stages={NNUNET_FROM_PLAN} (the plan's network; recipe=nnunet sets it)")
     return replace(cfg, model=model, data=data,
                    plan=replace(planning, nnunet_configuration=source.configuration))
+
+
+SPLITS_FILE = "nnunet_splits.json"
+"""Where a run from nnU-Net's model writes nnU-Net's folds (:func:`with_nnunet_splits`), in its folder."""
+
+
+def with_nnunet_splits(cfg: TrainConfig, source: NnunetModel, info: DatasetInfo) -> TrainConfig:
+    """``cfg`` training on ``source``'s folds when ``data.splits`` is unset and the model was trained on this
+    dataset: each fold's held-out cases (its ``validation/`` folder) and the dataset's other cases, written as
+    ``splits_final.json`` is to :data:`SPLITS_FILE` in the run's folder, with ``data.num_folds`` their number. So
+    fold k starts from fold k's model and validates on the cases it held out."""
+    folds = source.folds_held_out()
+    cases = [case["case"] for case in info.training]
+    if cfg.data.splits or folds is None or not set(cases) & {case for fold in folds for case in fold}:
+        return cfg
+    path = Path(cfg.output_dir) / SPLITS_FILE
+    atomic_write_json(path, [{"train": [case for case in cases if case not in held_out], "val": held_out}
+                             for held_out in folds])
+    log.info("data.splits: nnU-Net's %d folds, read from %s (fold_<k>/validation), written to %s", len(folds),
+             source.folder, path)
+    return replace(cfg, data=replace(cfg.data, splits=str(path), num_folds=len(folds)))
 
 
 def output_names(spec: LabelSpec) -> list[str]:

@@ -25,7 +25,7 @@ from medseg.planning.report import memory_text
 from medseg.runs.checkpoint import load_checkpoint
 from medseg.runtime.device import resolve_device
 from medseg.training.checks import check_config
-from medseg.training.nnunet_start import nnunet_start, with_nnunet_plan
+from medseg.training.nnunet_start import nnunet_start, with_nnunet_plan, with_nnunet_splits
 
 log = logging.getLogger("medseg")
 
@@ -50,7 +50,7 @@ def plan_config(cfg: TrainConfig, info: DatasetInfo, progress: bool,
         raise ConfigError(f"plan.file={cfg.plan.file} and data.plan_from=init both give the plan: keep one")
     nnunet = nnunet_start(cfg)
     if nnunet is not None:  # nnU-Net's weights fit its plan's network alone
-        cfg = with_nnunet_plan(cfg, nnunet)
+        cfg = with_nnunet_splits(with_nnunet_plan(cfg, nnunet), nnunet, info)
         start = nnunet.checkpoint
     elif cfg.data.plan_from == "init":
         cfg = plan_of_checkpoint(cfg, start)

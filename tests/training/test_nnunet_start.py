@@ -77,12 +77,12 @@ def medseg_source(root: Path, plans: dict, configuration: str = "3d_fullres") ->
     return network.eval()
 
 
-def train_from(root: Path, model_dir: Path, run_dir: Path, *overrides: str) -> Path:
-    """``train.py`` from the nnU-Net model at ``model_dir`` at learning rate 0; the run's checkpoint."""
-    splits = root.parent / "splits_final.json"
-    done = run_script("train.py", ["data=nnunet", f"data.root={root}", f"data.splits={splits}",
-                                   f"trainer.init_from={model_dir}", *TRAIN, *overrides, f"hydra.run.dir={run_dir}"],
-                      cwd=run_dir.parent)
+def train_from(root: Path, model_dir: Path, run_dir: Path, *overrides: str, splits: bool = True) -> Path:
+    """``train.py`` from the nnU-Net model at ``model_dir`` at learning rate 0, on the folds of
+    ``splits_final.json`` (else those the run reads from the model); the run's checkpoint."""
+    given = [f"data.splits={root.parent / 'splits_final.json'}"] if splits else []
+    done = run_script("train.py", ["data=nnunet", f"data.root={root}", *given, f"trainer.init_from={model_dir}",
+                                   *TRAIN, *overrides, f"hydra.run.dir={run_dir}"], cwd=run_dir.parent)
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
     return run_dir / "checkpoints" / "last.pt"
 
@@ -207,18 +207,23 @@ def test_a_fold_that_trained_on_the_run_s_validation_cases_is_refused(tmp_path: 
 @pytest.mark.parametrize("bottleneck", ["none", "masa"])
 def test_a_run_from_an_nnunet_model_computes_its_function_before_the_first_step(tmp_path: Path, ct: Path,
                                                                                   bottleneck: str) -> None:
-    """train.py from nnU-Net's fold 1 (its plan, numpy scalars in its log, kernels in nnU-Net's axes): after one step
-    at learning rate 0 the run's network computes the source's function, with MaSA in the bottleneck and decoder
-    started as the identity."""
+    """train.py from nnU-Net's fold 1 (its plan, numpy scalars in its log, kernels in nnU-Net's axes; its folds given
+    as data.splits, or read from the model): after one step at learning rate 0 the run's network computes the
+    source's function, with MaSA in the bottleneck and decoder started as the identity."""
     plans = ct_plans(blocks=[1] * 5)
     plans["configurations"]["3d_fullres"]["architecture"]["arch_kwargs"]["n_conv_per_stage_decoder"] = [1] * 4
     source = medseg_source(ct, plans)
-    write_nnunet_model(tmp_path / "model", plans, as_nnunet_state_dict(source, CT_AXES), fold=1,
-                       validation_cases=["ct_001", "ct_003"])
+    for fold, split in enumerate(SPLITS):
+        write_nnunet_model(tmp_path / "model", plans, as_nnunet_state_dict(source, CT_AXES), fold=fold,
+                           validation_cases=split["val"])
     run = tmp_path / "run"
     checkpoint = train_from(ct, tmp_path / "model", run, "data.fold=1", "data.plan_from=init",
-                            f"model.bottleneck={bottleneck}", f"model.decoder={bottleneck}")
+                            f"model.bottleneck={bottleneck}", f"model.decoder={bottleneck}",
+                            splits=bottleneck == "masa")
     log = (run / "train.log").read_text()
+    if bottleneck == "none":  # no data.splits: nnU-Net's folds, read from the model's fold_<k>/validation
+        assert f"data.splits: nnU-Net's 2 folds, read from {tmp_path / 'model'}" in log
+        assert json.loads((run / "splits.json").read_text())["val"] == ["ct_001", "ct_003"]
     slots = "bottleneck.0, bottleneck.1, decoder_slots.3.0" if bottleneck == "masa" else "no attention slot"
     assert (f"initialised from nnU-Net's nnUNetTrainer 3d_fullres fold 1 ({tmp_path / 'model'}/fold_1/"
             f"checkpoint_final.pth) (its weights only): the same classes; started as the identity: {slots}; started "
