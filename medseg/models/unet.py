@@ -17,7 +17,7 @@ of the total stride and the output is cropped back.
 from __future__ import annotations
 
 import math
-from collections.abc import Mapping, Sequence
+from collections.abc import Collection, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -356,11 +356,16 @@ class SlottedUNet(nn.Module):
                 style.initialize(stages)
             stages.to(memory_format=self.memory_format)
 
-    def start_slots_as_identity(self) -> list[str]:
-        """Every transformer block of the attention slots starts as the identity
-        (:meth:`~medseg.attention.block.TransformerBlock.start_as_identity`): the network then computes what its conv
-        stages alone compute, as when a block is inserted into a trained network. Returns the slots' names."""
-        blocks = {name: module for name, module in self.named_modules() if isinstance(module, TransformerBlock)}
+    def slot_blocks(self) -> dict[str, TransformerBlock]:
+        """The transformer blocks of the attention slots by module name (``bottleneck.0``, ``decoder_slots.3.0``)."""
+        return {name: module for name, module in self.named_modules() if isinstance(module, TransformerBlock)}
+
+    def start_slots_as_identity(self, names: Collection[str] | None = None) -> list[str]:
+        """The transformer blocks ``names`` of the attention slots (None: all) start as the identity
+        (:meth:`~medseg.attention.block.TransformerBlock.start_as_identity`): with all of them, the network computes
+        what its conv stages alone compute, as when blocks are inserted into a trained network. Returns their
+        names."""
+        blocks = {name: block for name, block in self.slot_blocks().items() if names is None or name in names}
         for block in blocks.values():
             block.start_as_identity()
         return list(blocks)

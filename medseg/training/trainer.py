@@ -500,17 +500,24 @@ class Trainer:
             self.init_from_nnunet(source)
             return
         state = read_start_weights(path, map_location=self.device)
-        changes = self.check_fit(state, path) if "config" in state else self.check_state_dict_fit(state["model"], path)
-        kept = load_fitting_state(self.model, state["model"])
+        network = unwrap_model(self.model)
+        inserted = [name for name in network.slot_blocks() if not any(k.startswith(f"{name}.") for k in state["model"])]
+        outside = tuple(f"{name}." for name in inserted)
+        changes = (self.check_fit(state, path, outside) if "config" in state
+                   else self.check_state_dict_fit(state["model"], path, outside))
+        kept = [key for key in load_fitting_state(self.model, state["model"]) if not key.startswith(outside)]
+        network.start_slots_as_identity(inserted)
         self.started_from = str(path)
         if self.dist.is_main:
             layers = sorted({key.rsplit(".", 1)[0] for key in kept})
-            log.info("initialised from %s (its weights only); re-initialised %d layer(s) of another shape%s: %s", path,
-                     len(layers), f" ({', '.join(changes)})" if changes else "", ", ".join(layers) or "none")
+            log.info("initialised from %s (its weights only); re-initialised %d layer(s) of another shape%s: %s%s",
+                     path, len(layers), f" ({', '.join(changes)})" if changes else "", ", ".join(layers) or "none",
+                     f"; inserted as the identity: {', '.join(inserted)}" if inserted else "")
 
-    def check_fit(self, state: Mapping[str, Any], path: Path) -> list[str]:
-        """Refuse a medseg checkpoint whose network is not this run's but for its classes and input channels; returns
-        those that differ, in words.
+    def check_fit(self, state: Mapping[str, Any], path: Path, inserted: tuple[str, ...] = ()) -> list[str]:
+        """Refuse a medseg checkpoint whose network is not this run's but for its classes and input channels and the
+        attention blocks it lacks (``inserted``: their key prefixes); returns the classes and channels that differ, in
+        words.
 
         Raises:
             CheckpointError: naming the differing tensors and model config keys.
@@ -524,7 +531,8 @@ class Trainer:
                                   f"({type(err).__name__}: {err})") from None
         with torch.random.fork_rng(devices=[]):  # the same network with the checkpoint's classes and channels
             like_source = build_model(self.cfg.model, source_channels, source_classes, self.data.window.net_patch)
-        mismatch = state_mismatch(like_source.state_dict(), state["model"])
+        expected = {key: value for key, value in like_source.state_dict().items() if not key.startswith(inserted)}
+        mismatch = state_mismatch(expected, state["model"])
         if mismatch:
             differing = [f"model.{key}={mine} (checkpoint: {theirs})"
                          for key, mine, theirs in differing_values(asdict(self.cfg.model), source_model)]
@@ -537,9 +545,11 @@ class Trainer:
             ("classes", source_classes, info.num_outputs), ("input channels", source_channels, info.in_channels))
             if before != now]
 
-    def check_state_dict_fit(self, weights: Mapping[str, torch.Tensor], path: Path) -> list[str]:
+    def check_state_dict_fit(self, weights: Mapping[str, torch.Tensor], path: Path,
+                             inserted: tuple[str, ...] = ()) -> list[str]:
         """Refuse a plain state dict that is not this run's network but in the layers whose shape follows the classes
-        or input channels (found by building the network with one more of each); returns nothing to add.
+        or input channels (found by building the network with one more of each) and the attention blocks it lacks
+        (``inserted``: their key prefixes); returns nothing to add.
 
         Raises:
             CheckpointError: naming the tensors that differ.
@@ -548,10 +558,10 @@ class Trainer:
         with torch.random.fork_rng(devices=[]), torch.device("meta"):
             own = build_model(self.cfg.model, info.in_channels, info.num_outputs, patch).state_dict()
             wider = build_model(self.cfg.model, info.in_channels + 1, info.num_outputs + 1, patch).state_dict()
-        following = {key for key in own if own[key].shape != wider[key].shape}
+        following = {key for key in own if own[key].shape != wider[key].shape or key.startswith(inserted)}
         mismatch = state_mismatch({key: value for key, value in own.items() if key not in following},
                                   {key: value for key, value in weights.items() if key not in following})
-        missing = sorted(following - set(weights))
+        missing = sorted(key for key in following - set(weights) if not key.startswith(inserted))
         if mismatch or missing:
             raise CheckpointError(f"trainer.init_from={path} (a state dict) does not fit this model ("
                                   f"{mismatch or 'missing: ' + ', '.join(missing)}); only the layers that follow the "

@@ -14,9 +14,12 @@ import numpy as np
 import pytest
 import torch
 
+from medseg.config import ModelConfig
 from medseg.errors import CheckpointError, ConfigError
+from medseg.models import build_model
 from medseg.runs.checkpoint import load_checkpoint
 from medseg.training.run import train
+from medseg.typed_config import to_typed
 from tests.helpers.runs import micro_config
 
 SOURCE_SPACING = [1.0, 1.0, 1.5]
@@ -154,3 +157,25 @@ def test_weights_medseg_cannot_start_from_are_refused_in_one_line(kind: str, two
     with pytest.raises(CheckpointError, match=message) as error:
         train(micro_config(tmp_path / "run", two_classes, "data.format=msd", f"trainer.init_from={path}"))
     assert "\n" not in str(error.value)
+
+
+def test_a_block_inserted_into_a_trained_network_starts_as_the_identity(
+        source: Path, tiny_demo_root: Path, tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
+    """The demo model (no attention) fine-tuned with MaSA in the bottleneck: every weight it has is loaded, the
+    blocks it lacks start as the identity, so before the first step (here: at learning rate 0) the network computes
+    the source's function."""
+    run_dir = tmp_path / "run"
+    with caplog.at_level(logging.INFO, logger="medseg"):
+        train(micro_config(run_dir, tiny_demo_root, "trainer.max_epochs=1", "trainer.lr=0", "trainer.weight_decay=0",
+                           f"data.spacing={SOURCE_SPACING}", "model.bottleneck=masa", f"trainer.init_from={source}"))
+    assert any(r.getMessage().endswith("re-initialised 0 layer(s) of another shape: none; inserted as the identity: "
+                                       "bottleneck.0, bottleneck.1") for r in caplog.records)
+    before, after = load_checkpoint(source), load_checkpoint(run_dir / "checkpoints" / "last.pt")
+    networks = []
+    for state in (before, after):
+        network = build_model(to_typed(ModelConfig, state["config"]["model"]), 1, 3, None)
+        network.load_state_dict(state["model"])
+        networks.append(network.eval())
+    x = torch.randn(1, 1, 24, 20, 12)
+    with torch.no_grad():
+        torch.testing.assert_close(networks[1](x), networks[0](x), rtol=1e-5, atol=1e-5)
