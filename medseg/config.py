@@ -354,7 +354,8 @@ class TrainerConfig:
     """Resume from last.pt in the run directory."""
     init_from: str | None = None
     """Fine-tune: start a new run from these weights only (fresh optimizer, schedule and epochs): a medseg checkpoint
-    or a plain state dict of medseg's network, whose model config must match the run's; or a trained nnU-Net v2 model
+    or a plain state dict of medseg's network, whose model config must match the run's but for the attention blocks
+    it lacks (they start as the identity); or a trained nnU-Net v2 model
     (its trained-model folder, data.fold choosing fold_<k>; a fold_<k> folder; or a checkpoint in one), whose plan
     the run trains on (plan.file or data.plan_from=init), its attention slots started as the identity. Layers whose
     shape differs (other classes or input channels) are re-initialised. Not with trainer.resume or ckpt_path."""
