@@ -29,7 +29,7 @@ def test_every_chain_is_timed_per_patch_and_sized_for_a_step(tmp_path: Path, tin
     expected = {(name, "workers") for name in AUGMENTATIONS} | {("nnunet", "device")}
     expected |= {(NNUNET, "workers")} if nnunet_installed() else set()
     assert set(chains) == expected
-    for (name, where), row in chains.items():
+    for (_name, where), row in chains.items():
         assert row["worker_cpu_ms_per_patch"] > 0
         assert math.isclose(row["patches_per_core_second"], 1000 / row["worker_cpu_ms_per_patch"])
         assert row["workers_for_step"] == math.ceil(row["worker_cpu_ms_per_patch"] / 1000 * 2 / 0.001)
