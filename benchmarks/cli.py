@@ -39,6 +39,7 @@ SUBCOMMANDS: dict[str, Subcommand] = {
     "scaling": Subcommand("benchmarks.scaling",
                           "time and peak RAM of prediction vs slices and classes, medseg and nnU-Net, memory-capped"),
     "loader": Subcommand("benchmarks.loader", "CPU time per training patch of each data.augment chain"),
+    "pipeline": Subcommand("benchmarks.pipeline", "step time and device busy share per data.augment_on and workers"),
     "shift": Subcommand("benchmarks.shift", "a cross-validated sweep's folds on their validation cases under a "
                         "scanner shift, for compare.py"),
     "gpu": Subcommand("tools.gpu_check", "the GPU check: scripts/gpu_check.py under its older name"),

@@ -280,6 +280,11 @@ class DataConfig:
     """Training augmentation: light (random flips, 90-degree rotations, intensity jitter: the demo's), nnunet (nnU-Net
     v2's default chain: rotation and scaling from an enlarged patch, noise, blur, brightness, contrast, low resolution,
     gamma, mirroring; recipe=nnunet) or none."""
+    augment_on: str = "auto"
+    """Where data.augment=nnunet's random transforms run: workers (each patch in the loader's worker processes, as
+    nnU-Net does), device (the workers only crop the enlarged patch and draw each patch's random parameters; the
+    training device applies them to the whole batch at once, the same patches to float tolerance, so a GPU needs few
+    CPU cores) or auto (device when training on CUDA, else workers). light and none always run on the workers."""
     cache: str = "auto"
     """auto (memory when training's estimated peak RAM with the cases in memory is below 80% of the available RAM,
     else disk), memory, disk or none."""

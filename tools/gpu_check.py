@@ -15,20 +15,24 @@ own share counted from the start of the check, so time an earlier part leaves un
 ==========================  =====  =================================================================
 part                        share  what it runs
 ==========================  =====  =================================================================
-``gpu_tests``                  85  ``pytest -m gpu``: pass/fail of every CUDA test
-``attention``                  70  MaSA (FlexAttention) vs flash SDPA without a mask and MaSA's SDPA-bias
+``gpu_tests``                  80  ``pytest -m gpu``: pass/fail of every CUDA test
+``attention``                  60  MaSA (FlexAttention) vs flash SDPA without a mask and MaSA's SDPA-bias
                                    path at 16³, 24³, 32³ tokens, bf16, fwd+bwd: time, peak memory, max
                                    difference (target MaSA <= 1.5 x SDPA's time)
-``models``                     50  U-Net+MaSA vs SwinUNETR training step at 128³, batch 2, bf16: throughput
+``models``                     45  U-Net+MaSA vs SwinUNETR training step at 128³, batch 2, bf16: throughput
                                    (target >= 2 x), peak memory; channels-last (the default), eager
-``demo_train``                 75  ``train.py`` on the demo (40 cases), U-Net+MaSA, bf16, 6 epochs of 16 steps
+``demo_train``                 70  ``train.py`` on the demo (40 cases), U-Net+MaSA, bf16, 6 epochs of 16 steps
 ``evaluate_cuda``              25  ``evaluate.py`` of its checkpoint on the demo's validation cases on the GPU
 ``evaluate_cpu``               25  the same on the CPU; target: the Dice of both within 1e-3
-``models_channels_first``      30  ``models`` for U-Net+MaSA with ``model.channels_last=false``
-``planner``                    40  ``train.py`` on the demo with the network and patch planned for a 1 GB memory
+``pipeline``                   45  ``benchmark.py pipeline`` on the demo with nnU-Net's recipe (its planned network
+                                   and augmentation): the GPU's busy share and the step time with the augmentation
+                                   on the loader workers and on the GPU (``data.augment_on``), at 2, 4 and 8
+                                   workers (target: busy share >= 0.9 with the augmentation on the GPU, 4 workers)
+``models_channels_first``      25  ``models`` for U-Net+MaSA with ``model.channels_last=false``
+``planner``                    35  ``train.py`` on the demo with the network and patch planned for a 1 GB memory
                                    budget (``model.channels=null``, 8 bf16 patches a step): the planner's
                                    estimate beside the measured CUDA peak (target: the peak within the budget)
-``models_compiled``            80  ``models`` with ``trainer.compile=true``
+``models_compiled``            70  ``models`` with ``trainer.compile=true``
 ==========================  =====  =================================================================
 
 ``--dry-run`` rehearses the same parts on the CPU, each tiny: the GPU tests of one file, tiny sizes, networks 8 and
@@ -207,6 +211,27 @@ def read_models(report: Mapping[str, Any], with_targets: bool) -> Outcome:
     return outcome
 
 
+PIPELINE_BUSY_GOAL = 0.9
+PIPELINE_WORKERS = 4
+
+
+def read_pipeline(report: Mapping[str, Any]) -> Outcome:
+    """Per ``data.augment_on`` and number of workers: the step time, the device's part, the wait for the loader and the
+    busy share; the target (CUDA only): with the augmentation on the GPU, 4 workers keep it busy >= 90 % of the time."""
+    settings = [dict(row) for row in report["settings"]]
+    on_cuda = "cuda" in str(report.get("provenance", {}).get("machine", {}).get("device", ""))
+    chosen = next((row["busy_share"] for row in settings
+                   if row["augment_on"] == "device" and row["workers"] == PIPELINE_WORKERS), None)
+    targets = [Target(f"device busy share, nnU-Net's augmentation on the GPU, {PIPELINE_WORKERS} workers", chosen,
+                      ">=", PIPELINE_BUSY_GOAL)] if on_cuda else []
+    meta = report["meta"]
+    outcome = Outcome({"setting": f"patch {meta['patch']}, {meta['patches_per_step']} patches a step, channels "
+                                  f"{meta['channels']}", "settings": settings}, targets)
+    if not on_cuda:
+        outcome.note = f"busy-share target: {NO_CUDA}"
+    return outcome
+
+
 def read_training(metrics: Mapping[str, Any]) -> Outcome:
     """The demo run's validation Dice (best, per class), epochs, its compute (time, seconds per step, peak memory,
     parameters, GFLOPs of a patch's forward pass) from ``metrics.json``."""
@@ -307,6 +332,8 @@ class Scale:
     """The planner run's ``model.channels``: ``null`` plans the widths with the depth."""
     memory_gb: float
     """The memory budget the planner run's network and patch are planned for."""
+    pipeline: list[str] = field(default_factory=list)
+    """``benchmark.py pipeline``'s last overrides and arguments (the workers tried, the steps)."""
     precision: str = "bf16"
     """``trainer.precision`` of the training parts."""
 
@@ -314,7 +341,8 @@ class Scale:
 ON_CUDA = Scale("cuda", ["tests"], ["16^3", "24^3", "32^3", "--reps", "10", "--max-seconds", "5"],
                 ["--gpu-sizes", "--batch", "2", "--max-seconds", "15"], ["unet+masa", "monai_swinunetr"], [],
                 ["trainer.max_epochs=6", "trainer.val_every=6"],
-                ["trainer.batch_size=4", "trainer.max_epochs=2", "trainer.val_every=2"], "null", 1.0)
+                ["trainer.batch_size=4", "trainer.max_epochs=2", "trainer.val_every=2"], "null", 1.0,
+                ["--workers", "2", "4", "8", "--steps", "20"])
 _TINY = ["model.channels=[8,16]", "model.strides=[2]"]
 _ONE_EPOCH = ["trainer.max_epochs=1", "trainer.val_every=1"]
 DRY_RUN = Scale("cpu", ["tests/models/test_norms.py"], ["4^3", "--reps", "1"],
@@ -322,7 +350,8 @@ DRY_RUN = Scale("cpu", ["tests/models/test_norms.py"], ["4^3", "--reps", "1"],
                 _TINY, ["data.num_cases=8", "data.patch_size=[32,32,16]", "data.samples_per_volume=1", *_TINY,
                         *_ONE_EPOCH],
                 ["data.num_cases=8", "trainer.batch_size=1", "data.samples_per_volume=1", *_ONE_EPOCH], "[8,16]",
-                0.02, precision="fp32")
+                0.02, ["data.num_cases=8", "data.patch_size=[32,32,16]", "trainer.batch_size=1", *_TINY,
+                       "--workers", "1", "2", "--steps", "2", "--warmup", "1"], precision="fp32")
 """The dry run trains in fp32 (a CPU without native bf16 emulates it, minutes for what takes seconds in fp32), and
 every part is tiny: one test file collected (collecting the whole suite takes half a minute), the networks 8 and 16
 wide; the planner plans the patch and strides of that network for a 20 MB budget (a planned 32-wide network, slided
@@ -393,6 +422,18 @@ class PartMaker:
                           [f"plan.memory_gb={memory_gb:g}", *self.scale.planned], read,
                           requires=self.data_root / "dataset.json")
 
+    def pipeline(self, share_s: float) -> Part:
+        """``benchmark.py pipeline`` on the demo with nnU-Net's recipe: busy share and step time per path and
+        workers."""
+        out = self.work / "pipeline"
+        command = [sys.executable, _script("benchmark.py"), "pipeline", "experiment=nnunet",
+                   f"data.root={self.data_root}", f"trainer.device={self.scale.device}",
+                   f"trainer.precision={self.scale.precision}",
+                   "trainer.check_data=false", *self.scale.pipeline, "--out", str(out)]
+        return Part("pipeline", "training steps with their loader, nnU-Net's augmentation on the workers and on the "
+                    "device, per number of workers: busy share and step time", share_s, command,
+                    read_written(out / "pipeline.json", read_pipeline), requires=self.data_root / "dataset.json")
+
     def evaluation(self, name: str, on: str, share_s: float, reference: str | None = None) -> Part:
         """``evaluate.py`` of the demo training's best checkpoint on ``on``; with ``reference``, the Dice difference
         from that part's evaluation."""
@@ -414,19 +455,20 @@ def schedule(work: Path, dry_run: bool) -> list[Part]:
     make = PartMaker(work, DRY_RUN if dry_run else ON_CUDA)
     networks, compiled = make.scale.networks, "U-Net+MaSA vs SwinUNETR training step, trainer.compile=true"
     return [
-        make.tests(85),
-        make.attention(70),
-        make.models("models", "U-Net+MaSA vs SwinUNETR training step, channels-last, eager", 50, networks,
+        make.tests(80),
+        make.attention(60),
+        make.models("models", "U-Net+MaSA vs SwinUNETR training step, channels-last, eager", 45, networks,
                     with_targets=True),
-        make.train("demo_train", "train.py on the demo: U-Net+MaSA, bf16, a fixed number of steps", 75,
+        make.train("demo_train", "train.py on the demo: U-Net+MaSA, bf16, a fixed number of steps", 70,
                    ["model.bottleneck=masa"], make.scale.demo, read_training),
         make.evaluation("evaluate_cuda", make.scale.device, 25),
         make.evaluation("evaluate_cpu", "cpu", 25, reference="evaluate_cuda"),
-        make.models("models_channels_first", "U-Net+MaSA training step, model.channels_last=false", 30,
+        make.pipeline(45),
+        make.models("models_channels_first", "U-Net+MaSA training step, model.channels_last=false", 25,
                     ["unet+masa"], ["model.channels_last=false"]),
-        make.planner(40),
-        Part("models_compiled", compiled, 80, None, note="compiling on the CPU takes minutes: runs on CUDA only")
-        if dry_run else make.models("models_compiled", compiled, 80, networks, ["trainer.compile=true"], True),
+        make.planner(35),
+        Part("models_compiled", compiled, 70, None, note="compiling on the CPU takes minutes: runs on CUDA only")
+        if dry_run else make.models("models_compiled", compiled, 70, networks, ["trainer.compile=true"], True),
     ]
 
 

@@ -172,14 +172,8 @@ class RandNNUNetSpatiald(mt.Randomizable, mt.MapTransform):
         self.scale = self.R.uniform(*self.scaling) if scale else 1.0
 
     def matrix(self) -> np.ndarray | None:
-        """The drawn ``R @ S`` (``(3, 3)``; ``(2, 2)`` in 2D and dummy 2D), or None when neither was drawn."""
-        if self.scale == 1.0 and not any(self.angles):
-            return None
-        if self.slice_axis is not None:
-            rotation = _rotation(2, [self.angles[self.slice_axis]])
-        else:
-            rotation = _rotation(len(self.patch), self.angles)
-        return rotation * self.scale
+        """The drawn ``R @ S`` (:func:`spatial_matrix`), or None when neither was drawn."""
+        return spatial_matrix(self.angles, self.scale, len(self.patch), self.slice_axis)
 
     def __call__(self, data: Mapping[Hashable, Any], randomize: bool = True) -> dict[Hashable, Any]:
         if randomize:
@@ -205,6 +199,17 @@ class RandNNUNetSpatiald(mt.Randomizable, mt.MapTransform):
         in_plane = [p for a, p in enumerate(self.patch) if a != self.slice_axis]
         warped = warp(slices.reshape(-1, *slices.shape[2:]), _grid(matrix, in_plane))
         return warped.reshape(*slices.shape[:2], *in_plane).movedim(1, axis)
+
+
+def spatial_matrix(angles: Sequence[float], scale: float, dims: int,
+                   slice_axis: int | None = None) -> np.ndarray | None:
+    """:class:`RandNNUNetSpatiald`'s ``R @ S`` of drawn ``angles`` (one per rotation axis) and ``scale``: ``(3, 3)``
+    in 3D, ``(2, 2)`` in 2D and in dummy 2D (``slice_axis`` set: the rotation about it alone); None when neither was
+    drawn (no rotation, scale 1)."""
+    if scale == 1.0 and not any(angles):
+        return None
+    rotation = _rotation(2, [angles[slice_axis]]) if slice_axis is not None else _rotation(dims, angles)
+    return rotation * scale
 
 
 def _grid(matrix: np.ndarray, size: Sequence[int]) -> torch.Tensor:
@@ -375,11 +380,17 @@ class RandLowResolutiond(_PerChannelIntensityd):
         return self.R.uniform(*self.zoom)
 
     def apply_channel(self, channel: torch.Tensor, param: float) -> torch.Tensor:
-        size = list(channel.shape)
-        low = [s if a == self.ignore_axis else round(s * param) for a, s in enumerate(size)]
-        coarse = F.interpolate(channel[None, None], low, mode="nearest-exact")
-        mode = {1: "linear", 2: "bilinear", 3: "trilinear"}[channel.ndim]
-        return F.interpolate(coarse, size, mode=mode)[0, 0]
+        return low_resolution(channel, param, self.ignore_axis)
+
+
+def low_resolution(channel: torch.Tensor, zoom: float, ignore_axis: int | None = None) -> torch.Tensor:
+    """:class:`RandLowResolutiond` on one channel ``(*spatial)``: down to ``round(size * zoom)`` on every axis but
+    ``ignore_axis`` by ``nearest-exact``, back up (bi/trilinear). ``(*spatial) -> (*spatial)``."""
+    size = list(channel.shape)
+    low = [s if a == ignore_axis else round(s * zoom) for a, s in enumerate(size)]
+    coarse = F.interpolate(channel[None, None], low, mode="nearest-exact")
+    mode = {1: "linear", 2: "bilinear", 3: "trilinear"}[channel.ndim]
+    return F.interpolate(coarse, size, mode=mode)[0, 0]
 
 
 class RandGammad(_PerChannelIntensityd):

@@ -19,8 +19,10 @@ import torch
 from monai import transforms as mt
 
 from medseg.config import DataConfig
+from medseg.data.batched_augment import BatchedNnunetAugment
 from medseg.data.labels import LabelSpec, RandCropByPosNegForegroundd, target_transforms, value_transforms
 from medseg.data.nnunet_augment import nnunet_augmentations, nnunet_crop
+from medseg.data.nnunet_draws import nnunet_draws
 from medseg.data.reading import IMAGE, LABEL, LoadCased
 from medseg.data.resampling import ResampleToSpacingd
 from medseg.data.sampling import ClassLocationsd, RandNnunetCropd
@@ -172,34 +174,69 @@ def samples_per_volume(data: DataConfig, spatial_dims: int) -> int:
     return DEFAULT_SAMPLES_PER_VOLUME[spatial_dims] if value is None else int(value)
 
 
-def train_transforms(data: DataConfig, spatial_dims: int, labels: LabelSpec | None = None) -> mt.Compose:
+def train_transforms(data: DataConfig, spatial_dims: int, labels: LabelSpec | None = None,
+                     on_device: bool = False) -> mt.Compose:
     """The training chain; ``data`` must have ``spacing``, ``patch_size`` and ``normalization`` resolved.
 
     With ``labels``, the label becomes the loss's target: class indices (``(1, *patch)``) or, for regions, one
     channel per region (``(R, *patch)``), :data:`~medseg.data.labels.IGNORE_INDEX` at ignore voxels. It is
-    :func:`preprocessing` followed by :func:`patch_sampling`.
+    :func:`preprocessing` followed by :func:`patch_sampling` (``on_device``: its draws only, see there).
     """
     return mt.Compose([*preprocessing(data.spacing, data.normalization, labels=labels, resampling=data.resampling),
-                       *patch_sampling(data, spatial_dims, labels)])
+                       *patch_sampling(data, spatial_dims, labels, on_device=on_device)])
 
 
 def patch_sampling(data: DataConfig, spatial_dims: int, labels: LabelSpec | None = None,
-                   augment: bool = True) -> list[mt.Transform]:
+                   augment: bool = True, on_device: bool = False) -> list[mt.Transform]:
     """The training chain after :func:`preprocessing`: sample ``samples_per_volume`` crops (the
     :class:`Augmentation`'s ``sampling``: its deterministic transforms first, so that a cached dataset keeps their
     output), squeeze them to 2D for a 2D network, augment, and make the loss's target. Takes a preprocessed case
     (as :func:`eval_transforms` leaves it). ``augment=False``: the same sampling of the network's patch, not
-    augmented (the validation patches of the pseudo-Dice, as nnU-Net samples them)."""
+    augmented (the validation patches of the pseudo-Dice, as nnU-Net samples them).
+
+    ``on_device`` (:func:`augment_on_device`): the augmentation only draws (its ``draws``), and the patch leaves as
+    the crop (image float32, label class indices in their integer type) with its draws under
+    :data:`~medseg.data.nnunet_draws.DRAWS`, for :func:`batched_augmentation` on the training device; batch it with
+    :func:`~medseg.data.nnunet_draws.collate_with_draws`."""
     view = window(data, spatial_dims)
     augmentation = AUGMENTATIONS[check_augment(data.augment)]
     crop = augmentation.crop(view, spatial_dims) if augment else view.roi_size
     chain = augmentation.sampling(data, view, spatial_dims, crop, labels)
     if spatial_dims == 2:
         chain.append(mt.SqueezeDimd(keys=[IMAGE, LABEL], dim=view.slice_axis + 1))
+    if augment and on_device:
+        if augmentation.draws is None:
+            raise ConfigError(f"data.augment={data.augment} has no device path: its transforms run on the workers")
+        return [*chain, *augmentation.draws(view, spatial_dims),
+                mt.EnsureTyped(keys=IMAGE, dtype=torch.float32, track_meta=False),
+                mt.EnsureTyped(keys=LABEL, track_meta=False)]
     if augment:
         chain += augmentation.transforms(view, spatial_dims)
     return [*chain, *(target_transforms(labels, LABEL) if labels is not None else []),
             mt.EnsureTyped(keys=[IMAGE, LABEL], dtype=torch.float32, track_meta=False)]
+
+
+AUGMENT_ON = ("auto", "workers", "device")
+"""The values of ``data.augment_on``: where the random transforms of an :class:`Augmentation` with a device path run."""
+
+
+def augment_on_device(data: DataConfig, device_type: str) -> bool:
+    """Whether ``data.augment``'s random transforms run on the training device (of type ``device_type``: ``cuda``,
+    ``cpu``, ...): ``data.augment_on`` is ``device``, or ``auto`` on CUDA, and the augmentation has a device path
+    (``nnunet``; ``light`` and ``none`` always run on the workers)."""
+    check_choice("data.augment_on", data.augment_on, AUGMENT_ON)
+    if AUGMENTATIONS[check_augment(data.augment)].draws is None:
+        return False
+    return data.augment_on == "device" or (data.augment_on == "auto" and device_type == "cuda")
+
+
+def batched_augmentation(data: DataConfig, spatial_dims: int,
+                         labels: LabelSpec | None = None) -> BatchedNnunetAugment:
+    """The device half of :func:`patch_sampling` with ``on_device``: ``augmentation(image, label, draws)`` maps a batch
+    of crops and their draws to the augmented patches and the loss's targets, as the worker path's chain does."""
+    view = window(data, spatial_dims)
+    regions = labels.output_classes if labels is not None and labels.region_based else None
+    return BatchedNnunetAugment(view.net_patch, spatial_dims, view.slice_axis, regions)
 
 
 def augmentations(patch: Sequence[int]) -> list[mt.Transform]:
@@ -263,6 +300,9 @@ class Augmentation:
     sampling: Sampling = pos_neg_sampling
     """The crops' sampler (:data:`Sampling`): MONAI's foreground/background balance (:func:`pos_neg_sampling`) or
     nnU-Net's foreground oversampling (:func:`nnunet_sampling`)."""
+    draws: Callable[[Window, int], list[mt.Transform]] | None = None
+    """``draws(window, spatial_dims)``: the draw-only twin of ``transforms`` for ``data.augment_on=device``, whose
+    draws :func:`batched_augmentation` applies on the training device; None: no device path."""
 
 
 def _nnunet_crop(view: Window, spatial_dims: int) -> list[int]:
@@ -278,11 +318,13 @@ AUGMENTATIONS: dict[str, Augmentation] = {
     "light": Augmentation(lambda view, dims: view.roi_size, lambda view, dims: augmentations(view.net_patch)),
     "nnunet": Augmentation(_nnunet_crop, lambda view, dims: nnunet_augmentations(view.net_patch, dims,
                                                                                   view.slice_axis),
-                           nnunet_sampling),
+                           nnunet_sampling,
+                           lambda view, dims: nnunet_draws(view.net_patch, dims, view.slice_axis)),
     "none": Augmentation(lambda view, dims: view.roi_size, lambda view, dims: []),
 }
 """The values of ``data.augment``. ``light`` and ``none`` sample with :func:`pos_neg_sampling`, ``nnunet`` with
-nnU-Net's foreground oversampling (:func:`nnunet_sampling`) on its enlarged crop."""
+nnU-Net's foreground oversampling (:func:`nnunet_sampling`) on its enlarged crop; ``nnunet`` alone has a device path
+(``data.augment_on``)."""
 
 
 def cached_sampling_name(data: DataConfig, spatial_dims: int) -> str:

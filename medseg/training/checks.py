@@ -20,7 +20,7 @@ from medseg.attention.registry import block_choices, check_blocks
 from medseg.config import DataConfig, InferenceConfig, TrainConfig
 from medseg.data.datalist import DATASET_FORMATS
 from medseg.data.resampling import RESAMPLINGS
-from medseg.data.transforms import AUGMENTATIONS, check_normalization
+from medseg.data.transforms import AUGMENT_ON, AUGMENTATIONS, check_normalization
 from medseg.errors import ConfigError
 from medseg.models import check_model, check_patch
 from medseg.optim import OPTIMIZERS, SCHEDULES
@@ -40,7 +40,8 @@ def _choices() -> dict[str, Sequence[str]]:
     :func:`_check_builders`)."""
     return {
         "data.format": list(DATASET_FORMATS), "data.cache": list(CACHE_MODES), "data.plan_from": list(PLAN_SOURCES),
-        "data.augment": list(AUGMENTATIONS), "data.resampling": list(RESAMPLINGS),
+        "data.augment": list(AUGMENTATIONS), "data.augment_on": list(AUGMENT_ON),
+        "data.resampling": list(RESAMPLINGS),
         "trainer.loss": list(LOSSES), "trainer.optimizer": list(OPTIMIZERS), "trainer.scheduler": list(SCHEDULES),
         "trainer.precision": list(PRECISIONS),
     }

@@ -6,19 +6,23 @@ from __future__ import annotations
 import hashlib
 import json
 import logging
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import monai.transforms as mt
+import torch
 from monai.data import CacheDataset, DataLoader, Dataset, PersistentDataset, partition_dataset
 from torch.utils.data import RandomSampler
 
 from medseg.config import DataConfig, TrainConfig
 from medseg.data.datalist import DatasetInfo, dataset_cache_dir, split_cases, splits_path
+from medseg.data.nnunet_draws import collate_with_draws
 from medseg.data.transforms import (
     Window,
+    augment_on_device,
+    batched_augmentation,
     cached_sampling_name,
     eval_transforms,
     patch_sampling,
@@ -55,6 +59,10 @@ volumes without copying them (``copy_cache=False``): the training chain's first 
 takes views, and no later transform writes into them."""
 
 
+BatchAugment = Callable[[torch.Tensor, torch.Tensor, Sequence[Any]], tuple[torch.Tensor, torch.Tensor]]
+"""``augment(image, label, draws)``: a training batch augmented on the training device."""
+
+
 @dataclass
 class PreparedData:
     """Everything the trainer needs about the data, with every planned value resolved."""
@@ -66,6 +74,9 @@ class PreparedData:
     val_dataset: Dataset
     val_patch_loader: DataLoader | None = None
     """``trainer.val_iterations`` batches of validation patches (:func:`validation_patches`); None without them."""
+    batch_augment: BatchAugment | None = None
+    """``data.augment_on`` resolved to the device: ``batch_augment(image, label, batch[DRAWS])`` augments a training
+    batch on the training device (:func:`~medseg.data.transforms.batched_augmentation`); None: the workers did."""
 
 
 def choose_cache(mode: str, needed: RamEstimate, available: int) -> tuple[str, str]:
@@ -135,31 +146,40 @@ def prepare_data(cfg: TrainConfig, info: DatasetInfo, plan: Plan, output_dir: Pa
         per_rank = f" (rank 0's share of {dist.world_size} ranks)" if dist.enabled else ""
         log.info("data: %d training / %d validation cases%s; cache=%s (%s)%s", len(train_cases), len(val_cases),
                  per_rank, cache, reason, f"; preprocessed cases in {train_dir.parent}" if cache == "disk" else "")
+    on_device = augment_on_device(data, resolve_device(cfg.trainer.device).type)
+    if dist.is_main:
+        log.info("data.augment=%s runs on the %s (data.augment_on=%s)", data.augment,
+                 "training device" if on_device else "loader workers", data.augment_on)
     make = CACHE_MODES[cache]
     val_ds = make(val_cases, eval_transforms(data, labels=info.label_spec), val_dir, data.num_workers)
     if shared:  # data.fold=all in one process: train on the validation cache, each case preprocessed and held once
-        train_ds = Dataset(val_ds, mt.Compose(patch_sampling(data, spatial_dims, info.label_spec)))
+        train_ds = Dataset(val_ds, mt.Compose(patch_sampling(data, spatial_dims, info.label_spec, on_device=on_device)))
     else:
-        train_ds = make(train_cases, train_transforms(data, spatial_dims, info.label_spec), train_dir,
+        train_ds = make(train_cases, train_transforms(data, spatial_dims, info.label_spec, on_device), train_dir,
                         data.num_workers)
     release_freed_memory()  # what caching freed, before the loader workers fork
     trainer = cfg.trainer
-    loader = patch_loader(train_ds, trainer.batch_size, data.num_workers, trainer.iterations_per_epoch)
+    loader = patch_loader(train_ds, trainer.batch_size, data.num_workers, trainer.iterations_per_epoch,
+                          collate_with_draws if on_device else None)
     val_patches = (validation_patches(val_ds, data, spatial_dims, info, trainer.batch_size, trainer.val_iterations)
                    if trainer.val_iterations and len(val_ds) else None)
-    return PreparedData(info, view, loader, train_ds, val_ds, val_patches)
+    batch_augment = batched_augmentation(data, spatial_dims, info.label_spec) if on_device else None
+    return PreparedData(info, view, loader, train_ds, val_ds, val_patches, batch_augment)
 
 
-def patch_loader(dataset: Dataset, batch: int, workers: int, iterations: int | None) -> DataLoader:
+def patch_loader(dataset: Dataset, batch: int, workers: int, iterations: int | None,
+                 collate: Callable[[Sequence[Any]], Any] | None = None) -> DataLoader:
     """The loader of a patch dataset: ``iterations`` batches of ``batch`` cases drawn at random with replacement
     (nnU-Net's epoch), or with ``iterations`` None one pass over the cases in a shuffled order. Either draws its
-    order from torch's global RNG, which the trainer seeds each epoch."""
+    order from torch's global RNG, which the trainer seeds each epoch. ``collate``: the batches' collate (MONAI's
+    ``list_data_collate`` when None)."""
+    extra: dict[str, Any] = {} if collate is None else {"collate_fn": collate}
     if iterations is None:
         return DataLoader(dataset, batch_size=batch, shuffle=True, num_workers=workers,
-                          drop_last=len(dataset) > batch, worker_init_fn=loader_worker_init)
+                          drop_last=len(dataset) > batch, worker_init_fn=loader_worker_init, **extra)
     sampler = RandomSampler(dataset, replacement=True, num_samples=iterations * batch)
     return DataLoader(dataset, batch_size=batch, sampler=sampler, num_workers=workers,
-                      worker_init_fn=loader_worker_init)
+                      worker_init_fn=loader_worker_init, **extra)
 
 
 def validation_patches(val_ds: Dataset, data: DataConfig, spatial_dims: int, info: DatasetInfo, batch: int,

@@ -27,6 +27,7 @@ from tqdm import tqdm
 
 from medseg.config import TrainConfig, value_text
 from medseg.data.labels import LabelSpec
+from medseg.data.nnunet_draws import DRAWS
 from medseg.errors import CheckpointError, NoSpaceError, TrainingError, TrainingInterrupted
 from medseg.io import atomic_write_json
 from medseg.models import build_model, unwrap_model
@@ -277,7 +278,11 @@ class Trainer:
                    desc=f"epoch {self.epoch + 1}/{self.trainer.max_epochs}",
                    disable=not (self.trainer.progress and self.dist.is_main))
         for step, batch in replay(self.data.train_loader, self.start_step, self.restore_rng):
-            loss = self.step(batch["image"], batch["label"])
+            image, label = batch["image"], batch["label"]
+            if self.data.batch_augment is not None:  # data.augment_on=device: the draws applied here
+                image, label = self.data.batch_augment(image.to(self.device, non_blocking=True),
+                                                       label.to(self.device, non_blocking=True), batch[DRAWS])
+            loss = self.step(image, label)
             self.nonfinite.record(loss, self.epoch, step, self.layout.last_checkpoint)
             if loss is not None:
                 self.epoch_losses.append(loss)

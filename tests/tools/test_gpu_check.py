@@ -13,7 +13,15 @@ import torch
 
 from benchmarks.cli import main
 from tools import gpu_check
-from tools.gpu_check import DEFAULT_BUDGET_S, Outcome, Part, read_attention, read_pytest, schedule
+from tools.gpu_check import (
+    DEFAULT_BUDGET_S,
+    Outcome,
+    Part,
+    read_attention,
+    read_pipeline,
+    read_pytest,
+    schedule,
+)
 
 STATUSES = {"passed", "failed", "skipped", "timed out"}
 
@@ -62,6 +70,16 @@ def test_dry_run_records_every_part(tmp_path: Path) -> None:
     assert parts["planner"]["targets"] == [] and "budget target" in parts["planner"]["note"]
 
     assert parts["models_compiled"]["status"] == "skipped" and parts["models_compiled"]["note"]
+
+    pipeline = json.loads((work / "pipeline" / "pipeline.json").read_text())
+    settings = parts["pipeline"]["figures"]["settings"]
+    assert settings == pipeline["settings"] and parts["pipeline"]["status"] == "passed"
+    assert [(row["augment_on"], row["workers"]) for row in settings] == [
+        ("workers", 1), ("workers", 2), ("device", 1), ("device", 2)]
+    for row in settings:
+        assert 0 < row["device_s_per_step"] <= row["step_s"] and 0 < row["busy_share"] <= 1
+        assert row["patches_per_step"] == 2  # a case a step, nnU-Net's two patches of it
+    assert parts["pipeline"]["targets"] == [] and "busy-share target" in parts["pipeline"]["note"]
 
 
 class FakeRunner:
@@ -171,3 +189,16 @@ def test_attention_time_target_is_cuda_only() -> None:
     assert target.value == 3.0 / 2.5 and target.met
     outcome = read_attention(_attention_report("cpu"))
     assert outcome.targets[0].value is None and outcome.figures["grids"][0]["max_abs_diff_vs_sdpa_bias"] == 0.01
+
+
+def test_pipeline_reading_sets_the_busy_share_target_on_cuda_only() -> None:
+    settings = [{"augment_on": where, "workers": workers, "step_s": 0.2, "device_s_per_step": 0.2 * share,
+                 "wait_s_per_step": 0.0, "busy_share": share, "patches_per_step": 2}
+                for where, workers, share in (("workers", 4, 0.4), ("device", 2, 0.7), ("device", 4, 0.95))]
+    report = {"meta": {"patch": [96, 96, 40], "patches_per_step": 2, "channels": [32, 64]}, "settings": settings,
+              "provenance": {"machine": {"device": "cuda (NVIDIA H100)"}}}
+    (target,) = read_pipeline(report).targets
+    assert target.value == 0.95 and target.met is True
+    report["provenance"]["machine"]["device"] = "cpu"
+    outcome = read_pipeline(report)
+    assert outcome.targets == [] and outcome.figures["settings"] == settings

@@ -160,12 +160,15 @@ class _Stop(Exception):
     """Ends a run after an epoch's checkpoint, as a kill would."""
 
 
+@pytest.mark.parametrize("augment_on", ["workers", "device"])
 def test_a_run_of_the_recipe_resumed_after_a_stop_ends_as_the_uninterrupted_one(
-        tmp_path: Path, tiny_demo_root: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    """The random epochs, nnU-Net's augmentation, the validation patches and the moving average are functions of
-    (seed, epoch): a run stopped after epoch 2 and resumed ends with the same history, best.pt and weights."""
+        tmp_path: Path, tiny_demo_root: Path, monkeypatch: pytest.MonkeyPatch, augment_on: str) -> None:
+    """The random epochs, nnU-Net's augmentation (on the workers, or drawn there and applied on the device), the
+    validation patches and the moving average are functions of (seed, epoch): a run stopped after epoch 2 and resumed
+    ends with the same history, best.pt and weights."""
     recipe = ["experiment=nnunet", "model.channels=[4,8]", "model.strides=[2]", "trainer.max_epochs=3",
-              "trainer.iterations_per_epoch=2", "trainer.val_iterations=2", "trainer.batch_size=1"]
+              "trainer.iterations_per_epoch=2", "trainer.val_iterations=2", "trainer.batch_size=1",
+              f"data.augment_on={augment_on}"]
     whole = train(micro_config(tmp_path / "whole", tiny_demo_root, *recipe))
     log_epoch = Trainer.log_epoch
 
@@ -189,3 +192,19 @@ def test_a_run_of_the_recipe_resumed_after_a_stop_ends_as_the_uninterrupted_one(
         got, want = (load_checkpoint(tmp_path / run / "checkpoints" / name)["model"] for run in ("resumed", "whole"))
         for key, value in want.items():
             torch.testing.assert_close(got[key], value, rtol=0, atol=1e-6)
+
+
+def test_a_run_with_the_augmentation_on_the_device_trains_as_one_on_the_workers(tmp_path: Path,
+                                                                               tiny_demo_root: Path) -> None:
+    """data.augment_on=device (the draws of a loader worker process applied to the batch by the trainer) trains on
+    the same patches as the worker path: the same losses and pseudo-Dice to float tolerance, epoch for epoch."""
+    recipe = ["experiment=nnunet", "model.channels=[4,8]", "model.strides=[2]", "trainer.max_epochs=2",
+              "trainer.iterations_per_epoch=2", "trainer.val_iterations=1", "trainer.batch_size=1",
+              "data.num_workers=1"]
+    runs = {where: train(micro_config(tmp_path / where, tiny_demo_root, *recipe, f"data.augment_on={where}"))
+            for where in ("workers", "device")}
+    workers, device = (runs[where]["history"] for where in ("workers", "device"))
+    for a, b in zip(workers, device):
+        assert b["loss"] == pytest.approx(a["loss"], rel=1e-4) and b["loss"] != 0
+        assert b["pseudo_dice"] == pytest.approx(a["pseudo_dice"], abs=1e-4)
+    assert load_checkpoint(tmp_path / "device" / "checkpoints" / "last.pt")["config"]["data"]["augment_on"] == "device"
