@@ -132,7 +132,7 @@ def external_notes(comparison: Comparison) -> list[str]:
 def start_notes(comparison: Comparison) -> list[str]:
     """The paragraph of ``compare.md`` on the trained weights each setting's runs started from
     (``trainer.init_from``), fold by fold; none when every run started from scratch."""
-    lines = [f"- `{setting.label}`: " + "; ".join(f"fold {fold} from {source}" for fold, source in setting.starts)
+    lines = [f"- `{setting.label}`:\n" + "\n".join(f"  - fold {fold}: {source}" for fold, source in setting.starts)
              for setting in comparison.settings if setting.starts]
     return ["Started from trained weights (`trainer.init_from`):\n" + "\n".join(lines)] if lines else []
 

@@ -80,13 +80,13 @@ SPLITS_FILE = "nnunet_splits.json"
 
 
 def with_nnunet_splits(cfg: TrainConfig, source: NnunetModel, info: DatasetInfo) -> TrainConfig:
-    """``cfg`` training on ``source``'s folds when ``data.splits`` is unset and the model was trained on this
-    dataset: each fold's held-out cases (its ``validation/`` folder) and the dataset's other cases, written as
-    ``splits_final.json`` is to :data:`SPLITS_FILE` in the run's folder, with ``data.num_folds`` their number. So
-    fold k starts from fold k's model and validates on the cases it held out."""
+    """``cfg`` training on ``source``'s folds when ``data.splits`` is unset, the model has two folds or more and was
+    trained on this dataset: each fold's held-out cases (its ``validation/`` folder) and the dataset's other cases,
+    written as ``splits_final.json`` is to :data:`SPLITS_FILE` in the run's folder, with ``data.num_folds`` their
+    number. So fold k starts from fold k's model and validates on the cases it held out."""
     folds = source.folds_held_out()
     cases = [case["case"] for case in info.training]
-    if cfg.data.splits or folds is None or not set(cases) & {case for fold in folds for case in fold}:
+    if cfg.data.splits or folds is None or len(folds) < 2 or not set(cases) & {case for fold in folds for case in fold}:
         return cfg
     path = Path(cfg.output_dir) / SPLITS_FILE
     atomic_write_json(path, [{"train": [case for case in cases if case not in held_out], "val": held_out}

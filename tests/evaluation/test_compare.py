@@ -321,8 +321,8 @@ def test_the_report_names_the_weights_each_fold_started_from(tmp_path: Path) -> 
             metrics = json.loads((job / "metrics.json").read_text())
             (job / "metrics.json").write_text(json.dumps({**metrics, "started_from": started[fold]}))
     assert compare([str(sweep), "reference=model.bottleneck=none"]) == 0
-    folds = "; ".join(f"fold {fold} from {started[fold]}" for fold in sorted(started))
-    assert f"Started from trained weights (`trainer.init_from`):\n- `model.bottleneck=masa`: {folds}\n" in (
+    folds = "\n".join(f"  - fold {fold}: {started[fold]}" for fold in sorted(started))
+    assert f"Started from trained weights (`trainer.init_from`):\n- `model.bottleneck=masa`:\n{folds}\n" in (
         sweep / "compare.md").read_text()
     settings = {s["setting"]: s for s in json.loads((sweep / "compare.json").read_text())["settings"]}
     assert settings["model.bottleneck=masa"]["started_from"] == started
