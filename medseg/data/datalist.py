@@ -369,7 +369,8 @@ def split_cases(
     a fold means the same cases across runs.
 
     Raises:
-        ConfigError: see :func:`read_splits`; or more folds than cases, which leaves a fold without validation cases.
+        ConfigError: see :func:`read_splits`; or a fold past the number of cases, which would have no validation
+            cases.
         DatasetError: see :func:`read_splits`; stored splits that do not fit the dataset's cases.
     """
     ids = sorted(entry["case"] for entry in info.training)
@@ -380,9 +381,10 @@ def split_cases(
     if fold == "all":
         return info.training, info.training
     fold = int(fold)
-    if num_folds > len(ids):
-        raise ConfigError(f"data.num_folds={num_folds}: the dataset has {len(ids)} training case(s), so a fold would "
-                          f"have no validation cases; set data.num_folds at most {len(ids)}, or data.fold=all")
+    if fold >= len(ids):  # fold k validates every num_folds-th case from the k-th: none past the last case
+        raise ConfigError(f"data.fold={fold} of data.num_folds={num_folds}: the dataset has {len(ids)} training "
+                          f"case(s), so this fold would have no validation cases; choose data.fold below {len(ids)}, "
+                          "or data.fold=all")
     if splits_file is not None and splits_file.is_file():
         splits = json.loads(splits_file.read_text())
     else:

@@ -178,8 +178,8 @@ def test_data_num_folds_must_agree_with_the_splits_file(tmp_path: Path) -> None:
 
 
 def test_a_fold_without_validation_cases_is_refused_before_training(tmp_path: Path) -> None:
-    """A given fold with an empty "val" list, or more generated folds than cases, would train without a validated
-    best.pt: refused by name."""
+    """A given fold with an empty "val" list, or a generated fold past the number of cases, would train without a
+    validated best.pt: refused by name."""
     info = _info(6)
     path = tmp_path / "splits_final.json"
     splits = _nnunet_splits(path, [e["case"] for e in info.training], 3)
@@ -189,9 +189,10 @@ def test_a_fold_without_validation_cases_is_refused_before_training(tmp_path: Pa
                                           r"validation cases"):
         split_cases(info, 1, 3, given=path)
     assert len(split_cases(info, 0, 3, given=path)[1]) == 2, "the other folds are usable"
-    with pytest.raises(ConfigError, match=r"^data\.num_folds=7: the dataset has 6 training case\(s\), so a fold would "
-                                          r"have no validation cases; set data\.num_folds at most 6"):
+    with pytest.raises(ConfigError, match=r"^data\.fold=6 of data\.num_folds=7: the dataset has 6 training case\(s\), "
+                                          r"so this fold would have no validation cases; choose data\.fold below 6"):
         split_cases(info, 6, 7)
+    assert len(split_cases(info, 5, 7)[1]) == 1, "more folds than cases: the folds that hold a case are usable"
 
 
 def test_an_nnunet_v1_splits_pickle_says_what_to_give_instead(tmp_path: Path) -> None:
