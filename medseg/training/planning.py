@@ -10,6 +10,7 @@ from pathlib import Path
 from medseg.config import TrainConfig
 from medseg.data.datalist import DatasetInfo
 from medseg.errors import CheckpointError, ConfigError
+from medseg.models.nnunet_stages import NNUNET_FROM_PLAN
 from medseg.planning.from_config import (
     apply_plan,
     check_planning,
@@ -20,7 +21,7 @@ from medseg.planning.from_config import (
     with_plannable,
 )
 from medseg.planning.plan import Plan
-from medseg.planning.plan_file import PlanFile, apply_plan_file, read_plan_file
+from medseg.planning.plan_file import NETWORK_KEYS, PlanFile, apply_plan_file, read_plan_file
 from medseg.planning.report import memory_text
 from medseg.runs.checkpoint import load_checkpoint
 from medseg.runtime.device import resolve_device
@@ -48,6 +49,8 @@ def plan_config(cfg: TrainConfig, info: DatasetInfo, progress: bool,
     """
     if cfg.plan.file and cfg.data.plan_from == "init":
         raise ConfigError(f"plan.file={cfg.plan.file} and data.plan_from=init both give the plan: keep one")
+    if start is not None and not cfg.trainer.init_from:
+        cfg = with_resumed_folds(cfg, start)
     nnunet = nnunet_start(cfg)
     if nnunet is not None:  # nnU-Net's weights fit its plan's network alone
         cfg = with_nnunet_splits(with_nnunet_plan(cfg, nnunet), nnunet, info)
@@ -111,9 +114,24 @@ def with_plan_file(cfg: TrainConfig, plan_file: PlanFile) -> TrainConfig:
     return checked
 
 
+def with_resumed_folds(cfg: TrainConfig, path: Path) -> TrainConfig:
+    """A resumed run keeps the folds it trained on: with ``data.splits`` unset, the ``data.splits`` and
+    ``data.num_folds`` of the checkpoint at ``path`` when it has them (a run from nnU-Net's model trains on nnU-Net's
+    folds, written into its folder, which the printed resume command does not name)."""
+    if cfg.data.splits:
+        return cfg
+    data = (load_checkpoint(path, needs=("config",))["config"] or {}).get("data") or {}
+    if not data.get("splits"):
+        return cfg
+    log.info("data.splits=%s: the folds the resumed run trained on", data["splits"])
+    return replace(cfg, data=replace(cfg.data, splits=data["splits"], num_folds=data["num_folds"]))
+
+
 def plan_of_checkpoint(cfg: TrainConfig, path: Path | None) -> TrainConfig:
     """``cfg`` with the resolved ``data.spacing``, ``data.patch_size``, ``data.normalization``, ``model.strides`` and
-    ``model.channels`` of the checkpoint at ``path`` (``data.plan_from=init``).
+    ``model.channels`` of the checkpoint at ``path`` (``data.plan_from=init``); with ``model.conv_stages=nnunet`` (the
+    plan's network) also its network (:data:`~medseg.planning.plan_file.NETWORK_KEYS`), so that a run trained on
+    nnU-Net's plan resumes on it.
 
     Raises:
         ConfigError: no checkpoint (``path`` None: a resume without ``last.pt``).
@@ -132,4 +150,11 @@ def plan_of_checkpoint(cfg: TrainConfig, path: Path | None) -> TrainConfig:
         raise CheckpointError(f"checkpoint {path} holds no resolved {', '.join(unset)} for data.plan_from=init; "
                               f"use data.plan_from=data")
     data, model = with_plannable(cfg.data, cfg.model, values)
+    if model.conv_stages == NNUNET_FROM_PLAN:  # "the plan's network": the checkpoint's, which was an nnU-Net plan's
+        try:
+            network = {name: source["model"][name] for name in (key.split(".")[1] for key in NETWORK_KEYS)}
+        except (KeyError, TypeError):
+            raise CheckpointError(f"checkpoint {path} holds no resolved {', '.join(NETWORK_KEYS)} for "
+                                  f"model.conv_stages={NNUNET_FROM_PLAN} under data.plan_from=init") from None
+        model = replace(model, **network)
     return replace(cfg, data=data, model=model)

@@ -231,6 +231,15 @@ def test_a_run_from_an_nnunet_model_computes_its_function_before_the_first_step(
     x = torch.randn(1, 1, 64, 64, 20)
     with torch.no_grad():
         torch.testing.assert_close(checkpoint_network(checkpoint)(x), source(x), rtol=1e-5, atol=1e-5)
+    if bottleneck == "none":  # resumed as the printed command does (no trainer.init_from): last.pt's plan and folds
+        resumed = run_script("train.py", ["data=nnunet", f"data.root={ct}", *TRAIN, "data.fold=1",
+                                          "data.plan_from=init", "trainer.resume=true", "trainer.max_epochs=2",
+                                          f"hydra.run.dir={run}"], cwd=tmp_path)
+        assert resumed.returncode == 0, resumed.stdout[-3000:] + resumed.stderr[-3000:]
+        assert f"data.splits={run / 'nnunet_splits.json'}: the folds the resumed run trained on" in resumed.stdout + \
+            resumed.stderr
+        assert json.loads((run / "splits.json").read_text())["val"] == ["ct_001", "ct_003"]
+        assert load_checkpoint(run / "checkpoints" / "last.pt")["epoch"] == 2
 
 
 def test_other_classes_and_channels_start_the_head_and_stem_afresh(tmp_path: Path, ct: Path) -> None:
