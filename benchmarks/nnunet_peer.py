@@ -1,13 +1,19 @@
 """nnU-Net v2's side of ``benchmark.py peers``, run in its own process: plan, preprocess, train for a budget, predict.
 
-``python -m benchmarks.nnunet_peer <dataset id> <configuration> <fold> <budget seconds> <result.json>`` in the
-clone's root, with ``nnUNet_raw``, ``nnUNet_preprocessed`` and ``nnUNet_results`` set by :mod:`benchmarks.peers`
-(nnU-Net reads them when it is imported). Everything is nnU-Net's default (planner, preprocessor, network,
-augmentation, loss, deep supervision, poly schedule, mirroring at prediction) except the length of training, which
-:class:`BudgetTrainer` sets from the budget with the rule medseg's ``trainer.max_minutes`` uses
-(:class:`medseg.training.budget.TimeBudget`), timed on its second epoch (the first waits for nnU-Net's augmentation
-processes to start), and its number of iterations per epoch: nnU-Net's 250 (and 50 validation iterations), or
-fewer when the first epoch would take more than a tenth of the budget.
+``python -m benchmarks.nnunet_peer <dataset id> <configuration> <fold> <length> <result.json>`` in the clone's root,
+with ``nnUNet_raw``, ``nnUNet_preprocessed`` and ``nnUNet_results`` set by :mod:`benchmarks.peers` (nnU-Net reads
+them when it is imported). Everything is nnU-Net's default (planner, preprocessor, network, augmentation, loss, deep
+supervision, poly schedule, mirroring at prediction) except the length of training, ``<length>``:
+
+- seconds of wall clock (``600``): :class:`BudgetTrainer` sets the epochs from the budget with the rule medseg's
+  ``trainer.max_minutes`` uses (:class:`medseg.training.budget.TimeBudget`), timed on its second epoch (the first
+  waits for nnU-Net's augmentation processes to start), and the iterations per epoch: nnU-Net's 250 (and 50
+  validation iterations), or fewer when the first epoch would take more than a tenth of the budget;
+- ``<epochs>x<iterations>`` (``40x25``): :class:`FixedTrainer` trains that many epochs of that many iterations, the
+  poly schedule spanning them, with 50 validation iterations per 250 training iterations (at least one), as
+  medseg's ``trainer.max_epochs`` and ``trainer.iterations_per_epoch`` set it on medseg's side.
+
+nnU-Net seeds nothing: each run is an independent draw of its training noise.
 """
 
 from __future__ import annotations
@@ -15,6 +21,8 @@ from __future__ import annotations
 import json
 import sys
 import time
+from collections.abc import Callable
+from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -22,9 +30,11 @@ import torch
 
 from medseg.io import atomic_write_json
 
-TRAINER = "BudgetTrainer"
-"""The class name of :func:`budget_trainer`'s trainer, which names nnU-Net's trained-model folder
-(``<trainer>__<plans>__<configuration>``)."""
+BUDGET_TRAINER, FIXED_TRAINER = "BudgetTrainer", "FixedTrainer"
+"""The class names of :func:`budget_trainer`'s and :func:`fixed_trainer`'s trainers, which name nnU-Net's trained-model
+folder (``<trainer>__<plans>__<configuration>``)."""
+VAL_PER_TRAIN = 50 / 250
+"""nnU-Net's validation iterations per training iteration (50 per epoch of 250)."""
 MIN_EPOCHS = 10
 """The first epoch may take at most ``budget / MIN_EPOCHS``: its iterations set every epoch's."""
 
@@ -69,7 +79,7 @@ def budget_trainer(seconds: float) -> type:
                     break
             if first:
                 self.num_iterations_per_epoch = len(outputs)
-                self.num_val_iterations_per_epoch = max(1, round(50 * len(outputs) / 250))
+                self.num_val_iterations_per_epoch = max(1, round(VAL_PER_TRAIN * len(outputs)))
             self.on_train_epoch_end(outputs)
             self.train_seconds = time.perf_counter() - started
             with torch.no_grad():
@@ -79,11 +89,49 @@ def budget_trainer(seconds: float) -> type:
                 self.on_validation_epoch_end(val_outputs)
             self.on_epoch_end()
 
-    assert BudgetTrainer.__name__ == TRAINER
+    assert BudgetTrainer.__name__ == BUDGET_TRAINER
     return BudgetTrainer
 
 
-def run(dataset_id: int, configuration: str, fold: int, seconds: float) -> dict[str, Any]:
+def fixed_trainer(epochs: int, iterations: int) -> type:
+    """nnU-Net's default trainer, trained for ``epochs`` epochs of ``iterations`` iterations."""
+    from nnunetv2.training.nnUNetTrainer.nnUNetTrainer import nnUNetTrainer
+
+    class FixedTrainer(nnUNetTrainer):
+        """nnU-Net's trainer with its epochs and iterations set (its poly schedule spans ``num_epochs``)."""
+
+        def initialize(self) -> None:  # nnU-Net reads its __init__'s signature: the lengths are set here
+            self.num_epochs, self.num_iterations_per_epoch = epochs, iterations
+            self.num_val_iterations_per_epoch = max(1, round(VAL_PER_TRAIN * iterations))
+            super().initialize()
+
+        def run_training(self) -> None:
+            started = time.perf_counter()
+            super().run_training()
+            self.steps = self.num_epochs * self.num_iterations_per_epoch
+            self.budget_seconds_used = time.perf_counter() - started
+
+    assert FixedTrainer.__name__ == FIXED_TRAINER
+    return FixedTrainer
+
+
+def parse_length(length: str) -> tuple[str, Callable[[], type]]:
+    """``(trainer name, what builds its class)`` of a ``<length>`` argument: seconds, or ``<epochs>x<iterations>``.
+
+    Raises:
+        ValueError: neither form, or a length that is not positive.
+    """
+    epochs, x, iterations = length.partition("x")
+    if x:
+        if int(epochs) < 1 or int(iterations) < 1:
+            raise ValueError(f"{length}: epochs and iterations must be positive")
+        return FIXED_TRAINER, partial(fixed_trainer, int(epochs), int(iterations))
+    if float(length) <= 0:
+        raise ValueError(f"{length}: the budget must be positive seconds")
+    return BUDGET_TRAINER, partial(budget_trainer, float(length))
+
+
+def run(dataset_id: int, configuration: str, fold: int, length: str) -> dict[str, Any]:
     """Plan and preprocess (unless an earlier fold did), train and predict the fold's validation cases; the timings,
     steps and plan."""
     from batchgenerators.utilities.file_and_folder_operations import load_json
@@ -109,8 +157,8 @@ def run(dataset_id: int, configuration: str, fold: int, seconds: float) -> dict[
     plans, dataset_json = load_json(str(folder / "nnUNetPlans.json")), load_json(str(folder / "dataset.json"))
     device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
     plans["continue_training"] = False  # as nnU-Net's run_training sets it for a new run
-    trainer = budget_trainer(seconds)(plans=plans, configuration=configuration, fold=fold, dataset_json=dataset_json,
-                                      device=device)
+    trainer = parse_length(length)[1]()(plans=plans, configuration=configuration, fold=fold,
+                                      dataset_json=dataset_json, device=device)
     started = time.perf_counter()
     trainer.run_training()
     timings["training"] = time.perf_counter() - started
@@ -133,8 +181,8 @@ def run(dataset_id: int, configuration: str, fold: int, seconds: float) -> dict[
 
 
 def main(argv: list[str]) -> int:
-    dataset_id, configuration, fold, seconds, result = argv
-    report = run(int(dataset_id), configuration, int(fold), float(seconds))
+    dataset_id, configuration, fold, length, result = argv
+    report = run(int(dataset_id), configuration, int(fold), length)
     atomic_write_json(result, json.loads(json.dumps(report, default=str)))  # numpy values as text, as json writes
     return 0
 

@@ -272,8 +272,8 @@ class DataConfig:
     earlier ones (needed when regions overlap); null: each region's lowest value."""
     pos_fraction: float = ranged(0.33, ge=0, le=1)
     """Share of patches centred on foreground: with data.augment light or none, each patch on a foreground voxel
-    with this chance; with nnunet (nnU-Net's oversample_foreground_percent), n - round(n * (1 - share)) of a case's
-    n patches, each on a voxel of a class drawn uniformly among those the case holds."""
+    with this chance; with nnunet (nnU-Net's oversample_foreground_percent), the last n - round(n * (1 - share)) of a
+    batch's n patches, each on a voxel of a class drawn uniformly among those its case holds."""
     samples_per_volume: int | None = ranged(None, ge=1)
     """Patches drawn from each volume per epoch; null = 2 in 3D, 16 slices in 2D."""
     augment: str = "light"
@@ -315,9 +315,10 @@ class TrainerConfig:
     weight_decay: float = ranged(3e-5, ge=0)
     """Weight decay."""
     loss: str = "dice_ce"
-    """dice_ce, dice_focal, dice or ce: Dice plus cross-entropy, Dice plus focal (gamma 2), Dice alone, cross-entropy
-    alone (MONAI's). Softmax over the classes, or sigmoid per region (binary cross-entropy) on region-based data;
-    ignore-label voxels take no part."""
+    """dice_ce, dice_focal, dice, ce or nnunet: Dice plus cross-entropy, Dice plus focal (gamma 2), Dice alone,
+    cross-entropy alone (MONAI's), or nnU-Net's Dice plus cross-entropy (its Dice without the background, summed over
+    the batch in 2D; recipe=nnunet). Softmax over the classes, or sigmoid per region (binary cross-entropy) on
+    region-based data; ignore-label voxels take no part."""
     class_weights: Any = ranged(None, gt=0)
     """null (unweighted); auto (from the fingerprint's voxels per output n_c: min(sqrt(n_max / n_c), 10), normalised
     to average 1); or [w0, w1, ...], one positive weight per network output (background first, or one per region).

@@ -6,12 +6,13 @@ nnU-Net 2.8.1's loader (``nnUNetDataLoader.get_bbox``, ``get_do_oversample``) an
 1. :class:`ClassLocationsd` (deterministic, so ``CacheDataset``/``PersistentDataset`` keep its output): for each
    foreground class, or each region (a group of classes), the coordinates of some of its voxels, drawn with a fixed
    seed: all of them up to :data:`MIN_LOCATIONS`, else that many but at least :data:`MIN_COVERAGE` of them.
-2. :class:`RandNnunetCropd`: ``num_samples`` crops of the case; the last :func:`forced_foreground` of them are
-   centred on foreground: a class (region) drawn uniformly among those the case holds, then one of its stored voxels
-   uniformly. The others have their lower corner drawn uniformly over every position where the crop fits the case
-   padded by the enlargement (crop minus the final patch), so the final patch, cut from the crop's centre, reaches
-   the borders; a case without foreground gets such random crops only. Crops reaching beyond the case are padded
-   with zeros (image) and background (label).
+2. :class:`RandNnunetCropd`: ``num_samples`` crops of the case; the last of them are centred on foreground (as many as
+   the loader's :class:`ForegroundBatchSampler` gives the case's place in its batch, nnU-Net's count per batch, or
+   :func:`forced_foreground` of the case's own crops outside such a loader): a class (region) drawn uniformly among
+   those the case holds, then one of its stored voxels uniformly. The others have their lower corner drawn uniformly
+   over every position where the crop fits the case padded by the enlargement (crop minus the final patch), so the
+   final patch, cut from the crop's centre, reaches the borders; a case without foreground gets such random crops
+   only. Crops reaching beyond the case are padded with zeros (image) and background (label).
 
 A class is chosen as often as any other the case holds, whatever its size: a lesion of a few voxels as often as an
 organ (MONAI's ``RandCropByPosNegLabeld`` draws one foreground voxel among all, a class as often as its share).
@@ -22,9 +23,9 @@ foreground are centred on one of them (so is a forced crop of a case without for
 
 Where medseg departs from nnU-Net, and why:
 
-- The forced share is per case, not per batch: nnU-Net forces the last samples of a batch of cases, medseg's
-  loader takes ``data.samples_per_volume`` patches of each case, of which the last are forced (a batch of B cases
-  holds B times one case's forced patches; the same share of the batch).
+- A batch of B cases holds ``data.samples_per_volume`` crops of each, where nnU-Net's holds one crop per case; the
+  last :func:`forced_foreground` crops of the batch are forced either way (:func:`forced_per_case` spreads them over
+  the batch's cases, last first), so a batch of one case's two patches forces one, as nnU-Net's batch of two cases.
 - Randomness comes from ``self.R`` (MONAI's), not numpy's global generator, so ``set_random_state`` reseeds it.
   The stored locations are nnU-Net's exactly (the same seed, order and draws; the tests compare them).
 - The sparse-annotation rule applies to a case that holds ignore voxels; nnU-Net applies it to every case of a
@@ -48,8 +49,9 @@ from typing import Any
 import numpy as np
 import torch
 from monai import transforms as mt
-from monai.data import MetaTensor
+from monai.data import Dataset, MetaTensor
 from monai.utils import ImageMetaKey, convert_to_numpy
+from torch.utils.data import BatchSampler, Sampler
 
 from medseg.data.labels import IGNORE_INDEX
 from medseg.data.reading import LABEL
@@ -127,6 +129,14 @@ def forced_foreground(num_samples: int, fraction: float) -> int:
     return num_samples - round(num_samples * (1 - fraction))
 
 
+def forced_per_case(cases: int, samples: int, fraction: float) -> list[int]:
+    """How many of each case's ``samples`` crops are forced to foreground in a batch of ``cases`` cases: the last
+    :func:`forced_foreground` of the batch's ``cases x samples`` crops (nnU-Net's rule for a batch), counted per case
+    in the batch's order (``[0, 0, ..., 1, 1, 1]`` for 10 cases of one crop at 0.33)."""
+    first = cases * samples - forced_foreground(cases * samples, fraction)
+    return [min(samples, max(0, (case + 1) * samples - first)) for case in range(cases)]
+
+
 class ClassLocationsd(mt.MapTransform):
     """Adds ``data[locations_key]``: the :func:`class_locations` of the label ``(1, *spatial)`` (class indices,
     :data:`~medseg.data.labels.IGNORE_INDEX` at ignore voxels). Deterministic: a cached dataset keeps its output.
@@ -184,6 +194,9 @@ class RandNnunetCropd(mt.Randomizable, mt.MapTransform):
                              f"and fit in it ({list(self.spatial_size)})")
         self.num_samples, self.fraction = int(num_samples), float(fraction)
         self.label_key, self.locations_key = label_key, locations_key
+        self.forced: int | None = None
+        """How many of the next case's crops are forced to foreground, set by :class:`PlacedCases` for the case's
+        place in its batch; None: :func:`forced_foreground` of ``num_samples``."""
         self.starts: list[np.ndarray] = []
         """Each crop's lower corner in the case's voxels (negative, or the crop reaching beyond: padded)."""
         self.choices: list[int | None] = []
@@ -202,7 +215,8 @@ class RandNnunetCropd(mt.Randomizable, mt.MapTransform):
         sizes = {number: len(points) for number, points in locations.items()}
         present = [number for number in sorted(sizes) if number != ANNOTATED and sizes[number]]
         annotated = sizes.get(ANNOTATED, 0) > 0
-        first_forced = self.num_samples - forced_foreground(self.num_samples, self.fraction)
+        forced = forced_foreground(self.num_samples, self.fraction) if self.forced is None else self.forced
+        first_forced = self.num_samples - forced
         self.starts, self.choices = [], []
         for index in range(self.num_samples):
             if index >= first_forced and present:
@@ -247,3 +261,43 @@ class RandNnunetCropd(mt.Randomizable, mt.MapTransform):
         if isinstance(patch, MetaTensor):
             patch.meta[ImageMetaKey.PATCH_INDEX] = index  # as MONAI's list-returning crops
         return patch
+
+
+class ForegroundBatchSampler(BatchSampler):
+    """The batches of ``sampler``'s case indices (as ``BatchSampler``), each index paired with the number of its
+    case's ``samples`` crops forced to foreground at ``fraction`` (:func:`forced_per_case`): lists of
+    ``(index, forced)`` for :class:`PlacedCases`."""
+
+    def __init__(self, sampler: Sampler[int], batch_size: int, drop_last: bool, samples: int, fraction: float) -> None:
+        super().__init__(sampler, batch_size, drop_last)
+        self.samples, self.fraction = samples, fraction
+
+    def __iter__(self):  # noqa: ANN204 (BatchSampler's iterator type)
+        for batch in super().__iter__():
+            yield list(zip(batch, forced_per_case(len(batch), self.samples, self.fraction), strict=True))
+
+
+class PlacedCases(torch.utils.data.Dataset):
+    """``dataset`` read by ``(index, forced)`` (:class:`ForegroundBatchSampler`): its :class:`RandNnunetCropd` forces
+    ``forced`` of the case's crops to foreground. A loader process reads one case at a time, so the count set before
+    the read is the count its crop uses."""
+
+    def __init__(self, dataset: Dataset, crop: RandNnunetCropd) -> None:
+        self.dataset, self.crop = dataset, crop
+
+    def __len__(self) -> int:
+        return len(self.dataset)
+
+    def __getitem__(self, item: tuple[int, int]) -> Any:
+        index, self.crop.forced = item
+        try:
+            return self.dataset[index]
+        finally:
+            self.crop.forced = None
+
+
+def nnunet_crop(dataset: Dataset) -> RandNnunetCropd | None:
+    """The :class:`RandNnunetCropd` of ``dataset``'s transform chain, or None (another sampling)."""
+    transform = getattr(dataset, "transform", None)
+    chain = transform.flatten().transforms if isinstance(transform, mt.Compose) else [transform]
+    return next((t for t in chain if isinstance(t, RandNnunetCropd)), None)

@@ -50,11 +50,14 @@ from hydra.errors import OverrideParseException
 from medseg.config import EvaluateConfig
 from medseg.errors import ConfigError, DatasetError
 from medseg.evaluation.external import (
+    ExternalPredictions,
     ExternalSource,
+    SweepDataset,
     check_names,
     checked_predictions,
     describe,
     score_external,
+    scores_dir,
     sweep_dataset,
 )
 from medseg.runs.folders import (
@@ -625,8 +628,9 @@ def curves(sweep: Sweep, settings: Sequence[Setting], reference: Setting, resamp
 
 def external_settings(sweep: Sweep, settings: Sequence[Setting], sources: Sequence[ExternalSource],
                       progress: bool = True) -> list[Setting]:
-    """Another tool's out-of-fold predictions of each of ``sources`` as a setting, scored on the cases of the sweep's
-    ``settings`` (:mod:`medseg.evaluation.external`): every source is checked before any is scored.
+    """Another tool's out-of-fold predictions of ``sources`` as settings, scored on the cases of the sweep's
+    ``settings`` (:mod:`medseg.evaluation.external`): every source is checked before any is scored, and the sources
+    given under one name are the seeds of one setting.
 
     Raises:
         ConfigError, PredictionError, DatasetError: see :func:`~medseg.evaluation.external.checked_predictions`.
@@ -638,14 +642,28 @@ def external_settings(sweep: Sweep, settings: Sequence[Setting], sources: Sequen
                           f"with python scripts/crossval.py {sweep.path})")
     check_names(sources, [setting.label for setting in settings])
     dataset = sweep_dataset(sweep.runs, settings[0].scores[(FOREGROUND, "dice")])
-    checked = [checked_predictions(source, dataset) for source in sources]
-    out = []
-    for predictions in checked:
-        path = score_external(predictions, dataset, EvaluateConfig.tolerance_mm, sweep.path, progress)
-        out.append(Setting(predictions.source.name, [], [path], read_scores(path), *read_dataset_record([path]),
-                           recorded_compute=predictions.compute, source=describe(predictions, path, sweep.path),
-                           volumes=read_volumes([path])))
-    return out
+    by_name: dict[str, list[ExternalPredictions]] = {}
+    for source in sources:
+        by_name.setdefault(source.name, []).append(checked_predictions(source, dataset))
+    return [external_setting(sweep.path, seeds, dataset, progress) for seeds in by_name.values()]
+
+
+def external_setting(sweep_dir: Path, seeds: Sequence[ExternalPredictions], dataset: SweepDataset,
+                     progress: bool = True) -> Setting:
+    """The setting of another tool's checked predictions, one :class:`ExternalPredictions` per seed, scored into
+    ``DIR/external/<name>/`` (:func:`~medseg.evaluation.external.scores_dir`); its compute is the mean over the
+    seeds of what each recorded."""
+    paths = [score_external(predictions, dataset, EvaluateConfig.tolerance_mm,
+                            scores_dir(sweep_dir, predictions.source, seed, len(seeds)), progress)
+             for seed, predictions in enumerate(seeds)]
+    per_seed = {str(path.parent.relative_to(sweep_dir)): read_scores(path) for path in paths}
+    computes = [predictions.compute for predictions in seeds]
+    compute = {key: math.fsum(c[key] for c in computes) / len(computes) for key in computes[0]
+               if all(key in c for c in computes)}
+    return Setting(seeds[0].source.name, [], paths, average_seeds(per_seed), *read_dataset_record(paths),
+                   recorded_compute=compute, source="; ".join(describe(predictions, path, sweep_dir)
+                                                              for predictions, path in zip(seeds, paths)),
+                   seed_scores=list(per_seed.values()) if len(seeds) > 1 else [], volumes=read_volumes(paths))
 
 
 def build_comparison(sweep_dir: str | Path, reference: str = DEFAULT_REFERENCE, resamples: int = RESAMPLES,

@@ -4,7 +4,8 @@
 (``nnUNet_results/DatasetXXX_Name/nnUNetTrainer__nnUNetPlans__3d_fullres``), whose ``fold_<k>/validation/`` holds
 the out-of-fold predictions of fold ``k`` in the cases' original geometry. ``extra=NAME=DIR`` adds any folder of
 out-of-fold label maps (``DIR/<case>.nii.gz``, or ``DIR/fold_<k>/validation/`` laid out as nnU-Net's), made by any
-tool.
+tool. A source given again under the same name (``nnunet=R0 nnunet=R1``) is another seed of the same setting: its
+runs trained again, on the same folds.
 
 Each is scored with medseg's own scoring (:func:`medseg.evaluation.folder.score_pair`: the same Dice, HD95 and NSD,
 per class or region, with the tolerance of the cross-validation) against the labels of the sweep's dataset, so that it
@@ -321,10 +322,17 @@ def nnunet_renumbering(source: ExternalSource, labels: LabelSpec) -> dict[int, i
     return renumbering(read_dataset(path).label_spec, labels, f"{source.key} ({path})")
 
 
-def score_external(predictions: ExternalPredictions, dataset: SweepDataset, tolerance_mm: float, sweep_dir: Path,
+def scores_dir(sweep_dir: Path, source: ExternalSource, seed: int, seeds: int) -> Path:
+    """Where ``source``'s scores go: ``DIR/external/<name>/``, or ``.../seed_<k>/`` for its seed ``k`` when its name
+    was given ``seeds`` > 1 times."""
+    folder = external_dir(sweep_dir, source.name)
+    return folder / f"seed_{seed}" if seeds > 1 else folder
+
+
+def score_external(predictions: ExternalPredictions, dataset: SweepDataset, tolerance_mm: float, folder: Path,
                    progress: bool = True) -> Path:
-    """Score checked ``predictions`` (:func:`checked_predictions`) on the sweep's out-of-fold cases into
-    ``DIR/external/<name>/`` (``metrics.csv``, ``summary.json``); returns the ``metrics.csv`` path.
+    """Score checked ``predictions`` (:func:`checked_predictions`) on the sweep's out-of-fold cases into ``folder``
+    (:func:`scores_dir`: ``metrics.csv``, ``summary.json``); returns the ``metrics.csv`` path.
 
     Raises:
         DatasetError: a prediction or label that cannot be scored (nothing is written then).
@@ -342,7 +350,7 @@ def score_external(predictions: ExternalPredictions, dataset: SweepDataset, tole
     if failed:
         raise DatasetError(f"{source.key}: {len(failed)} case(s) cannot be scored, so it cannot be paired: "
                            + "; ".join(failed[:3]))
-    files = CrossvalLayout(external_dir(sweep_dir, source.name))
+    files = CrossvalLayout(folder)
     write_metrics_csv(files.scores, rows)
     atomic_write_json(files.summary, json_safe({
         "setting": source.name, "source": str(source.path), "folds": predictions.folds,
@@ -364,13 +372,16 @@ def describe(predictions: ExternalPredictions, scores: Path, sweep_dir: Path) ->
 
 
 def check_names(sources: Sequence[ExternalSource], labels: Collection[str]) -> None:
-    """Each external setting's name is new: not one of the sweep's setting ``labels``, not given twice.
+    """Each external setting's name is new (not one of the sweep's setting ``labels``); a name given again is another
+    seed of that setting, on another folder.
 
     Raises:
-        ConfigError: a name used twice.
+        ConfigError: a name of the sweep's, or a folder given twice.
     """
-    seen = set(labels)
     for source in sources:
-        if source.name in seen:
+        if source.name in labels:
             raise ConfigError(f"{source.key}: the setting name {source.name!r} is taken; give another NAME")
-        seen.add(source.name)
+    paths = [source.path.resolve() for source in sources]
+    twice = sorted({str(path) for path in paths if paths.count(path) > 1})
+    if twice:
+        raise ConfigError(f"{twice[0]} is given twice; each seed of a setting is a folder of its own")

@@ -17,6 +17,11 @@ ignore voxels each loss equals MONAI's of the same name up to float rounding: ``
 ``DiceLoss(sigmoid=True)`` and cross-entropy is binary (``BCEWithLogitsLoss``) per region: MONAI's ``DiceCELoss``
 would take a softmax cross-entropy across the region channels.
 
+``nnunet`` is nnU-Net v2's ``DC_and_CE_loss`` (``nnUNetTrainer._build_loss``): ``dice_ce`` whose Dice term leaves the
+background out (``do_bg=False``; every region is kept) and, in 2D, sums over the batch before dividing (the
+``batch_dice`` its planner writes: true for ``2d``, false for ``3d_fullres``): ``DiceLoss(include_background=False,
+batch=...)`` with nnU-Net's smoothing 1e-5, MONAI's default.
+
 Class weights, one per output channel, reach every term as MONAI applies its ``weight=``: each channel's Dice loss is
 scaled by its weight; softmax cross-entropy is the weighted mean ``sum w_y l / sum w_y`` over the voxels (torch's);
 binary cross-entropy and focal loss are scaled per channel and averaged over valid voxels and channels.
@@ -86,11 +91,14 @@ def focal(logits: torch.Tensor, target: torch.Tensor, valid: torch.Tensor, weigh
 
 LOSSES: dict[str, tuple[bool, VoxelTerm | None]] = {
     "dice_ce": (True, cross_entropy),
+    "nnunet": (True, cross_entropy),
     "dice_focal": (True, focal),
     "dice": (True, None),
     "ce": (False, cross_entropy),
 }
 """The values of ``trainer.loss`` -> (with a Dice term, the voxel-wise term or None); the terms are added."""
+NNUNET_LOSS = "nnunet"
+"""The ``trainer.loss`` whose Dice term is nnU-Net's (module docstring)."""
 
 
 class SegmentationLoss(nn.Module):
@@ -101,15 +109,21 @@ class SegmentationLoss(nn.Module):
         voxelwise: :func:`cross_entropy`, :func:`focal`, or None.
         region_based: sigmoid regions instead of softmax classes.
         class_weights: one weight per output channel, or None.
+        background_dice: the Dice term includes the background class (MONAI's default; nnU-Net's leaves it out).
+        batch_dice: the Dice term sums over the batch before dividing, as nnU-Net's ``batch_dice``.
     """
 
     def __init__(self, dice: bool, voxelwise: VoxelTerm | None, region_based: bool,
-                 class_weights: Sequence[float] | None) -> None:
+                 class_weights: Sequence[float] | None, background_dice: bool = True,
+                 batch_dice: bool = False) -> None:
         super().__init__()
         self.region_based, self.voxelwise = region_based, voxelwise
         weight = None if class_weights is None else torch.tensor(list(class_weights), dtype=torch.float32)
         self.register_buffer("weight", weight)
-        self.dice = (MaskedDiceLoss(sigmoid=region_based, softmax=not region_based, weight=weight)
+        without_background = not (background_dice or region_based)
+        dice_weight = weight[1:] if weight is not None and without_background else weight
+        self.dice = (MaskedDiceLoss(sigmoid=region_based, softmax=not region_based, weight=dice_weight,
+                                    include_background=not without_background, batch=batch_dice)
                      if dice else None)
 
     def forward(self, output: torch.Tensor, label: torch.Tensor) -> torch.Tensor:
@@ -137,7 +151,9 @@ def build_loss(cfg: TrainConfig, info: DatasetInfo, class_weights: Sequence[floa
     :meth:`SegmentationLoss.forward` takes it.
     """
     dice, voxelwise = LOSSES[cfg.trainer.loss]
-    loss = SegmentationLoss(dice, voxelwise, info.region_based, class_weights)
+    nnunet = cfg.trainer.loss == NNUNET_LOSS
+    loss = SegmentationLoss(dice, voxelwise, info.region_based, class_weights, background_dice=not nnunet,
+                            batch_dice=nnunet and cfg.model.spatial_dims == 2)
     return NnunetDeepSupervisionLoss(loss) if cfg.model.deep_supervision else loss
 
 

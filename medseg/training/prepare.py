@@ -19,6 +19,7 @@ from torch.utils.data import RandomSampler
 from medseg.config import DataConfig, TrainConfig
 from medseg.data.datalist import DatasetInfo, dataset_cache_dir, split_cases, splits_path
 from medseg.data.nnunet_draws import collate_with_draws
+from medseg.data.sampling import ForegroundBatchSampler, PlacedCases, nnunet_crop
 from medseg.data.transforms import (
     Window,
     augment_on_device,
@@ -171,14 +172,21 @@ def patch_loader(dataset: Dataset, batch: int, workers: int, iterations: int | N
                  collate: Callable[[Sequence[Any]], Any] | None = None) -> DataLoader:
     """The loader of a patch dataset: ``iterations`` batches of ``batch`` cases drawn at random with replacement
     (nnU-Net's epoch), or with ``iterations`` None one pass over the cases in a shuffled order. Either draws its
-    order from torch's global RNG, which the trainer seeds each epoch. ``collate``: the batches' collate (MONAI's
+    order from torch's global RNG, which the trainer seeds each epoch. With nnU-Net's sampling
+    (:class:`~medseg.data.sampling.RandNnunetCropd`) the foreground crops are counted per batch, as nnU-Net counts
+    them (:class:`~medseg.data.sampling.ForegroundBatchSampler`). ``collate``: the batches' collate (MONAI's
     ``list_data_collate`` when None)."""
     extra: dict[str, Any] = {} if collate is None else {"collate_fn": collate}
     if iterations is None:
-        return DataLoader(dataset, batch_size=batch, shuffle=True, num_workers=workers,
-                          drop_last=len(dataset) > batch, worker_init_fn=loader_worker_init, **extra)
-    sampler = RandomSampler(dataset, replacement=True, num_samples=iterations * batch)
-    return DataLoader(dataset, batch_size=batch, sampler=sampler, num_workers=workers,
+        sampler, drop_last = RandomSampler(dataset), len(dataset) > batch
+    else:
+        sampler, drop_last = RandomSampler(dataset, replacement=True, num_samples=iterations * batch), False
+    crop = nnunet_crop(dataset)
+    if crop is None:
+        return DataLoader(dataset, batch_size=batch, sampler=sampler, drop_last=drop_last, num_workers=workers,
+                          worker_init_fn=loader_worker_init, **extra)
+    batches = ForegroundBatchSampler(sampler, batch, drop_last, crop.num_samples, crop.fraction)
+    return DataLoader(PlacedCases(dataset, crop), batch_sampler=batches, num_workers=workers,
                       worker_init_fn=loader_worker_init, **extra)
 
 

@@ -25,9 +25,11 @@ from medseg.data.sampling import (
     ANNOTATED,
     CLASS_LOCATIONS,
     ClassLocationsd,
+    PlacedCases,
     RandNnunetCropd,
     class_locations,
     forced_foreground,
+    forced_per_case,
 )
 from medseg.data.transforms import augmentations, patch_sampling, samples_per_volume, train_transforms, window
 
@@ -118,6 +120,44 @@ def test_the_last_crops_are_forced_to_foreground_by_nnunets_count(n: int, forced
     transform.randomize(SHAPE, class_locations(organ_and_lesions()))
     assert [c is not None for c in transform.choices] == [False] * (n - forced) + [True] * forced
     assert forced_foreground(n, 0.0) == 0 and forced_foreground(n, 1.0) == n
+
+
+def nnunet_oversampled(batch_size: int, percent: float = 0.33) -> list[bool]:
+    """nnU-Net's ``nnUNetDataLoader.get_do_oversample`` for each sample of a batch: ``not sample_idx <
+    round(batch_size * (1 - oversample_foreground_percent))``."""
+    return [not index < round(batch_size * (1 - percent)) for index in range(batch_size)]
+
+
+@pytest.mark.parametrize(("cases", "samples"), [(10, 1), (2, 1), (1, 2), (2, 5), (5, 2), (3, 3), (1, 1), (12, 1)])
+def test_a_batch_forces_nnunets_count_on_its_last_crops(cases: int, samples: int) -> None:
+    per_case = forced_per_case(cases, samples, 0.33)
+    flags = [crop >= samples - forced for forced in per_case for crop in range(samples)]  # each case's last crops
+    assert flags == nnunet_oversampled(cases * samples)
+
+
+def test_the_loader_tells_each_case_its_batch_places_count(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Ten cases of one crop each: the loader's batches force the last three crops, as nnU-Net's batch of ten; the
+    count is set only while a case is read."""
+    from medseg.training.prepare import patch_loader
+
+    seen: list[int] = []
+    draw = RandNnunetCropd.randomize
+
+    def spy(self: RandNnunetCropd, shape, locations) -> None:
+        draw(self, shape, locations)
+        seen.append(sum(choice is not None for choice in self.choices))
+
+    monkeypatch.setattr(RandNnunetCropd, "randomize", spy)
+    crop = cropper(1)
+    dataset = CacheDataset([case(organ_and_lesions())] * 4, mt.Compose([ClassLocationsd(LABEL), crop]),
+                           progress=False)
+    loader = patch_loader(dataset, batch=10, workers=0, iterations=3)
+    assert isinstance(loader.dataset, PlacedCases)
+    batches = [batch[IMAGE].shape[0] for batch in loader]
+    assert batches == [10] * 3 and seen == nnunet_oversampled(10) * 3 and crop.forced is None
+    seen.clear()
+    one_pass = patch_loader(dataset, batch=3, workers=0, iterations=None)  # 4 cases: one batch of 3, the rest dropped
+    assert [batch[IMAGE].shape[0] for batch in one_pass] == [3] and seen == nnunet_oversampled(3)
 
 
 def test_forced_crops_centre_their_classes_voxel() -> None:

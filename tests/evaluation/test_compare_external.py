@@ -19,7 +19,7 @@ import numpy as np
 import pytest
 
 from medseg.commands import compare
-from medseg.errors import DatasetError
+from medseg.errors import ConfigError, DatasetError
 from medseg.evaluation.compare import FOREGROUND, build_comparison
 from medseg.evaluation.crossval import cross_validate
 from medseg.evaluation.external import NNUNET, log_times, parse_source
@@ -112,6 +112,36 @@ def test_another_tools_folder_joins_as_a_named_setting(fresh: tuple[Path, Path])
     row = comparison.foreground()["(all runs)"]
     assert comparison.reference.label == "mine" and row.difference.cases == 8
     assert row.difference.mean == 0.0 and row.verdict == NO_EVIDENCE
+
+
+def test_a_name_given_again_is_another_seed(fresh: tuple[Path, Path], tiny_demo_root: Path) -> None:
+    """nnU-Net trained twice: a perfect run and one that missed a case; the setting holds both seeds, each scored into
+    its own folder, its per-case scores their mean and its compute the mean of what each recorded."""
+    sweep, results = fresh
+    again = Path(shutil.copytree(results, results.parent.parent / "nnunet_again" / results.name))
+    missed = sorted((again / "fold_0" / "validation").glob("*.nii.gz"))[0]
+    image = nib.load(missed)
+    nib.save(nib.Nifti1Image(np.zeros(image.shape, np.uint8), image.affine), missed)
+    for log in again.glob("fold_*/training_log_*.txt"):
+        log.write_text(training_log([2 * t for t in EPOCH_TIMES[int(log.parent.name.split("_")[1])]]))
+    comparison = build_comparison(sweep, reference=NNUNET, progress=False,
+                                  external=[parse_source(f"nnunet={results}"), parse_source(f"nnunet={again}")])
+    setting = comparison.reference
+    assert len(setting.seeds) == 2 and [p.parent.name for p in setting.crossvals] == ["seed_0", "seed_1"]
+    dice = setting.scores[(FOREGROUND, "dice")]
+    case = missed.name.removesuffix(".nii.gz")
+    assert dice[case] == pytest.approx(0.5) and all(v == pytest.approx(1.0) for c, v in dice.items() if c != case)
+    fold_sums = [sum(times) for times in EPOCH_TIMES.values()]
+    assert setting.compute["train_seconds"] == pytest.approx(1.5 * sum(fold_sums) / len(fold_sums))
+    assert str(results) in setting.source and str(again) in setting.source
+
+
+def test_a_folder_given_twice_stops(fresh: tuple[Path, Path]) -> None:
+    sweep, results = fresh
+    with pytest.raises(ConfigError, match="given twice"):
+        build_comparison(sweep, progress=False,
+                         external=[parse_source(f"nnunet={results}"), parse_source(f"nnunet={results}/.")])
+    assert _nothing_written(sweep)
 
 
 def _nothing_written(sweep: Path) -> bool:

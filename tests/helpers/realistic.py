@@ -20,6 +20,7 @@ from __future__ import annotations
 import json
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
+from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -173,9 +174,10 @@ def _cylinder(shape: Shape, center: Sequence[float], radii: Sequence[float]) -> 
     return np.broadcast_to(in_plane, shape)
 
 
-def ct_case(case: str, rng: np.random.Generator, shape: Shape, spacing: Spacing) -> SyntheticCase:
+def ct_case(case: str, rng: np.random.Generator, shape: Shape, spacing: Spacing,
+            lesion_size: float = 0.4) -> SyntheticCase:
     """An abdominal-CT-like int16 volume in HU: air -1000, soft tissue ~40, a vertebra ~700, an organ
-    ~60 HU (label 1) holding a darker lesion ~10 HU (label 2)."""
+    ~60 HU (label 1) holding a darker lesion ~10 HU (label 2), its radii ``lesion_size`` times the organ's."""
     hu = np.full(shape, -1000.0) + rng.normal(0, 5, shape)
     body = _cylinder(shape, (0.5, 0.5), (0.42, 0.32))
     hu[body] = rng.normal(40, 15, int(body.sum()))
@@ -184,7 +186,7 @@ def ct_case(case: str, rng: np.random.Generator, shape: Shape, spacing: Spacing)
     center = (0.38 + rng.uniform(-0.03, 0.03), 0.45 + rng.uniform(-0.03, 0.03), 0.5)
     radii = np.array([0.17, 0.15, 0.32]) * rng.uniform(0.85, 1.15)
     organ = _ellipsoid(shape, center, radii)
-    lesion = _ellipsoid(shape, center, radii * 0.4)
+    lesion = _ellipsoid(shape, center, radii * lesion_size)
     hu[organ] = rng.normal(60, 10, int(organ.sum()))
     hu[lesion] = rng.normal(10, 10, int(lesion.sum()))
     label = organ.astype(np.uint8) + lesion.astype(np.uint8)
@@ -222,9 +224,12 @@ def _write(root: str | Path, fmt: str, num_cases: int, prefix: str, make, shape,
 def write_ct_dataset(root: str | Path, fmt: str = "msd", num_cases: int = 10,
                      shape: Shape | Sequence[Shape] = (64, 64, 20),
                      spacing: Spacing | Sequence[Spacing] = (0.7, 0.7, 5.0),
-                     orientation: str = "LPS", seed: int = 0, file_ending: str = ".nii.gz") -> Path:
-    """Anisotropic int16 CT (HU), stored LPS by default; classes background, organ, lesion."""
-    return _write(root, fmt, num_cases, "ct", ct_case, shape, spacing, orientation, seed,
+                     orientation: str = "LPS", seed: int = 0, file_ending: str = ".nii.gz",
+                     lesion_size: float = 0.4) -> Path:
+    """Anisotropic int16 CT (HU), stored LPS by default; classes background, organ, lesion (its radii
+    ``lesion_size`` times the organ's)."""
+    make = partial(ct_case, lesion_size=lesion_size)
+    return _write(root, fmt, num_cases, "ct", make, shape, spacing, orientation, seed,
                   ["CT"], ["background", "organ", "lesion"], file_ending)
 
 

@@ -48,8 +48,9 @@ def _dataset(regions: dict[str, list[int]] | None = None) -> DatasetInfo:
 
 
 def _loss(name: str, region_based: bool, weights: list[float] | None,
-          deep_supervision: bool = False) -> torch.nn.Module:
-    cfg = TrainConfig(model=ModelConfig(deep_supervision=deep_supervision), trainer=TrainerConfig(loss=name))
+          deep_supervision: bool = False, spatial_dims: int = 3) -> torch.nn.Module:
+    cfg = TrainConfig(model=ModelConfig(deep_supervision=deep_supervision, spatial_dims=spatial_dims),
+                      trainer=TrainerConfig(loss=name))
     return build_loss(cfg, _dataset(REGIONS if region_based else None), weights)
 
 
@@ -86,7 +87,10 @@ def _monai(name: str, region_based: bool, weights: list[float] | None):
     """MONAI's (or torch's) loss of the same name, for labels without ignore voxels."""
     weight = None if weights is None else torch.tensor(weights)
     if not region_based:
+        foreground = DiceLoss(to_onehot_y=True, softmax=True, include_background=False,
+                              weight=None if weight is None else weight[1:])
         return {
+            "nnunet": lambda x, y: foreground(x, y) + F.cross_entropy(x, y[:, 0].long(), weight=weight),
             "dice_ce": DiceCELoss(to_onehot_y=True, softmax=True, weight=weight),
             "dice_focal": DiceFocalLoss(to_onehot_y=True, softmax=True, weight=weight),
             "dice": DiceLoss(to_onehot_y=True, softmax=True, weight=weight),
@@ -97,6 +101,7 @@ def _monai(name: str, region_based: bool, weights: list[float] | None):
     dice = DiceLoss(sigmoid=True, weight=weight)
     return {
         "dice_ce": lambda x, y: dice(x, y) + bce(x, y),
+        "nnunet": lambda x, y: dice(x, y) + bce(x, y),  # no background channel to leave out
         "dice_focal": DiceFocalLoss(sigmoid=True, weight=weight),
         "dice": dice,
         "ce": bce,
@@ -104,14 +109,16 @@ def _monai(name: str, region_based: bool, weights: list[float] | None):
 
 
 def _reference(name: str, logits: torch.Tensor, label: torch.Tensor, weights: list[float] | None,
-               region_based: bool) -> torch.Tensor:
+               region_based: bool, batch_dice: bool = False) -> torch.Tensor:
     """The loss from its formulas on the valid voxels alone (float64): each case's valid voxels are selected and
     the rest is never seen. Dice per case and channel ``1 - (2 sum pt + 1e-5) / (sum p + sum t + 1e-5)`` times the
-    weight, averaged; softmax CE ``sum w_y nll / sum w_y``; BCE and sigmoid focal (gamma 2) times the channel's
-    weight, averaged over valid voxels and channels."""
+    weight, averaged (``nnunet``, nnU-Net's ``MemoryEfficientSoftDiceLoss``: the foreground channels only, and with
+    ``batch_dice`` the sums taken over the cases too); softmax CE ``sum w_y nll / sum w_y``; BCE and sigmoid focal
+    (gamma 2) times the channel's weight, averaged over valid voxels and channels."""
     channels = logits.shape[1]
     w = torch.ones(channels, dtype=torch.float64) if weights is None else torch.tensor(weights, dtype=torch.float64)
-    dice, elementwise, ce_sum, ce_weight = [], [], torch.zeros((), dtype=torch.float64), 0.0
+    dice_channels = range(1 if name == "nnunet" and not region_based else 0, channels)
+    sums, elementwise, ce_sum, ce_weight = [], [], torch.zeros((), dtype=torch.float64), 0.0
     for case in range(logits.shape[0]):
         keep = label[case, 0] != IGNORE_INDEX
         x = logits[case][:, keep].double()  # (C, N)
@@ -122,14 +129,15 @@ def _reference(name: str, logits: torch.Tensor, label: torch.Tensor, weights: li
             t, p = F.one_hot(y, channels).T.double(), torch.softmax(x, 0)
             nll = -torch.log_softmax(x, 0)[y, torch.arange(y.numel())]
             ce_sum, ce_weight = ce_sum + (w[y] * nll).sum(), ce_weight + w[y].sum()
-        dice += [w[c] * (1 - (2 * (p[c] * t[c]).sum() + 1e-5) / (p[c].sum() + t[c].sum() + 1e-5))
-                 for c in range(channels)]
+        sums.append(torch.stack([(p * t).sum(1), p.sum(1), t.sum(1)]))  # (3, C): intersection, prediction, target
         if name == "dice_focal":
             pt = torch.where(t == 1, torch.sigmoid(x), 1 - torch.sigmoid(x))
             elementwise.append(-(1 - pt) ** 2 * torch.log(pt) * w[:, None])
         elif region_based:
             elementwise.append(-(t * F.logsigmoid(x) + (1 - t) * F.logsigmoid(-x)) * w[:, None])
-    voxelwise = ((ce_sum / ce_weight) if not region_based and name in ("dice_ce", "ce")
+    groups = [torch.stack(sums).sum(0)] if batch_dice else sums
+    dice = [w[c] * (1 - (2 * g[0, c] + 1e-5) / (g[1, c] + g[2, c] + 1e-5)) for g in groups for c in dice_channels]
+    voxelwise = ((ce_sum / ce_weight) if not region_based and name in ("dice_ce", "ce", "nnunet")
                  else torch.cat(elementwise, 1).mean() if elementwise else 0.0)
     return (torch.stack(dice).mean() if name != "ce" else 0.0) + (voxelwise if name != "dice" else 0.0)
 
@@ -169,6 +177,21 @@ def test_ignore_voxels_take_no_part(name: str, region_based: bool, weighted: boo
     assert torch.equal(loss(changed, label), value.detach())
     other = _inputs(region_based, ignore=True, seed=7)[1]  # other labels outside the mask do change the loss
     assert not torch.equal(loss(logits.detach(), torch.where(label == IGNORE_INDEX, label, other)), value.detach())
+
+
+@pytest.mark.parametrize("weighted", [False, True], ids=["unweighted", "weighted"])
+def test_nnunets_loss_sums_its_dice_over_the_batch_in_2d(weighted: bool) -> None:
+    """nnU-Net's 2D plans set batch_dice: the Dice sums run over every case of the batch, without the background;
+    its 3D plans do not."""
+    logits, label = _inputs(False, ignore=True)
+    logits, label = logits[..., 0], label[..., 0]  # (2, K, 6, 6): 2D
+    weights = _weights(False, weighted)
+    for dims, batch in ((2, True), (3, False)):
+        value = _loss("nnunet", False, weights, spatial_dims=dims)(logits, label)
+        torch.testing.assert_close(value.double(), _reference("nnunet", logits, label, weights, False, batch),
+                                   rtol=1e-5, atol=1e-6)
+    assert not torch.isclose(_reference("nnunet", logits, label, weights, False, True),
+                             _reference("nnunet", logits, label, weights, False, False))
 
 
 @pytest.mark.parametrize("region_based", [False, True], ids=["classes", "regions"])
@@ -254,7 +277,7 @@ def test_bad_class_weights_name_the_key_the_length_and_the_outputs(setting: obje
 
 def test_an_unknown_loss_lists_the_registered_ones() -> None:
     with pytest.raises(ConfigError, match=r"^trainer\.loss='dicece' is not valid\. Valid values: "
-                                          r"dice_ce, dice_focal, dice, ce$"):
+                                          r"dice_ce, nnunet, dice_focal, dice, ce$"):
         check_config(compose_config(["trainer.loss=dicece", "output_dir=unused"]))
 
 
