@@ -4,8 +4,7 @@ The dataclasses below are both the schema and the defaults; :data:`SCHEMAS` name
 under each field documents that key, and a numeric key's :class:`Range` (given with :func:`ranged`, or
 :func:`unconstrained` with the reason) says which values it takes; :mod:`medseg.config_docs` turns both into
 ``--help`` and :mod:`medseg.config_reference` into ``docs/configuration.md``, and :func:`medseg.typed_config.to_typed`
-checks every value against its range. :data:`MOVED_KEYS` names the keys that moved, so that an old key is answered
-with its new name.
+checks every value against its range.
 
 Importing this module has no side effect: the entry points register the schemas with Hydra
 (:func:`medseg.hydra_config.register`) before Hydra composes a config. It imports no other medseg module and no torch,
@@ -633,19 +632,3 @@ SCHEMAS: dict[str, type] = {"train": TrainConfig, "predict": PredictConfig, "eva
                             "plan": PlanCommandConfig, "check_data": CheckDataConfig}
 """Each entry point's schema, registered in Hydra's ConfigStore as ``<name>_schema``."""
 
-_PREDICTION_KEYS = {"device": "inference.device", "sw_device": "inference.sw_device",
-                    "precision": "inference.precision", "runtime": "inference.backend",
-                    "overlap": "inference.overlap", "sw_batch_size": "inference.sw_batch_size",
-                    "tta": "inference.tta", "progress": "inference.progress"}
-MOVED_KEYS: dict[str, dict[str, str]] = {
-    "train": {"trainer.sw_overlap": "inference.overlap", "trainer.sw_batch_size": "inference.sw_batch_size"},
-    "predict": _PREDICTION_KEYS,
-    "evaluate": _PREDICTION_KEYS,
-    "crossval": {key: _PREDICTION_KEYS[key] for key in ("device", "tta", "progress")},
-    "visualize": {"device": "inference.device"},
-}
-"""Keys that moved, per entry point of :data:`SCHEMAS`: old dotted key -> new dotted key (the ``inference`` node took
-the keys of prediction). An entry point whose schema lacks the old key and has the new one answers the old key (on the
-command line, :func:`medseg.typed_config.check_override_keys`; in a config, :func:`medseg.typed_config.to_typed`) with
-one line naming the new one. Per entry point, because an old key means another thing elsewhere (``device`` of training
-is ``trainer.device``)."""

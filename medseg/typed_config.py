@@ -1,6 +1,6 @@
-"""From a composed config to a typed schema object: keys that moved named with their new key, unknown keys with their
-nearest valid keys, wrong types and required values in one line each (:class:`~medseg.errors.ConfigError`), and the
-choice check every stage's settings use.
+"""From a composed config to a typed schema object: unknown keys named with their nearest valid keys, wrong types and
+required values in one line each (:class:`~medseg.errors.ConfigError`), and the choice check every stage's settings
+use.
 
 The schemas themselves are :mod:`medseg.config`'s dataclasses. Like that module, this one imports no torch, so the
 scripts check their command line before anything heavy loads.
@@ -16,11 +16,10 @@ from typing import Any, TypeVar
 from omegaconf import DictConfig, OmegaConf
 from omegaconf.errors import ConfigKeyError, MissingMandatoryValue, ValidationError
 
-from medseg.config import MOVED_KEYS, SCHEMAS, value_ranges, value_text
+from medseg.config import value_ranges, value_text
 from medseg.errors import ConfigError, check_choice
 
 Schema = TypeVar("Schema")
-_ABSENT = object()
 
 
 def _valid_keys(schema: type, path: str) -> list[str]:
@@ -32,26 +31,6 @@ def _valid_keys(schema: type, path: str) -> list[str]:
             return []
         node = match.default_factory
     return [f.name for f in fields(node)] if is_dataclass(node) else []
-
-
-def _has_key(schema: type, key: str) -> bool:
-    """Whether dotted ``key`` is a key of ``schema`` (a leaf or a node)."""
-    parent, _, leaf = key.rpartition(".")
-    return leaf in _valid_keys(schema, parent)
-
-
-def moved_keys(schema: type) -> dict[str, str]:
-    """The entries of :data:`~medseg.config.MOVED_KEYS` that apply to ``schema`` (those of its entry point in
-    :data:`~medseg.config.SCHEMAS`): old key -> new key, where the old key is not in ``schema`` and the new one is."""
-    names = [name for name, owner in SCHEMAS.items() if owner is schema]
-    entries = {old: new for name in names for old, new in MOVED_KEYS.get(name, {}).items()}
-    return {old: new for old, new in entries.items() if not _has_key(schema, old) and _has_key(schema, new)}
-
-
-def _moved_key_message(old: str, new: str, key: str, value: str) -> str:
-    """One line for ``key=value`` given at ``old``'s place (``old`` itself or a key under it), ``old`` having moved to
-    ``new``: ``overlap was renamed to inference.overlap: use inference.overlap=0.5``."""
-    return f"{old} was renamed to {new}: use {new}{key[len(old):]}={value}"
 
 
 def unknown_key_message(schema: type, key: str) -> str:
@@ -67,19 +46,17 @@ def unknown_key_message(schema: type, key: str) -> str:
 def check_override_keys(argv: Sequence[str], schema: type, groups: Collection[str] = ()) -> None:
     """Refuse command-line overrides whose key is not in ``schema``, naming the nearest valid keys.
 
-    Hydra would refuse them too, but only with a hint to add the key with ``+``. A key that moved
-    (:func:`moved_keys`), or a key under it, is refused with its new key. Arguments that are not overrides (Hydra's
-    flags and their values), config-group choices (``data=msd``; ``groups`` are the top-level group names), Hydra's
-    own keys and keys inside free-form nodes are left to Hydra.
+    Hydra would refuse them too, but only with a hint to add the key with ``+``. Arguments that are not overrides
+    (Hydra's flags and their values), config-group choices (``data=msd``; ``groups`` are the top-level group names),
+    Hydra's own keys and keys inside free-form nodes are left to Hydra.
 
     Raises:
-        ConfigError: the first moved or unknown key.
+        ConfigError: the first unknown key.
     """
     from hydra.core.override_parser.overrides_parser import OverridesParser
     from hydra.errors import OverrideParseException
 
     parser = OverridesParser.create()
-    moved = moved_keys(schema)
     for argument in argv:
         try:
             (override,) = parser.parse_overrides([argument])
@@ -88,9 +65,6 @@ def check_override_keys(argv: Sequence[str], schema: type, groups: Collection[st
         key = override.key_or_group
         if "/" in key or override.package or key.split(".")[0] in ("hydra", *groups):
             continue
-        for old, new in moved.items():
-            if key == old or key.startswith(f"{old}."):
-                raise ConfigError(_moved_key_message(old, new, key, argument.partition("=")[2]))
         parts = key.split(".")
         for depth in range(len(parts)):  # the first segment the schema lacks; free-form nodes end the walk
             valid = _valid_keys(schema, ".".join(parts[:depth]))
@@ -117,9 +91,9 @@ def to_typed(schema: type[Schema], cfg: Schema | Mapping[str, Any] | DictConfig,
     instance (``cfg`` itself when it is one, its ranges checked).
 
     Raises:
-        ConfigError: a key that moved (with its new key, :func:`moved_keys`), an unknown key (with the nearest valid
-            ones), a wrong type, a required value (``???``) left unset, or a number outside its key's range
-            (:func:`check_ranges`). ``context`` (e.g. ``" for data=msd"``) ends the required-value message.
+        ConfigError: an unknown key (with the nearest valid ones), a wrong type, a required value (``???``) left
+            unset, or a number outside its key's range (:func:`check_ranges`). ``context`` (e.g. ``" for data=msd"``)
+            ends the required-value message.
     """
     typed = cfg if isinstance(cfg, schema) else _merged(schema, cfg, context)
     check_ranges(typed)
@@ -139,11 +113,6 @@ def check_ranges(typed: Any) -> None:
 def _merged(schema: type[Schema], cfg: Mapping[str, Any] | DictConfig, context: str) -> Schema:
     """``cfg`` merged onto ``schema``'s defaults and checked against its types (:func:`to_typed`)."""
     node = cfg if isinstance(cfg, DictConfig) else OmegaConf.create(dict(cfg))  # type: ignore[arg-type]
-    for old, new in moved_keys(schema).items():
-        value = OmegaConf.select(node, old, default=_ABSENT, throw_on_missing=False)
-        if value is not _ABSENT:
-            key, leaf = _first_leaf(old, OmegaConf.to_container(value) if OmegaConf.is_config(value) else value)
-            raise ConfigError(_moved_key_message(old, new, key, value_text(leaf)))
     unknown = next(_unknown_keys(node, schema), None)  # Hydra's "+key=value" adds keys even to a typed node
     if unknown is not None:
         raise ConfigError(unknown_key_message(schema, unknown))
@@ -159,14 +128,6 @@ def _merged(schema: type[Schema], cfg: Mapping[str, Any] | DictConfig, context: 
         raise ConfigError(f"{err.full_key} is required{context} (set {err.full_key}=...)") from None
     except ValidationError as err:
         raise ConfigError(f"{err.full_key}: {str(err.msg).splitlines()[0]}") from None
-
-
-def _first_leaf(key: str, value: Any) -> tuple[str, Any]:
-    """``(key, value)`` of the first leaf of plain ``value`` at dotted ``key``: itself unless a non-empty mapping."""
-    while isinstance(value, dict) and value:
-        name, value = next(iter(value.items()))
-        key = f"{key}.{name}"
-    return key, value
 
 
 def _select(cfg: Any, key: str) -> Any:

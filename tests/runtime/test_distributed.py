@@ -24,7 +24,7 @@ from medseg.runtime.launch import (
     slurm_environment,
 )
 from tests.helpers.configs import compose_config
-from tests.helpers.ports import free_port
+from tests.helpers.ports import TORCHRUN_STANDALONE, agent_store
 
 SRUN_TASK = {  # what srun sets for task 3 of a 2-node x 2-task step of job 123456
     "SLURM_JOB_ID": "123456", "SLURM_PROCID": "3", "SLURM_LOCALID": "1", "SLURM_NTASKS": "4",
@@ -117,9 +117,8 @@ def _error_on_every_rank(fn: Callable[[], object], info: DistInfo) -> str:
     return "no error"
 
 
-def _collectives(rank: int, world_size: int, port: int, results: dict) -> None:
-    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), RANK=str(rank), WORLD_SIZE=str(world_size),
-                      LOCAL_RANK=str(rank))
+def _collectives(rank: int, world_size: int, store_env: dict[str, str], results: dict) -> None:
+    os.environ.update(store_env, RANK=str(rank), WORLD_SIZE=str(world_size), LOCAL_RANK=str(rank))
     cpu = torch.device("cpu")
     with distributed.process_group(cpu) as (info, device):
         results[rank] = {
@@ -135,9 +134,9 @@ def _collectives(rank: int, world_size: int, port: int, results: dict) -> None:
 
 
 def test_collectives_on_two_gloo_ranks() -> None:
-    with mp.Manager() as manager:
+    with mp.Manager() as manager, agent_store() as store_env:
         results = manager.dict()
-        mp.spawn(_collectives, args=(2, free_port(), results), nprocs=2, join=True)
+        mp.spawn(_collectives, args=(2, store_env, results), nprocs=2, join=True)
         results = dict(results)
     for rank in (0, 1):
         assert results[rank] == {
@@ -163,7 +162,7 @@ def test_a_failing_rank_does_not_hang_the_others(tmp_path: Path) -> None:
     script = tmp_path / "failing_rank.py"
     script.write_text(FAILING_RANK)
     result = subprocess.run(  # a hang would be TimeoutExpired
-        [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node=2", f"--master_port={free_port()}",
+        [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node=2", TORCHRUN_STANDALONE,
          str(script)], capture_output=True, text=True, timeout=240, env={**os.environ, "OMP_NUM_THREADS": "1"})
     assert result.returncode != 0
     assert "rank 1 fails" in result.stdout + result.stderr

@@ -18,14 +18,14 @@ import pytest
 
 from medseg.runs.checkpoint import load_checkpoint
 from tests.helpers.configs import REPO, TINY_OVERRIDES, run_script
-from tests.helpers.ports import free_port
+from tests.helpers.ports import TORCHRUN_STANDALONE
 from tests.helpers.runs import check_run_outputs
 
 TORCHRUN_TIMEOUT = 420
 
 
 def torchrun_command(nproc: int, args: list[str]) -> list[str]:
-    return [sys.executable, "-m", "torch.distributed.run", f"--nproc_per_node={nproc}", f"--master_port={free_port()}",
+    return [sys.executable, "-m", "torch.distributed.run", f"--nproc_per_node={nproc}", TORCHRUN_STANDALONE,
             str(REPO / "scripts" / "train.py"), *args]
 
 

@@ -34,6 +34,14 @@ def test_precision_inside_the_trainer(precision: str, tmp_path: Path, tiny_demo_
     """bf16 and fp16 autocast reach the model in training and validation; fp16, and only fp16, scales the loss
     with a GradScaler whose state the checkpoint keeps."""
     forwards, watched = record_forwards(monkeypatch), record_step(monkeypatch)
+    updates: list[float] = []
+    update = torch.amp.GradScaler.update
+
+    def counted_update(self: torch.amp.GradScaler, *args, **kwargs) -> None:
+        update(self, *args, **kwargs)
+        updates.append(self.get_scale())
+
+    monkeypatch.setattr(torch.amp.GradScaler, "update", counted_update)
     run_dir = tmp_path / "run"
     metrics = train(micro_config(run_dir, tiny_demo_root, "trainer.max_epochs=1", f"trainer.precision={precision}"))
 
@@ -46,11 +54,15 @@ def test_precision_inside_the_trainer(precision: str, tmp_path: Path, tiny_demo_
     if precision != "fp16":
         assert scaler == {}, "a disabled GradScaler has no state"
         return
-    scale, successes = scaler["scale"], scaler["_growth_tracker"]
-    assert (scale, successes) != (INITIAL_LOSS_SCALE, 0), "the scaler took part in no step"
+    assert len(updates) == len(watched.loss_inputs), "the scaler took part in every step"
+    restored = torch.amp.GradScaler("cpu")
+    restored.load_state_dict(scaler)
+    scale = restored.get_scale()
+    assert scale == updates[-1], "the checkpoint keeps the scaler's state"
     halvings = math.log2(INITIAL_LOSS_SCALE / scale)  # one per overflowing step; it grows only after 2000 steps
-    updates = int(state["optimizer"]["state"][0]["step"])
-    assert halvings.is_integer() and updates + halvings == len(watched.loss_inputs), "each step updated or backed off"
+    optimizer_steps = int(state["optimizer"]["state"][0]["step"])
+    assert halvings.is_integer() and optimizer_steps + halvings == len(watched.loss_inputs), \
+        "each step updated or backed off"
 
 
 def test_deep_supervision_trains_every_head_and_validates_on_the_full_resolution_one(
