@@ -106,6 +106,12 @@ class Command:
 # --- the dataset in nnU-Net's layout -----------------------------------------------------------
 
 
+def _link(link: Path, target: str | Path) -> None:
+    """``link`` -> ``target`` resolved, replacing a link an earlier run left there."""
+    link.unlink(missing_ok=True)
+    link.symlink_to(Path(target).resolve())
+
+
 def _nifti_channels(image: str | Sequence[str], case: str, folder: Path) -> None:
     """Link (or, for a 4D MSD image, split) one case's channels as ``<case>_<XXXX>.nii.gz`` into ``folder``."""
     import nibabel as nib
@@ -113,7 +119,7 @@ def _nifti_channels(image: str | Sequence[str], case: str, folder: Path) -> None
     files = [image] if isinstance(image, str) else list(image)
     if len(files) > 1 or nib.load(files[0]).ndim == 3:
         for channel, path in enumerate(files):
-            (folder / f"{case}_{channel:04d}.nii.gz").symlink_to(Path(path).resolve())
+            _link(folder / f"{case}_{channel:04d}.nii.gz", path)
         return
     volume = nib.load(files[0])
     data = np.asanyarray(volume.dataobj)
@@ -123,7 +129,8 @@ def _nifti_channels(image: str | Sequence[str], case: str, folder: Path) -> None
 
 
 def write_nnunet_raw(info: Any, raw: Path) -> Path:
-    """The training cases of a medseg dataset as nnU-Net v2 raw data (links to the NIfTI files); its folder."""
+    """The training cases of a medseg dataset as nnU-Net v2 raw data (links to the NIfTI files); its folder. Written
+    again over an earlier run's (more folds into the same output)."""
     folder = raw / f"Dataset{NNUNET_DATASET_ID:03d}_{info.name.replace(' ', '')[:40] or 'Peers'}"
     for sub in ("imagesTr", "labelsTr"):
         (folder / sub).mkdir(parents=True, exist_ok=True)
@@ -131,7 +138,7 @@ def write_nnunet_raw(info: Any, raw: Path) -> Path:
         if not str(entry["label"]).endswith(".nii.gz"):
             raise ValueError(f"{entry['label']}: the peers benchmark takes .nii.gz datasets")
         _nifti_channels(entry["image"], entry["case"], folder / "imagesTr")
-        (folder / "labelsTr" / f"{entry['case']}.nii.gz").symlink_to(Path(entry["label"]).resolve())
+        _link(folder / "labelsTr" / f"{entry['case']}.nii.gz", entry["label"])
     spec = info.label_spec
     labels: dict[str, Any] = {"background": 0}
     if spec.region_based:  # nnU-Net v2's region syntax

@@ -51,6 +51,8 @@ def test_nnunet_layout_links_every_case_and_splits_4d_images(tmp_path: Path, tin
     image = folder / "imagesTr" / f"{case['case']}_0000.nii.gz"
     assert image.is_symlink() and image.resolve() == Path(case["image"]).resolve()
     assert (folder / "labelsTr" / f"{case['case']}.nii.gz").resolve() == Path(case["label"]).resolve()
+    assert write_nnunet_raw(info, tmp_path / "raw") == folder, "written again over itself (more folds, one output)"
+    assert image.resolve() == Path(case["image"]).resolve()
 
     # a two-channel MSD case is one 4D file: nnU-Net wants one file per channel
     msd = tmp_path / "msd"
