@@ -27,7 +27,7 @@ import torch
 from benchmarks.common import TimedNetwork, add_results_argument, machine, targets_markdown, write_report
 from medseg.config import ModelConfig
 from medseg.inference.backends import BACKENDS, window_network
-from medseg.inference.sliding_window import infer_volume
+from medseg.inference.sliding_window import SlidingWindow, infer_volume
 from medseg.models import build_model
 from medseg.runtime.device import amp_dtype
 from medseg.runtime.host_memory import PeakRam
@@ -72,9 +72,10 @@ def run(args: argparse.Namespace) -> int:
             for mode in ("dense", "fast") if rep % 2 == 0 else ("fast", "dense"):
                 network = networks[mode]
                 network.windows, started = 0, time.perf_counter()
-                probs = infer_volume(network, image, patch, 3, 2, sw_batch_size=args.sw_batch_size,
-                                     overlap=args.overlap, mirror_axes=mirror_axes, progress=args.progress,
-                                     skip_constant=mode == "fast", amp_dtype=fast_dtype if mode == "fast" else None)
+                window = SlidingWindow(tuple(patch), 3, 2, args.sw_batch_size, args.overlap,
+                                       amp_dtype=fast_dtype if mode == "fast" else None, mirror_axes=mirror_axes,
+                                       skip_constant=mode == "fast")
+                probs = infer_volume(network, image, window, progress=args.progress)
                 seconds[mode].append(time.perf_counter() - started)
                 windows[mode], segmentations[mode] = network.windows, probs.argmax(1)[0]
                 del probs

@@ -23,14 +23,14 @@ from torch import nn
 from medseg.config import InferenceConfig
 from medseg.data.labels import LabelSpec
 from medseg.data.reading import source_name
-from medseg.data.transforms import IMAGE
+from medseg.data.transforms import IMAGE, Window
 from medseg.errors import DatasetError
 from medseg.inference.backends import INT8, check_backend, window_network
 from medseg.inference.cases import Case
 from medseg.inference.int8 import int8_network
 from medseg.inference.model import EvalModel
 from medseg.inference.resample_back import Grids, back_to_file
-from medseg.inference.sliding_window import infer_slabs
+from medseg.inference.sliding_window import SlidingWindow, infer_slabs
 from medseg.postprocessing.components import Postprocessing
 from medseg.runtime.device import amp_dtype, resolve_device
 from medseg.scoring.metrics import voxel_spacing
@@ -45,15 +45,16 @@ def mirror_axes(spatial_dims: int, slice_axis: int) -> tuple[int, ...]:
     return tuple(a for a in range(3) if spatial_dims == 3 or a != slice_axis)
 
 
-def window_options(inference: InferenceConfig, device: torch.device, spatial_dims: int,
-                   slice_axis: int) -> dict[str, Any]:
-    """The keyword arguments of :func:`~medseg.inference.sliding_window.infer_volume` that the ``inference`` node
-    sets, for a network on ``device``: windows per pass, overlap, the stitching device, the mirrored axes and the
-    constant windows. The one reading of the node's sliding window, for prediction and training's validation."""
-    return {"sw_batch_size": inference.sw_batch_size, "overlap": inference.overlap, "device": device,
-            "sw_device": resolve_device(inference.sw_device, "inference.sw_device") if inference.sw_device else device,
-            "mirror_axes": mirror_axes(spatial_dims, slice_axis) if inference.tta else (),
-            "skip_constant": inference.skip_constant}
+def sliding_window(inference: InferenceConfig, device: torch.device, view: Window, spatial_dims: int,
+                   precision_dtype: torch.dtype | None, activation: str) -> SlidingWindow:
+    """The sliding window the ``inference`` node sets for a network on ``device`` seeing volumes through ``view``:
+    windows per pass, overlap, the stitching device, the mirrored axes and the constant windows; ``precision_dtype``:
+    the autocast dtype, ``activation``: the outputs'. The one reading of the node's sliding window, for prediction
+    and training's validation."""
+    return SlidingWindow(
+        tuple(view.roi_size), spatial_dims, view.slice_axis, inference.sw_batch_size, inference.overlap, device,
+        resolve_device(inference.sw_device, "inference.sw_device") if inference.sw_device else device, precision_dtype,
+        mirror_axes(spatial_dims, view.slice_axis) if inference.tta else (), activation, inference.skip_constant)
 
 
 def inference_network(net: EvalModel, inference: InferenceConfig) -> nn.Module:
@@ -113,11 +114,11 @@ class Inferer:
         self.device = resolve_device(inference.device, "inference.device")
         net.model.to(self.device)
         mirrored = net.tta if inference.tta is None else inference.tta
-        self.window = window_options(replace(inference, tta=mirrored), self.device, net.spatial_dims,
-                                     net.window.slice_axis)
         check_backend(inference.backend, inference.precision, self.device)
+        self.window = sliding_window(replace(inference, tta=mirrored), self.device, net.window, net.spatial_dims,
+                                     amp_dtype(inference.precision, self.device) if inference.backend == "torch"
+                                     else None, net.label_spec.activation)
         self.network = network if network is not None else inference_network(net, inference)
-        self.amp_dtype = amp_dtype(inference.precision, self.device) if inference.backend == "torch" else None
         self.transform: Compose = transform or net.preprocessing
 
     def preprocess(self, case: Case) -> dict[str, Any]:
@@ -155,10 +156,8 @@ class Inferer:
         is false."""
         image = data[IMAGE].unsqueeze(0).to(self.device)
         grids = Grids.of(data[IMAGE])
-        slabs = infer_slabs(self.network, image, self.net.window.roi_size, self.net.spatial_dims,
-                            self.net.window.slice_axis, amp_dtype=self.amp_dtype, progress=progress,
-                            activation=self.net.label_spec.activation, axis=grids.axis, slab=self.inference.slab_slices,
-                            **self.window)
+        slabs = infer_slabs(self.network, image, self.window, axis=grids.axis, slab=self.inference.slab_slices,
+                            progress=progress)
         return back_to_file(grids, ((start, probs[0]) for start, probs in slabs), self.inference.slab_slices)
 
     def to_original(self, data: dict[str, Any], maps: torch.Tensor) -> np.ndarray:

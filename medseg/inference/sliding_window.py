@@ -23,6 +23,7 @@ from __future__ import annotations
 import itertools
 import math
 from collections.abc import Callable, Iterator, Sequence
+from dataclasses import dataclass
 
 import torch
 import torch.nn.functional as F
@@ -187,59 +188,65 @@ class _Blend:
         return torch.cat(pieces, dim=self.dim)
 
 
-def infer_slabs(
-    model: nn.Module,
-    image: torch.Tensor,
-    roi_size: Sequence[int],
-    spatial_dims: int,
-    slice_axis: int,
-    sw_batch_size: int = 4,
-    overlap: float = 0.25,
-    device: torch.device | None = None,
-    sw_device: torch.device | None = None,
-    amp_dtype: torch.dtype | None = None,
-    mirror_axes: Sequence[int] = (),
-    progress: bool = False,
-    activation: str = "softmax",
-    skip_constant: bool = True,
-    axis: int = 2,
-    slab: int | None = None,
-) -> Iterator[tuple[int, torch.Tensor]]:
+@dataclass(frozen=True)
+class SlidingWindow:
+    """How volumes are cut into windows, run and blended: the one value prediction and validation pass
+    (:func:`~medseg.inference.inferer.sliding_window` reads it from the ``inference`` node)."""
+
+    roi_size: tuple[int, ...]
+    """The 3D window; in 2D it is 1 along ``slice_axis``."""
+    spatial_dims: int = 3
+    """The model's (2 or 3)."""
+    slice_axis: int = 2
+    """The spatial axis a 2D model slices across (ignored in 3D)."""
+    sw_batch_size: int = 4
+    """Windows per run of the network."""
+    overlap: float = 0.25
+    """The windows' overlap, as MONAI's ``sliding_window_inference`` takes it."""
+    device: torch.device | None = None
+    """Where the model runs (None: the image's device)."""
+    sw_device: torch.device | None = None
+    """Where the windows are blended (None: the image's device; the CPU saves GPU memory)."""
+    amp_dtype: torch.dtype | None = None
+    """The autocast dtype (bf16 on CUDA), or None for fp32."""
+    mirror_axes: tuple[int, ...] = ()
+    """Spatial axes of nnU-Net's mirroring: each window and its flips along every combination of them
+    (:func:`mirrorings`), logits averaged; empty: off."""
+    activation: str = "softmax"
+    """A key of :data:`ACTIVATIONS` (``softmax``, or ``sigmoid`` for region outputs)."""
+    skip_constant: bool = True
+    """Answer the windows that hold one value per channel from one run of the network on such a window
+    (:class:`ConstantWindows`); False runs the network on every window (the dense reference)."""
+
+
+def infer_slabs(model: nn.Module, image: torch.Tensor, window: SlidingWindow, axis: int = 2, slab: int | None = None,
+                progress: bool = False) -> Iterator[tuple[int, torch.Tensor]]:
     """Probabilities of volumes, slab by slab along spatial ``axis``: softmax over the classes, or sigmoid per region.
 
     Args:
         model: a network in eval mode, 2D or 3D.
         image: ``(B, C, X, Y, Z)`` volumes (any size; a volume smaller than a window is padded with zeros to it).
-        roi_size: the 3D window; in 2D it is 1 along ``slice_axis``.
-        spatial_dims: the model's (2 or 3).
-        slice_axis: spatial axis a 2D model slices across (ignored in 3D).
-        device: where the model runs; ``sw_device``: where windows are blended (CPU saves GPU memory).
-        amp_dtype: autocast dtype (bf16 on CUDA) or None for fp32.
-        mirror_axes: spatial axes for mirroring test-time augmentation, nnU-Net's: each window and its flips along
-            every combination of these axes (:func:`mirrorings`), logits averaged; empty = off.
-        progress: one progress bar over the network's windows (mirrorings included), with its ETA.
-        activation: a key of :data:`ACTIVATIONS` (``softmax``, or ``sigmoid`` for region outputs).
-        skip_constant: answer the windows that hold one value per channel from one run of the network on such a
-            window (:class:`ConstantWindows`); False runs the network on every window (the dense reference).
+        window: the windows, where they run and how they blend.
         axis: the spatial axis the slabs cut; ``slab``: voxels per slab along it (None: the whole length at once).
+        progress: one progress bar over the network's windows (mirrorings included), with its ETA.
 
     Yields:
-        ``(start, probabilities)``: ``(B, num_outputs, *spatial)`` float32 on ``sw_device`` (or ``image``'s device)
-        with ``axis`` cut to ``[start, start + length)``, in increasing ``start``, covering the volume once.
+        ``(start, probabilities)``: ``(B, num_outputs, *spatial)`` float32 on ``window.sw_device`` (or ``image``'s
+        device) with ``axis`` cut to ``[start, start + length)``, in increasing ``start``, covering the volume once.
     """
-    device = device or image.device
-    sw_device = sw_device or image.device
+    device = window.device or image.device
+    sw_device = window.sw_device or image.device
     image = image.as_subclass(torch.Tensor)  # a MONAI MetaTensor's metadata would follow every window and slab
-    network = model if spatial_dims == 3 else slice_network(model, slice_axis)
-    flips = [tuple(a + 2 for a in combo) for combo in mirrorings(mirror_axes)]  # the spatial axes of (B, C, ...)
-    predictor = mirrored(ConstantWindows(network) if skip_constant else network, flips)
-    shape, roi = list(image.shape[2:]), list(roi_size)
+    network = model if window.spatial_dims == 3 else slice_network(model, window.slice_axis)
+    flips = [tuple(a + 2 for a in combo) for combo in mirrorings(window.mirror_axes)]  # spatial axes of (B, C, ...)
+    predictor = mirrored(ConstantWindows(network) if window.skip_constant else network, flips)
+    shape, roi = list(image.shape[2:]), list(window.roi_size)
     padded = [max(size, r) for size, r in zip(shape, roi)]
     front = [(p - size) // 2 for p, size in zip(padded, shape)]  # MONAI's: half the padding before, the rest after
     if padded != shape:
         image = F.pad(image, [n for f, size, p in reversed(list(zip(front, shape, padded))) for n in (f, p - size - f)])
-    windows = dense_patch_slices(padded, roi, [scan_interval(p, r, overlap) for p, r in zip(padded, roi)])
-    windows = sorted(windows, key=lambda window: window[axis].start)  # stable: MONAI's order within a start
+    windows = dense_patch_slices(padded, roi, [scan_interval(p, r, window.overlap) for p, r in zip(padded, roi)])
+    windows = sorted(windows, key=lambda cut: cut[axis].start)  # stable: MONAI's order within a start
     weight = compute_importance_map(roi, mode="gaussian", sigma_scale=0.125, device=sw_device, dtype=torch.float32)
     length, first = padded[axis], front[axis]
     step = length if slab is None else max(min(int(slab), length), 1)
@@ -253,35 +260,33 @@ def infer_slabs(
         if low < high:
             crop = list(keep)
             crop[axis] = slice(low - start, high - start)
-            yield low - first, ACTIVATIONS[activation](logits[(slice(None), slice(None), *crop)])
+            yield low - first, ACTIVATIONS[window.activation](logits[(slice(None), slice(None), *crop)])
 
     done = 0  # positions before this along the axis are given out
     total = len(image) * len(flips) * len(windows)
     with tqdm(total=total, desc="windows", unit="window", disable=not progress, leave=False) as bar:
-        for begin in range(0, len(windows), sw_batch_size):
-            batch = windows[begin:begin + sw_batch_size]
+        for begin in range(0, len(windows), window.sw_batch_size):
+            batch = windows[begin:begin + window.sw_batch_size]
             # no_grad around the network only: a context held across a yield would leak to the caller
-            with torch.no_grad(), autocast(device, amp_dtype):
-                crops = torch.cat([image[(slice(None), slice(None), *window)] for window in batch]).to(device)
+            with torch.no_grad(), autocast(device, window.amp_dtype):
+                crops = torch.cat([image[(slice(None), slice(None), *cut)] for cut in batch]).to(device)
                 logits = predictor(crops).float().to(sw_device)
             bar.update(len(crops) * len(flips))
-            for index, window in enumerate(batch):
-                while done + step <= window[axis].start:  # no later window reaches these positions
+            for index, cut in enumerate(batch):
+                while done + step <= cut[axis].start:  # no later window reaches these positions
                     yield from given(done, done + step)
                     done += step
-                blend.add(window, logits[index * len(image):(index + 1) * len(image)], weight, padded)
+                blend.add(cut, logits[index * len(image):(index + 1) * len(image)], weight, padded)
         while done < length:
             yield from given(done, min(done + step, length))
             done += step
 
 
-def infer_volume(model: nn.Module, image: torch.Tensor, roi_size: Sequence[int], spatial_dims: int, slice_axis: int,
-                 **options: object) -> torch.Tensor:
-    """Probabilities for whole volumes: :func:`infer_slabs` with one slab of the whole length (``options``: its
-    keyword arguments but ``axis`` and ``slab``).
+def infer_volume(model: nn.Module, image: torch.Tensor, window: SlidingWindow, progress: bool = False) -> torch.Tensor:
+    """Probabilities for whole volumes: :func:`infer_slabs` with one slab of the whole length.
 
     Returns:
-        ``(B, num_outputs, X, Y, Z)`` float32 probabilities on ``sw_device`` (or ``image``'s device).
+        ``(B, num_outputs, X, Y, Z)`` float32 probabilities on ``window.sw_device`` (or ``image``'s device).
     """
-    ((_, probabilities),) = infer_slabs(model, image, roi_size, spatial_dims, slice_axis, **options)  # type: ignore
+    ((_, probabilities),) = infer_slabs(model, image, window, progress=progress)
     return probabilities

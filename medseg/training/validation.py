@@ -12,7 +12,7 @@ from torch import nn
 from medseg.config import TrainConfig
 from medseg.data.labels import IGNORE_INDEX, LabelSpec, member_masks
 from medseg.data.transforms import Window
-from medseg.inference.inferer import window_options
+from medseg.inference.inferer import sliding_window
 from medseg.inference.sliding_window import infer_volume
 from medseg.runtime.device import amp_dtype
 from medseg.runtime.distributed import gather_objects
@@ -48,14 +48,13 @@ def validate(model: nn.Module, dataset: Dataset, window: Window, cfg: TrainConfi
     """
     model.eval()
     names = labels.output_names
-    options = window_options(cfg.inference, device, cfg.model.spatial_dims, window.slice_axis)
+    sliding = sliding_window(cfg.inference, device, window, cfg.model.spatial_dims,
+                             amp_dtype(cfg.trainer.precision, device), labels.activation)
     rows, overlay = [], None
     for index in range(len(dataset)):
         item = dataset[index]
         image = item["image"].unsqueeze(0).to(device)
-        probs = infer_volume(model, image, window.roi_size, cfg.model.spatial_dims, window.slice_axis,
-                             amp_dtype=amp_dtype(cfg.trainer.precision, device), activation=labels.activation,
-                             **options)
+        probs = infer_volume(model, image, sliding)
         pred = labels.prediction_masks(probs[0].cpu().numpy())
         classes = item["label"][0].round().long().cpu().numpy()
         reference, valid = member_masks(classes, labels.output_classes), classes != IGNORE_INDEX

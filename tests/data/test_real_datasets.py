@@ -125,11 +125,10 @@ def calls(monkeypatch: pytest.MonkeyPatch) -> Calls:
         model.register_forward_pre_hook(hook)
         return model
 
-    def spy_predict(model: torch.nn.Module, image: torch.Tensor, roi_size: Any, spatial_dims: int,
-                    slice_axis: int, **kwargs: Any) -> torch.Tensor:
-        probs = infer_volume(model, image, roi_size, spatial_dims, slice_axis, **kwargs)
+    def spy_predict(model: torch.nn.Module, image: torch.Tensor, window: Any, **kwargs: Any) -> torch.Tensor:
+        probs = infer_volume(model, image, window, **kwargs)
         record.volumes.append({"image": tuple(image.shape), "probs": tuple(probs.shape),
-                               "roi_size": list(roi_size), "slice_axis": slice_axis})
+                               "roi_size": list(window.roi_size), "slice_axis": window.slice_axis})
         return probs
 
     monkeypatch.setattr(run_module, "build_model", spy_build)

@@ -9,7 +9,7 @@ import pytest
 import torch
 
 from benchmarks.common import TimedNetwork
-from medseg.inference.sliding_window import ConstantWindows, infer_volume, window_count
+from medseg.inference.sliding_window import ConstantWindows, SlidingWindow, infer_volume, window_count
 from medseg.models import SlottedUNet
 
 ROI = {3: [16, 16, 8], 2: [16, 16, 1]}
@@ -53,8 +53,8 @@ def test_a_volume_with_air_gives_the_dense_probabilities_with_fewer_windows_run(
 
     def probabilities(skip_constant: bool) -> tuple[torch.Tensor, int]:
         network.windows = 0
-        probs = infer_volume(network, image, ROI[spatial_dims], spatial_dims, SLICE_AXIS, overlap=0.5,
-                             mirror_axes=mirror_axes, skip_constant=skip_constant)
+        probs = infer_volume(network, image, SlidingWindow(ROI[spatial_dims], spatial_dims, SLICE_AXIS, overlap=0.5,
+                                                           mirror_axes=mirror_axes, skip_constant=skip_constant))
         return probs, network.windows
 
     fast, run = probabilities(True)
@@ -69,8 +69,8 @@ def test_the_progress_bar_counts_every_window_of_every_mirroring(shape: tuple[in
                                                                  capsys: pytest.CaptureFixture) -> None:
     network = TimedNetwork(SlottedUNet(3, 1, 2, channels=(4, 8), strides=(2,)).eval())
     image = torch.randn(1, 1, *shape)
-    infer_volume(network, image, ROI[3], 3, SLICE_AXIS, overlap=overlap, mirror_axes=(0, 2), progress=True,
-                 skip_constant=False)
+    infer_volume(network, image, SlidingWindow(ROI[3], 3, SLICE_AXIS, overlap=overlap, mirror_axes=(0, 2),
+                                               skip_constant=False), progress=True)
     expected = 4 * window_count(shape, ROI[3], overlap)
     assert network.windows == expected, "window_count is the windows MONAI cuts, for each of the 4 passes"
     assert f"0/{expected} [" in capsys.readouterr().err, "one bar over the windows of all passes"
@@ -85,8 +85,8 @@ def test_mirroring_runs_the_identity_and_every_combination_of_the_axes(spatial_d
     model = SlottedUNet(spatial_dims, 1, 3, channels=(4, 8), strides=(2,)).eval()
     network = TimedNetwork(model)
     image = torch.randn(1, 1, *ROI[3])  # one window (a slice in 2D) per position: the gaussian weights divide out
-    probs = infer_volume(network, image, ROI[spatial_dims], spatial_dims, SLICE_AXIS, sw_batch_size=1,
-                         mirror_axes=axes, skip_constant=False)
+    probs = infer_volume(network, image, SlidingWindow(ROI[spatial_dims], spatial_dims, SLICE_AXIS, sw_batch_size=1,
+                                                       mirror_axes=axes, skip_constant=False))
     assert network.windows == passes * window_count(image.shape[2:], ROI[spatial_dims], 0.25)
     assert network.windows == passes * (1 if spatial_dims == 3 else ROI[3][SLICE_AXIS])
     expected = torch.zeros_like(probs)

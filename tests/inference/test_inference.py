@@ -7,7 +7,7 @@ from typing import Any
 import pytest
 import torch
 
-from medseg.inference.sliding_window import infer_volume
+from medseg.inference.sliding_window import SlidingWindow, infer_volume
 from medseg.models import SlottedUNet
 
 CPU = torch.device("cpu")
@@ -24,7 +24,7 @@ def model_and_volume(spatial_dims: int) -> tuple[torch.nn.Module, torch.Tensor]:
 
 
 def predict(model: torch.nn.Module, image: torch.Tensor, spatial_dims: int, **devices: Any) -> torch.Tensor:
-    return infer_volume(model, image, ROI[spatial_dims], spatial_dims, SLICE_AXIS, **devices)
+    return infer_volume(model, image, SlidingWindow(ROI[spatial_dims], spatial_dims, SLICE_AXIS, **devices))
 
 
 @pytest.mark.parametrize("spatial_dims", [2, 3])

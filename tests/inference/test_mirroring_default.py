@@ -34,4 +34,4 @@ def test_prediction_mirrors_as_the_checkpoint_validated_unless_asked(tmp_path: P
                                                                      mirrored: tuple[int, ...]) -> None:
     net = load_model(_checkpoint(tmp_path, validated))
     inferer = Inferer(net, InferenceConfig(device="cpu", tta=asked, progress=False))
-    assert inferer.window["mirror_axes"] == mirrored
+    assert inferer.window.mirror_axes == mirrored

@@ -21,7 +21,7 @@ from medseg.inference.inferer import Inferer, Prediction, original_affine
 from medseg.inference.model import load_model
 from medseg.inference.predict import predict
 from medseg.inference.resample_back import Grids, back_to_file
-from medseg.inference.sliding_window import infer_slabs
+from medseg.inference.sliding_window import SlidingWindow, infer_slabs
 from medseg.models import SlottedUNet
 from tests.helpers.checkpoints import save_test_checkpoint
 from tests.helpers.volumes import oblique_volume, restore
@@ -41,13 +41,13 @@ def test_slabs_equal_the_whole_volume(spatial_dims: int, shape: tuple[int, int, 
     torch.manual_seed(0)
     model = SlottedUNet(spatial_dims, 1, 3, channels=(4, 8), strides=(2,)).eval()
     image = torch.randn(1, 1, *shape)
-    options = {"overlap": 0.5, "mirror_axes": mirror_axes, "activation": activation, "skip_constant": False}
+    window = SlidingWindow(ROI[spatial_dims], spatial_dims, SLICE_AXIS, overlap=0.5, mirror_axes=mirror_axes,
+                           activation=activation, skip_constant=False)
     for axis in range(3):
-        ((start, whole),) = infer_slabs(model, image, ROI[spatial_dims], spatial_dims, SLICE_AXIS, axis=axis, **options)
+        ((start, whole),) = infer_slabs(model, image, window, axis=axis)
         assert start == 0 and whole.shape == (1, 3, *shape)
         for slab in (1, 3, 4):  # 3 and 4 divide none of the lengths
-            slabs = list(infer_slabs(model, image, ROI[spatial_dims], spatial_dims, SLICE_AXIS, axis=axis, slab=slab,
-                                     **options))
+            slabs = list(infer_slabs(model, image, window, axis=axis, slab=slab))
             starts = [start for start, _ in slabs]
             assert starts == sorted(starts) and starts[0] == 0
             assert all(part.shape[axis + 2] <= slab for _, part in slabs)
@@ -63,7 +63,7 @@ def test_a_slab_stream_left_unfinished_leaves_autograd_on() -> None:
     """The network runs without autograd, but the stream does not hold that switch across its slabs: a caller that
     stops early (or trains next) still computes gradients."""
     model = SlottedUNet(3, 1, 3, channels=(4, 8), strides=(2,)).eval()
-    slabs = infer_slabs(model, torch.randn(1, 1, 20, 20, 20), ROI[3], 3, SLICE_AXIS, slab=2)
+    slabs = infer_slabs(model, torch.randn(1, 1, 20, 20, 20), SlidingWindow(ROI[3], 3, SLICE_AXIS), slab=2)
     _, first = next(slabs)
     assert torch.is_grad_enabled() and not first.requires_grad
 
