@@ -1,10 +1,11 @@
 """The command line: ``medseg <command> [arguments]``, and the commands behind ``scripts/*.py``.
 
-Each command is one function that reads ``sys.argv`` as its script does and returns the exit code;
-``scripts/<command>.py`` calls it, and so does ``medseg <command>`` (:func:`main`, the ``medseg`` entry point of
-``pyproject.toml``), so both take the same arguments. The Hydra commands (train, predict, evaluate, crossval,
-export, visualize, plan, check-data) take ``key=value`` overrides, ``--help``, ``--cfg job`` and ``-m`` on the configs
-of :data:`medseg.hydra_config.CONFIG_DIR`; compare and summarize parse their arguments with argparse. (The benchmarks
+The commands are one table, :data:`COMMANDS`: each reads ``sys.argv`` and returns the exit code. ``medseg <command>``
+(:func:`main`, the ``medseg`` entry point of ``pyproject.toml``) runs it, and so does ``scripts/<command>.py``
+(:func:`run_command`, one line), so both take the same arguments. The Hydra commands (:class:`HydraCommand`: train,
+predict, evaluate, crossval, export, visualize, plan, check-data) take ``key=value`` overrides, ``--help``, ``--cfg
+job`` and ``-m`` on the configs of :data:`medseg.hydra_config.CONFIG_DIR`; compare and summarize parse their arguments
+with argparse. (The benchmarks
 and the GPU check are no commands of the package: they run from a clone, ``scripts/benchmark.py`` and
 ``scripts/gpu_check.py``.)
 
@@ -16,25 +17,18 @@ from __future__ import annotations
 
 import argparse
 import difflib
+import importlib
 import math
 import sys
 from collections.abc import Callable, Sequence
+from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 import hydra
 from omegaconf import DictConfig
 
 from medseg.cli import one_line_errors, run
-from medseg.config import (
-    CheckDataConfig,
-    CrossvalConfig,
-    EvaluateConfig,
-    ExportConfig,
-    PlanCommandConfig,
-    PredictConfig,
-    TrainConfig,
-    VisualizeConfig,
-)
+from medseg.config import SCHEMAS, CheckDataConfig, PlanCommandConfig
 from medseg.errors import MedsegError
 from medseg.hydra_config import CONFIG_DIR
 from medseg.runtime.launch import hydra_rank_overrides
@@ -47,129 +41,65 @@ if TYPE_CHECKING:
 DATA_EXAMPLE = " (e.g. data=msd data.root=/path/to/Task09_Spleen)"
 
 
-def hydra_main(config_name: str) -> Callable[[Callable[[DictConfig], object]], Callable[[], object]]:
-    """``@hydra.main`` on ``medseg/configs/<config_name>.yaml``."""
-    return hydra.main(version_base="1.3", config_path=str(CONFIG_DIR), config_name=config_name)
+def lazy(module: str, name: str) -> Callable[[DictConfig], object]:
+    """The function ``name`` of ``module``, imported when it is called: torch and MONAI load only when a job runs."""
+
+    def call(cfg: DictConfig) -> object:
+        return getattr(importlib.import_module(module), name)(cfg)
+
+    return call
 
 
-# --------------------------------------------------------------------------------------------- Hydra commands
-
-
-@hydra_main("train")
-@one_line_errors
-def _train(cfg: DictConfig) -> float:
-    from medseg.training.run import train_cli  # torch and MONAI load only when a job runs
-
-    return train_cli(cfg)
-
-
-def train() -> int:
-    """Train a segmentation model (key=value overrides; -m sweeps)."""
-    sys.argv += hydra_rank_overrides()  # torchrun ranks > 0 write no run directory of their own
-    return run(_train, TrainConfig)
-
-
-@hydra_main("predict")
-@one_line_errors
-def _predict(cfg: DictConfig) -> None:
-    from medseg.inference.predict import predict_cli
-
-    code = predict_cli(cfg)
-    if code:
-        sys.exit(code)
-
-
-def predict() -> int:
-    """Segment a folder, a series or a dataset split with a checkpoint or an ensemble (no labels needed)."""
-    return run(_predict, PredictConfig)
-
-
-@hydra_main("evaluate")
-@one_line_errors
-def _evaluate(cfg: DictConfig) -> None:
-    from medseg.evaluation.evaluate import evaluate_cli
-
-    code = evaluate_cli(cfg)
-    if code:
-        sys.exit(code)
-
-
-def evaluate() -> int:
-    """Score segmentations against labels: a checkpoint's predictions, or a folder made by any tool (pred=DIR)."""
-    return run(_evaluate, EvaluateConfig)
-
-
-@hydra_main("crossval")
-@one_line_errors
-def _crossval(cfg: DictConfig) -> None:
-    from medseg.evaluation.crossval import crossval_cli
-
-    code = crossval_cli(cfg)
-    if code:
-        sys.exit(code)
-
-
-def crossval() -> int:
-    """Score a multirun of folds on its out-of-fold predictions; decide the postprocessing (DIR or dir=DIR)."""
-    if len(sys.argv) > 1 and "=" not in sys.argv[1] and not sys.argv[1].startswith("-"):
-        sys.argv[1] = f"dir={sys.argv[1]}"  # the multirun folder may come first, without its key
-    return run(_crossval, CrossvalConfig)
-
-
-@hydra_main("export")
-@one_line_errors
-def _export(cfg: DictConfig) -> None:
-    from medseg.export import export_cli
-
-    export_cli(cfg)
-
-
-def export() -> int:
-    """Export a checkpoint to ONNX or TorchScript with its preprocessing.json."""
-    return run(_export, ExportConfig)
-
-
-@hydra_main("visualize")
-@one_line_errors
-def _visualize(cfg: DictConfig) -> None:
-    from medseg.visualize import visualize_cli
-
-    visualize_cli(cfg)
-
-
-def visualize() -> int:
-    """Write the attention maps of one voxel in every attention slot of a checkpoint."""
-    return run(_visualize, VisualizeConfig)
-
-
-@hydra_main("plan")
-@one_line_errors
 def _plan(cfg: DictConfig) -> None:
     from medseg.planning.report import plan_report  # numpy and nibabel load only when a job runs
 
-    settings = to_typed(PlanCommandConfig, cfg, context=DATA_EXAMPLE)
-    print(plan_report(settings))
+    print(plan_report(to_typed(PlanCommandConfig, cfg, context=DATA_EXAMPLE)))
 
 
-def plan() -> int:
-    """Print a dataset's fingerprint and the automatic plan."""
-    return run(_plan, PlanCommandConfig)
-
-
-@hydra_main("check_data")
-@one_line_errors
-def _check_data(cfg: DictConfig) -> None:
+def _check_data(cfg: DictConfig) -> int:
     from medseg.data.verify import check_data_cli
 
     settings = to_typed(CheckDataConfig, cfg, context=DATA_EXAMPLE)
-    code = check_data_cli(settings.data, progress=settings.progress)
-    if code:
-        sys.exit(code)
+    return check_data_cli(settings.data, progress=settings.progress)
 
 
-def check_data() -> int:
-    """Verify every case of a dataset and report all problems (exit 1 on any error)."""
-    return run(_check_data, CheckDataConfig)
+def _rank_overrides(argv: list[str]) -> None:
+    argv += hydra_rank_overrides()  # torchrun ranks > 0 write no run directory of their own
+
+
+def _folder_first(argv: list[str]) -> None:
+    if len(argv) > 1 and "=" not in argv[1] and not argv[1].startswith("-"):
+        argv[1] = f"dir={argv[1]}"  # the multirun folder may come first, without its key
+
+
+@dataclass(frozen=True)
+class HydraCommand:
+    """A command on a config of :data:`~medseg.hydra_config.CONFIG_DIR`: ``key=value`` overrides, ``--help``,
+    ``--cfg job`` and ``-m``, checked against its schema (:func:`medseg.cli.run`) before Hydra runs ``job``."""
+
+    config: str
+    """The config's name (``medseg/configs/<config>.yaml``), its schema's in :data:`~medseg.config.SCHEMAS`."""
+    job: Callable[[DictConfig], object]
+    """Run on the composed config: its value is Hydra's (training's best Dice, a sweeper's objective); a non-zero
+    int is the exit code."""
+    summary: str
+    """``medseg --help``'s line."""
+    argv: Callable[[list[str]], None] | None = None
+    """Rewrites ``sys.argv`` before Hydra reads it."""
+
+    def __call__(self) -> int:
+        if self.argv is not None:
+            self.argv(sys.argv)
+
+        @hydra.main(version_base="1.3", config_path=str(CONFIG_DIR), config_name=self.config)
+        @one_line_errors
+        def task(cfg: DictConfig) -> object:
+            result = self.job(cfg)
+            if type(result) is int and result:
+                sys.exit(result)
+            return result
+
+        return run(task, SCHEMAS[self.config])
 
 
 # --------------------------------------------------------------------------------------------- argparse commands
@@ -274,16 +204,44 @@ def summarize(argv: Sequence[str] | None = None) -> int:
 # --------------------------------------------------------------------------------------------- medseg <command>
 
 COMMANDS: dict[str, Callable[[], int]] = {
-    "train": train, "predict": predict, "evaluate": evaluate, "crossval": crossval, "compare": compare,
-    "export": export, "visualize": visualize, "plan": plan, "check-data": check_data, "summarize": summarize,
+    "train": HydraCommand("train", lazy("medseg.training.run", "train_cli"),
+                          "Train a segmentation model (key=value overrides; -m sweeps).", _rank_overrides),
+    "predict": HydraCommand("predict", lazy("medseg.inference.predict", "predict_cli"),
+                            "Segment a folder, a series or a dataset split with a checkpoint or an ensemble (no labels "
+                            "needed)."),
+    "evaluate": HydraCommand("evaluate", lazy("medseg.evaluation.evaluate", "evaluate_cli"),
+                             "Score segmentations against labels: a checkpoint's predictions, or a folder made by any "
+                             "tool (pred=DIR)."),
+    "crossval": HydraCommand("crossval", lazy("medseg.evaluation.crossval", "crossval_cli"),
+                             "Score a multirun of folds on its out-of-fold predictions; decide the postprocessing (DIR "
+                             "or dir=DIR).", _folder_first),
+    "compare": compare,
+    "export": HydraCommand("export", lazy("medseg.export", "export_cli"),
+                           "Export a checkpoint to ONNX or TorchScript with its preprocessing.json."),
+    "visualize": HydraCommand("visualize", lazy("medseg.visualize", "visualize_cli"),
+                              "Write the attention maps of one voxel in every attention slot of a checkpoint."),
+    "plan": HydraCommand("plan", _plan, "Print a dataset's fingerprint and the automatic plan."),
+    "check-data": HydraCommand("check_data", _check_data,
+                               "Verify every case of a dataset and report all problems (exit 1 on any error)."),
+    "summarize": summarize,
 }
 """``medseg <name>`` -> its command; ``scripts/<name with _ for ->.py`` runs the same one."""
+
+
+def summary(command: Callable[[], int]) -> str:
+    """A command's line in ``medseg --help``: a :class:`HydraCommand`'s summary, else its docstring's first line."""
+    return command.summary if isinstance(command, HydraCommand) else (command.__doc__ or "").splitlines()[0]
+
+
+def run_command(name: str) -> int:
+    """``scripts/<name>.py``: the command ``name`` on the script's own command line."""
+    return COMMANDS[name]()
 
 
 def usage() -> str:
     """``medseg --help``: every command with the first line of its docstring."""
     width = max(map(len, COMMANDS))
-    lines = [f"  {name:<{width}}  {(command.__doc__ or '').splitlines()[0]}" for name, command in COMMANDS.items()]
+    lines = [f"  {name:<{width}}  {summary(command)}" for name, command in COMMANDS.items()]
     return ("usage: medseg <command> [arguments]\n\n"
             "The commands take the same arguments as scripts/<command>.py: `medseg <command> --help` lists them.\n\n"
             "commands:\n" + "\n".join(lines) + "\n\noptions:\n  -h, --help  this list\n  --version   medseg's version")

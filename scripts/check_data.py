@@ -6,7 +6,7 @@ prints one report of all problems. Exit code 0 when the dataset has no errors, 1
 
 import sys
 
-from medseg.commands import check_data
+from medseg.commands import run_command
 
 if __name__ == "__main__":
-    sys.exit(check_data())  # `medseg check-data` runs the same command
+    sys.exit(run_command("check-data"))  # `medseg check-data` runs the same command

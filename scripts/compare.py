@@ -5,7 +5,7 @@
 
 import sys
 
-from medseg.commands import compare
+from medseg.commands import run_command
 
 if __name__ == "__main__":
-    sys.exit(compare())  # `medseg compare` runs the same command
+    sys.exit(run_command("compare"))  # `medseg compare` runs the same command

@@ -7,7 +7,7 @@ decided on them (DIR/crossval/postprocessing.json). Exit code 0, or 1 when a cas
 
 import sys
 
-from medseg.commands import crossval
+from medseg.commands import run_command
 
 if __name__ == "__main__":
-    sys.exit(crossval())  # `medseg crossval` runs the same command
+    sys.exit(run_command("crossval"))  # `medseg crossval` runs the same command

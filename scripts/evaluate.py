@@ -9,7 +9,7 @@ checkpoint, input or predictions are unusable.
 
 import sys
 
-from medseg.commands import evaluate
+from medseg.commands import run_command
 
 if __name__ == "__main__":
-    sys.exit(evaluate())  # `medseg evaluate` runs the same command
+    sys.exit(run_command("evaluate"))  # `medseg evaluate` runs the same command

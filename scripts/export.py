@@ -7,7 +7,7 @@ runtime or the export fails.
 
 import sys
 
-from medseg.commands import export
+from medseg.commands import run_command
 
 if __name__ == "__main__":
-    sys.exit(export())  # `medseg export` runs the same command
+    sys.exit(run_command("export"))  # `medseg export` runs the same command

@@ -6,7 +6,7 @@ config errors print one line and exit with status 1.
 
 import sys
 
-from medseg.commands import plan
+from medseg.commands import run_command
 
 if __name__ == "__main__":
-    sys.exit(plan())  # `medseg plan` runs the same command
+    sys.exit(run_command("plan"))  # `medseg plan` runs the same command

@@ -7,7 +7,7 @@ failed or the checkpoint/input is unusable. ``scripts/evaluate.py`` scores predi
 
 import sys
 
-from medseg.commands import predict
+from medseg.commands import run_command
 
 if __name__ == "__main__":
-    sys.exit(predict())  # `medseg predict` runs the same command
+    sys.exit(run_command("predict"))  # `medseg predict` runs the same command

@@ -7,7 +7,7 @@ or one that was interrupted.
 
 import sys
 
-from medseg.commands import summarize
+from medseg.commands import run_command
 
 if __name__ == "__main__":
-    sys.exit(summarize())  # `medseg summarize` runs the same command
+    sys.exit(run_command("summarize"))  # `medseg summarize` runs the same command

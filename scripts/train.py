@@ -2,7 +2,7 @@
 
 import sys
 
-from medseg.commands import train
+from medseg.commands import run_command
 
 if __name__ == "__main__":
-    sys.exit(train())  # `medseg train` runs the same command
+    sys.exit(run_command("train"))  # `medseg train` runs the same command

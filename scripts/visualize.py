@@ -8,7 +8,7 @@ input's grid. Exit code 1 with one line for a bad checkpoint, input, point, slot
 
 import sys
 
-from medseg.commands import visualize
+from medseg.commands import run_command
 
 if __name__ == "__main__":
-    sys.exit(visualize())  # `medseg visualize` runs the same command
+    sys.exit(run_command("visualize"))  # `medseg visualize` runs the same command

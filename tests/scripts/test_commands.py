@@ -33,10 +33,9 @@ def entry_point(*args: str, importtime: bool = False) -> subprocess.CompletedPro
 def test_every_command_is_a_script_and_every_script_a_command() -> None:
     scripts = {path.name for path in (REPO / "scripts").glob("*.py")} - UPKEEP
     assert scripts == {name.replace("-", "_") + ".py" for name in COMMANDS}
-    for name, command in COMMANDS.items():
+    for name in COMMANDS:
         source = (REPO / "scripts" / (name.replace("-", "_") + ".py")).read_text()
-        assert f"from medseg.commands import {command.__name__}\n" in source, name
-        assert f"sys.exit({command.__name__}())" in source, name
+        assert f'sys.exit(run_command("{name}"))' in source, name
 
 
 def test_help_lists_every_command() -> None:
