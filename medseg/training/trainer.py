@@ -53,6 +53,7 @@ from medseg.training.loop import GracefulStop, replay
 from medseg.training.losses import build_loss, named_class_weights
 from medseg.training.nnunet_start import nnunet_start, read_val_cases, start_from_nnunet
 from medseg.training.prepare import PreparedData
+from medseg.training.progress import PROGRESS_KEYS, Progress
 from medseg.training.pseudo_dice import moving_average, pseudo_dice
 from medseg.training.tensorboard import TensorBoardLogger
 from medseg.training.validation import ValidationResult, validate
@@ -71,9 +72,7 @@ def epoch_seed(seed: int, epoch: int) -> int:
     return (seed * 1_000_003 + epoch * 7919) % 2**31
 
 
-RESUMED_KEYS = (*MODEL_KEYS, "optimizer", "scheduler", "epoch", "step", "epoch_losses", "nonfinite_streak",
-                "torch_rng", "cuda_rng", "best_metric", "best_epoch", "best_per_class", "history", "nonfinite_total",
-                "train_seconds")
+RESUMED_KEYS = (*MODEL_KEYS, "optimizer", "scheduler", "step", "torch_rng", "cuda_rng", *PROGRESS_KEYS)
 """The entries of :meth:`Trainer.state` a resume cannot do without (the AMP scaler's state can: a fresh one)."""
 
 
@@ -160,31 +159,27 @@ class TrainStep:
         return loss.item()
 
 
-class NonFiniteSteps:
-    """The non-finite policy: a skipped step is logged and counted; ``limit`` in a row stop training."""
+def count_nonfinite(progress: Progress, loss: float | None, step: int, limit: int, last_checkpoint: Path) -> None:
+    """The non-finite policy: a skipped step (``loss`` None) of ``step`` is logged and counted in ``progress``;
+    ``limit`` in a row stop training.
 
-    def __init__(self, limit: int) -> None:
-        self.limit, self.streak, self.total = limit, 0, 0
-
-    def record(self, loss: float | None, epoch: int, step: int, last_checkpoint: Path) -> None:
-        """Count ``loss`` (None: a skipped step) of ``step`` in ``epoch`` (0-based).
-
-        Raises:
-            TrainingError: ``limit`` skipped steps in a row; the message names the last good checkpoint.
-        """
-        if loss is not None:
-            self.streak = 0
-            return
-        self.streak += 1
-        self.total += 1
-        log.warning("non-finite loss or gradient at epoch %d step %d: step skipped (%d in a row)",
-                    epoch + 1, step, self.streak)
-        if self.streak >= self.limit:
-            saved = str(last_checkpoint) if last_checkpoint.is_file() else "none yet (no epoch completed)"
-            raise TrainingError(
-                f"the loss or gradient was non-finite for {self.streak} steps in a row at epoch {epoch + 1}; "
-                f"stopping. Last good checkpoint: {saved}. Lower trainer.lr, set trainer.grad_clip, or check "
-                f"the data (scripts/check_data.py).")
+    Raises:
+        TrainingError: ``limit`` skipped steps in a row; the message names the last good checkpoint.
+    """
+    if loss is not None:
+        progress.nonfinite_streak = 0
+        return
+    progress.nonfinite_streak += 1
+    progress.nonfinite_total += 1
+    epoch = progress.epoch + 1
+    log.warning("non-finite loss or gradient at epoch %d step %d: step skipped (%d in a row)", epoch, step,
+                progress.nonfinite_streak)
+    if progress.nonfinite_streak >= limit:
+        saved = str(last_checkpoint) if last_checkpoint.is_file() else "none yet (no epoch completed)"
+        raise TrainingError(
+            f"the loss or gradient was non-finite for {progress.nonfinite_streak} steps in a row at epoch {epoch}; "
+            f"stopping. Last good checkpoint: {saved}. Lower trainer.lr, set trainer.grad_clip, or check the data "
+            f"(scripts/check_data.py).")
 
 
 class Trainer:
@@ -217,22 +212,13 @@ class Trainer:
             weights = self.loss["class_weights"]
             log.info("loss %s; class weights %s", self.loss["name"],
                      ", ".join(f"{name} {w:.3g}" for name, w in weights.items()) if weights else "none")
-        self.nonfinite = NonFiniteSteps(self.trainer.max_nonfinite_steps)
         minutes = self.trainer.max_minutes
         self.budget = None if minutes is None else TimeBudget(60.0 * minutes, self.trainer.max_epochs)
-        self.epoch, self.start_step = 0, 0
-        self.best_dice, self.best_epoch, self.best_per_class = -1.0, -1, {}
-        self.pseudo_ema: float | None = None  # trainer.val_iterations: the moving average of the pseudo-Dice
-        self.best_ema = -1.0  # and its best, whose weights best.pt holds
-        self.history: list[dict[str, Any]] = []
-        self.epoch_losses: list[float] = []  # finite losses of the current epoch so far
-        self.train_seconds = 0.0
-        self.step_seconds, self.steps_run = 0.0, 0  # the training steps' time (validation excluded) and count
+        self.progress = Progress()
+        self.start_step = 0  # > 0: the step a mid-epoch resume goes on from
         self.run_started = time.perf_counter() if run_started is None else run_started
-        self.wall_before = 0.0  # wall time of the processes this run was resumed from, up to their checkpoint
         self.resume_rng: dict[str, torch.Tensor | None] | None = None
         self.saved_last: str | None = None  # the epoch (and step) last.pt holds, for the message of a failed save
-        self.started_from: str | None = None  # trainer.init_from: the weights the run started from, in words
         self.tb = TensorBoardLogger(self.layout.tensorboard) if dist.is_main else None
 
     # --- the loop ----------------------------------------------------------------------------
@@ -240,29 +226,28 @@ class Trainer:
         """Train to ``max_epochs`` (from a resumed epoch if any); returns the metrics written to metrics.json."""
         reset_peak_memory(self.device)
         with GracefulStop(self.dist, self.device, str(self.layout.last_checkpoint)) as stop, self.tb or nullcontext():
-            while self.epoch < self.trainer.max_epochs:
+            while self.progress.epoch < self.trainer.max_epochs:
                 started, steps = time.perf_counter(), len(self.data.train_loader) - self.start_step
-                record = {"epoch": self.epoch + 1, "loss": self.train_epoch(stop),
+                record = {"epoch": self.progress.epoch + 1, "loss": self.train_epoch(stop),
                           "lr": self.optimizer.param_groups[0]["lr"], "steps": len(self.data.train_loader)}
                 self.scheduler.step()
-                self.epoch += 1  # from here on, the number of completed epochs
+                self.progress.epoch += 1  # from here on, the number of completed epochs
                 trained = time.perf_counter() - started
-                self.step_seconds, self.steps_run = self.step_seconds + trained, self.steps_run + steps
+                self.progress.step_seconds += trained
+                self.progress.steps_run += steps
                 self.stop_if_budget_spent(trained)
-                first_of_budget = self.budget is not None and self.epoch == 1  # timed with its validation
                 if self.data.val_patch_loader is not None:
                     record.update(self.validate_patches())
-                if self.full_validation_due() or first_of_budget:
+                if self.full_validation_due():
                     record.update(self.validate())
-                self.train_seconds += time.perf_counter() - started
-                record["train_seconds"] = round(self.train_seconds, 2)  # so far: the curve of val Dice over time
-                if first_of_budget:
-                    self.fit_schedule_to_budget(time.perf_counter() - started, trained)
-                self.history.append(record)
+                self.progress.train_seconds += time.perf_counter() - started
+                record["train_seconds"] = round(self.progress.train_seconds, 2)  # so far: val Dice over time
+                self.fit_schedule_to_budget(time.perf_counter() - started, trained)
+                self.progress.history.append(record)
                 self.save(self.layout.last_checkpoint)
                 self.log_epoch(record)
                 if stop.requested():
-                    if self.epoch < self.trainer.max_epochs:
+                    if self.progress.epoch < self.trainer.max_epochs:
                         self.interrupt(stop, step=0)
                     elif self.dist.is_main:  # trained, validated and saved: the record takes no time to finish
                         log.warning("received %s during the last epoch: finishing the run's record", stop.name)
@@ -273,9 +258,9 @@ class Trainer:
         self.model.train()
         self.seed_epoch()
         if not self.start_step:
-            self.epoch_losses, self.nonfinite.streak = [], 0
+            self.progress.epoch_losses, self.progress.nonfinite_streak = [], 0
         bar = tqdm(total=len(self.data.train_loader), initial=self.start_step, leave=False, dynamic_ncols=True,
-                   desc=f"epoch {self.epoch + 1}/{self.trainer.max_epochs}",
+                   desc=f"epoch {self.progress.epoch + 1}/{self.trainer.max_epochs}",
                    disable=not (self.trainer.progress and self.dist.is_main))
         for step, batch in replay(self.data.train_loader, self.start_step, self.restore_rng):
             image, label = batch["image"], batch["label"]
@@ -283,64 +268,70 @@ class Trainer:
                 image, label = self.data.batch_augment(image.to(self.device, non_blocking=True),
                                                        label.to(self.device, non_blocking=True), batch[DRAWS])
             loss = self.step(image, label)
-            self.nonfinite.record(loss, self.epoch, step, self.layout.last_checkpoint)
+            count_nonfinite(self.progress, loss, step, self.trainer.max_nonfinite_steps, self.layout.last_checkpoint)
             if loss is not None:
-                self.epoch_losses.append(loss)
+                self.progress.epoch_losses.append(loss)
                 bar.set_postfix(loss=f"{loss:.4f}")
             bar.update()
             if stop.requested():
                 self.interrupt(stop, step + 1)
         bar.close()
         self.start_step, self.resume_rng = 0, None
-        mean = float(np.mean(self.epoch_losses)) if self.epoch_losses else math.nan
+        mean = float(np.mean(self.progress.epoch_losses)) if self.progress.epoch_losses else math.nan
         return float(np.mean([m for m in gather_objects(mean, self.dist) if not math.isnan(m)] or [mean]))
 
     def seed_epoch(self) -> None:
         """Reseed torch, numpy and the transforms for this epoch (per rank under DDP, still from ``(seed, epoch)``)."""
-        seed = epoch_seed(self.trainer.seed, self.epoch)
+        seed = epoch_seed(self.trainer.seed, self.progress.epoch)
         seed_everything(seed)
         set_rnd(self.data.train_dataset, seed + self.dist.rank)
 
     def full_validation_due(self) -> bool:
-        """Whether this epoch (``self.epoch`` completed) predicts the validation volumes whole: every
-        ``trainer.val_every`` epochs (never with null) and the last one."""
-        every = self.trainer.val_every
-        return self.epoch == self.trainer.max_epochs or bool(every and self.epoch % every == 0)
+        """Whether this epoch (``self.progress.epoch`` completed) predicts the validation volumes whole: every
+        ``trainer.val_every`` epochs (never with null), the last one, and under ``trainer.max_minutes`` the first (the
+        budget times an epoch with its validation)."""
+        every, epoch = self.trainer.val_every, self.progress.epoch
+        return (epoch == self.trainer.max_epochs or bool(every and epoch % every == 0)
+                or (self.budget is not None and epoch == 1))
 
     def validate_patches(self) -> dict[str, Any]:
         """``trainer.val_iterations``: the pseudo-Dice of this epoch's validation patches and its moving average;
         ``best.pt`` when the average beats every earlier one (nnU-Net's checkpoint_best); the record entries."""
-        set_rnd(self.data.val_patch_loader.dataset, epoch_seed(self.trainer.seed, self.epoch) + self.dist.rank)
+        set_rnd(self.data.val_patch_loader.dataset,
+                epoch_seed(self.trainer.seed, self.progress.epoch) + self.dist.rank)
         result = pseudo_dice(self.model, self.data.val_patch_loader, self.data.info.label_spec, self.device,
                              amp_dtype(self.trainer.precision, self.device), self.dist)
-        self.pseudo_ema = moving_average(self.pseudo_ema, result.dice)
-        if self.pseudo_ema > self.best_ema:
-            self.best_ema, self.best_epoch = self.pseudo_ema, self.epoch
+        self.progress.pseudo_dice_ema = moving_average(self.progress.pseudo_dice_ema, result.dice)
+        if self.progress.pseudo_dice_ema > self.progress.best_pseudo_dice_ema:
+            self.progress.best_pseudo_dice_ema = self.progress.pseudo_dice_ema
+            self.progress.best_epoch = self.progress.epoch
             self.save(self.layout.best_checkpoint)
-        return {"pseudo_dice": result.dice, "pseudo_dice_ema": self.pseudo_ema,
+        return {"pseudo_dice": result.dice, "pseudo_dice_ema": self.progress.pseudo_dice_ema,
                 "pseudo_dice_per_class": result.per_class}
 
     def validate(self) -> dict[str, Any]:
         """Predict the validation volumes whole; the record entries. Without the pseudo-Dice, keep ``best.pt`` when
         the mean foreground Dice beats every earlier one. With it (which chose ``best.pt``), the last epoch validates
         ``best.pt``'s weights, whose Dice the run reports, and the earlier ones the current weights."""
-        chosen_by_patches = self.data.val_patch_loader is not None and self.best_ema >= 0
-        if chosen_by_patches and self.epoch == self.trainer.max_epochs:
+        chosen_by_patches = self.data.val_patch_loader is not None and self.progress.best_pseudo_dice_ema >= 0
+        if chosen_by_patches and self.progress.epoch == self.trainer.max_epochs:
             result = self.validate_weights(self.layout.best_checkpoint)
-            self.best_dice, self.best_per_class = result.dice, result.per_class
+            self.progress.best_metric, self.progress.best_per_class = result.dice, result.per_class
         else:
             result = validate(self.model, self.data.val_dataset, self.data.window, self.cfg,
                               self.data.info.label_spec, self.device, self.dist)
         if self.tb is not None and result.overlay is not None and self.trainer.log_images:
-            self.tb.overlay("val/overlay", *result.overlay, axis=self.data.window.slice_axis, step=self.epoch)
-        if not chosen_by_patches and result.dice > self.best_dice:  # never replace best.pt with a worse model
-            self.best_dice, self.best_epoch, self.best_per_class = result.dice, self.epoch, result.per_class
+            self.tb.overlay("val/overlay", *result.overlay, axis=self.data.window.slice_axis,
+                            step=self.progress.epoch)
+        if not chosen_by_patches and result.dice > self.progress.best_metric:  # never replace best.pt with a worse one
+            self.progress.best_metric, self.progress.best_per_class = result.dice, result.per_class
+            self.progress.best_epoch = self.progress.epoch
             self.save(self.layout.best_checkpoint)
         record: dict[str, Any] = {"val_dice": result.dice, "val_dice_per_class": result.per_class}
         if self.tb is not None and self.trainer.attention_maps and len(self.data.val_dataset):
             record["attention_distance_mm"] = log_attention(
                 self.tb, self.model, self.data.val_dataset[0], self.data.window,
-                self.cfg.model.spatial_dims, self.cfg.data.spacing, self.device, self.epoch)
+                self.cfg.model.spatial_dims, self.cfg.data.spacing, self.device, self.progress.epoch)
         return record
 
     def validate_weights(self, path: Path) -> ValidationResult:
@@ -357,14 +348,15 @@ class Trainer:
     def stop_if_budget_spent(self, trained: float) -> None:
         """``trainer.max_minutes``: make this epoch (``trained`` seconds so far) the last when another would not fit."""
         if self.budget is not None and broadcast_object(  # rank 0 decides for all
-                self.budget.spent(self.train_seconds + trained, self.epoch), self.dist):
-            self.set_max_epochs(self.epoch)
+                self.budget.spent(self.progress.train_seconds + trained, self.progress.epoch), self.dist):
+            self.set_max_epochs(self.progress.epoch)
 
     def fit_schedule_to_budget(self, first_epoch: float, trained: float) -> None:
-        """After the first epoch (``first_epoch`` seconds with its validation, ``trained`` without): the epochs the
-        budget spans become ``max_epochs``, and the schedule spans them."""
-        assert self.budget is not None
-        if self.epoch < self.trainer.max_epochs:
+        """``trainer.max_minutes``, after the first epoch (``first_epoch`` seconds with its validation, ``trained``
+        without): the epochs the budget spans become ``max_epochs``, and the schedule spans them."""
+        if self.budget is None or self.progress.epoch != 1:
+            return
+        if self.progress.epoch < self.trainer.max_epochs:
             horizon = self.budget.horizon(first_epoch, trained, first_epoch - trained,
                                           self.trainer.val_every or self.trainer.max_epochs)
             self.set_max_epochs(broadcast_object(horizon, self.dist), reschedule=True)
@@ -378,7 +370,7 @@ class Trainer:
             for group in self.optimizer.param_groups:
                 group["lr"] = group["initial_lr"]
             self.scheduler = build_scheduler(self.optimizer, self.trainer)
-            for _ in range(self.epoch):
+            for _ in range(self.progress.epoch):
                 self.scheduler.step()
         if self.dist.is_main:
             log.info("trainer.max_minutes=%g: %d epoch(s) fit the budget", self.trainer.max_minutes, epochs)
@@ -387,7 +379,7 @@ class Trainer:
         """Save ``last.pt`` (mid-epoch at ``step`` > 0) and stop with :class:`TrainingInterrupted`."""
         path = self.save(self.layout.last_checkpoint, step=step)
         raise TrainingInterrupted(
-            f"stopped by {stop.name} at {saved_at(self.epoch, step)}; saved {path or 'last.pt (rank 0)'}. "
+            f"stopped by {stop.name} at {saved_at(self.progress.epoch, step)}; saved {path or 'last.pt (rank 0)'}. "
             f"Resume with the same overrides plus: hydra.run.dir={self.output_dir} trainer.resume=true",
             128 + stop.signum)
 
@@ -399,24 +391,10 @@ class Trainer:
             "optimizer": self.optimizer.state_dict(),
             "scheduler": self.scheduler.state_dict(),
             "scaler": self.step.scaler.state_dict(),
-            "epoch": self.epoch,
             "step": step,
-            "epoch_losses": list(self.epoch_losses) if step else [],
-            "nonfinite_streak": self.nonfinite.streak if step else 0,
             "torch_rng": torch.get_rng_state(),
             "cuda_rng": torch.cuda.get_rng_state(self.device) if self.device.type == "cuda" else None,
-            "best_metric": self.best_dice,
-            "best_epoch": self.best_epoch,
-            "best_per_class": self.best_per_class,
-            "pseudo_dice_ema": self.pseudo_ema,
-            "best_pseudo_dice_ema": self.best_ema,
-            "history": self.history,
-            "nonfinite_total": self.nonfinite.total,
-            "train_seconds": self.train_seconds,
-            "step_seconds": self.step_seconds,
-            "steps_run": self.steps_run,
-            "wall_seconds": self.wall_seconds(),
-            "started_from": self.started_from,
+            **self.progress.saved(step, self.wall_seconds()),
             "config": asdict(self.cfg),
             "loss": self.loss,
             "dataset": self.dataset_description(),
@@ -440,7 +418,7 @@ class Trainer:
             kept = f"last.pt of {self.saved_last} is intact" if self.saved_last else "no last.pt was saved yet"
             raise NoSpaceError(f"{err}; {kept}: free some space, then resume with trainer.resume=true") from None
         if path == self.layout.last_checkpoint:
-            self.saved_last = saved_at(self.epoch, step)
+            self.saved_last = saved_at(self.progress.epoch, step)
         return path
 
     def resume(self, path: Path) -> None:
@@ -456,22 +434,13 @@ class Trainer:
             self.step.scaler.load_state_dict(state["scaler"])
         elif self.step.scaler.is_enabled() and self.dist.is_main:
             log.info("%s holds no fp16 loss scale: it starts afresh (its first steps may be skipped)", path)
-        self.epoch, self.start_step = state["epoch"], state["step"]
-        self.best_dice, self.best_epoch = state["best_metric"], state["best_epoch"]
-        self.best_per_class, self.history = state["best_per_class"], state["history"]
-        self.pseudo_ema, self.best_ema = state.get("pseudo_dice_ema"), state.get("best_pseudo_dice_ema", -1.0)
-        self.nonfinite.total, self.nonfinite.streak = state["nonfinite_total"], state["nonfinite_streak"]
-        self.train_seconds, self.epoch_losses = state["train_seconds"], state["epoch_losses"]
-        # checkpoints written before these counters: the steps and wall time from here on, wall >= train time
-        self.step_seconds, self.steps_run = state.get("step_seconds", 0.0), state.get("steps_run", 0)
-        self.wall_before = state.get("wall_seconds", self.train_seconds)
-        self.started_from = state.get("started_from")
+        self.progress, self.start_step = Progress.restored(state), state["step"]
         self.resume_rng = {"torch": state["torch_rng"], "cuda": state["cuda_rng"]} if self.start_step else None
         if path.resolve() == self.layout.last_checkpoint.resolve():
-            self.saved_last = saved_at(self.epoch, self.start_step)
+            self.saved_last = saved_at(self.progress.epoch, self.start_step)
         if self.dist.is_main:
-            log.info("resumed from %s at %s (best val Dice %.4f)", path, saved_at(self.epoch, self.start_step),
-                     self.best_dice)
+            log.info("resumed from %s at %s (best val Dice %.4f)", path, saved_at(self.progress.epoch, self.start_step),
+                     self.progress.best_metric)
 
     def check_same_meaning(self, state: Mapping[str, Any], path: Path) -> None:
         """Refuse to resume checkpoint ``state`` (read from ``path``) when its weights mean something else in this run:
@@ -512,7 +481,7 @@ class Trainer:
                    else self.check_state_dict_fit(state["model"], path, outside))
         kept = [key for key in load_fitting_state(self.model, state["model"]) if not key.startswith(outside)]
         network.start_slots_as_identity(inserted)
-        self.started_from = str(path)
+        self.progress.started_from = str(path)
         if self.dist.is_main:
             layers = sorted({key.rsplit(".", 1)[0] for key in kept})
             log.info("initialised from %s (its weights only); re-initialised %d layer(s) of another shape%s: %s%s",
@@ -582,7 +551,7 @@ class Trainer:
         """
         val_cases = read_val_cases(self.layout.splits_file)
         start = start_from_nnunet(self.model, self.cfg, self.data.info, source, val_cases)
-        self.started_from = source.describe()
+        self.progress.started_from = source.describe()
         if self.dist.is_main:
             log.info("initialised from %s (its weights only): %s; started as the identity: %s; started afresh: %s; "
                      "%s", source.describe(), start.classes, ", ".join(start.identity_slots) or "no attention slot",
@@ -599,7 +568,7 @@ class Trainer:
     def wall_seconds(self) -> float:
         """The run's wall time so far: from its start, planning, data preparation and validation included (over
         resumes, the sum of each process's time up to its last checkpoint)."""
-        return self.wall_before + time.perf_counter() - self.run_started
+        return self.progress.wall_seconds + time.perf_counter() - self.run_started
 
     def log_epoch(self, record: dict[str, Any]) -> None:
         if not self.dist.is_main:
@@ -609,28 +578,30 @@ class Trainer:
             msg += f"  pseudo-Dice {record['pseudo_dice']:.4f} (average {record['pseudo_dice_ema']:.4f})"
         if "val_dice" in record:  # best.pt's Dice is known once a full validation scored it
             msg += f"  val Dice {record['val_dice']:.4f}"
-            msg += f" (best {self.best_dice:.4f} @ {self.best_epoch})" if self.best_dice >= 0 else ""
+            best = self.progress
+            msg += f" (best {best.best_metric:.4f} @ {best.best_epoch})" if best.best_metric >= 0 else ""
         log.info(msg)
         assert self.tb is not None
-        self.tb.scalars(record, nonfinite_steps=self.nonfinite.total)
+        self.tb.scalars(record, nonfinite_steps=self.progress.nonfinite_total)
 
     def metrics(self) -> dict[str, Any]:
         """The run's results, as written to ``metrics.json``."""
         return {
             "status": "completed",
-            "best_val_dice": self.best_dice,
-            "best_epoch": self.best_epoch,
-            "epochs": self.epoch,
-            "val_dice_per_class": self.best_per_class,
-            "train_seconds": round(self.train_seconds, 2),
+            "best_val_dice": self.progress.best_metric,
+            "best_epoch": self.progress.best_epoch,
+            "epochs": self.progress.epoch,
+            "val_dice_per_class": self.progress.best_per_class,
+            "train_seconds": round(self.progress.train_seconds, 2),
             "wall_seconds": round(self.wall_seconds(), 2),
-            "seconds_per_step": round(self.step_seconds / self.steps_run, 4) if self.steps_run else None,
+            "seconds_per_step": (round(self.progress.step_seconds / self.progress.steps_run, 4)
+                                 if self.progress.steps_run else None),
             "params": sum(p.numel() for p in unwrap_model(self.model).parameters()),
             "peak_memory_mb": round(peak_memory_mb(self.device), 1),
             "device": str(self.device),
-            "nonfinite_steps": self.nonfinite.total,
-            "started_from": self.started_from,
-            "history": self.history,
+            "nonfinite_steps": self.progress.nonfinite_total,
+            "started_from": self.progress.started_from,
+            "history": self.progress.history,
         }
 
     def finish(self, metrics: dict[str, Any], hparams: dict[str, Any]) -> None:

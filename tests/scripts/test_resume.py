@@ -53,8 +53,8 @@ def tracked_epoch(self, stop):
 
 def paused_train_step(self, image, label):
     trainer, stop = running["trainer"], running["stop"]
-    taken.append(trainer.epoch)
-    if trainer.epoch == epoch and taken.count(epoch) == step + 1:
+    taken.append(trainer.progress.epoch)
+    if trainer.progress.epoch == epoch and taken.count(epoch) == step + 1:
         ready.touch()
         deadline = time.monotonic() + 120
         while (mode == "hold" or not stop.signum) and time.monotonic() < deadline:
