@@ -10,7 +10,9 @@ from typing import Any
 
 import numpy as np
 
-from medseg.evaluation.compare import LESION_METRICS, METRICS, VOXEL_METRICS, Comparison, Ranking, Row, format_p
+from medseg.evaluation.compare import Comparison
+from medseg.evaluation.compare_settings import LESION_METRICS, METRICS, VOXEL_METRICS
+from medseg.evaluation.compare_stats import Ranking, Row, format_p
 from medseg.scoring.paired import BETTER, CONFIDENCE, NOT_MEASURABLE, WORSE
 
 VERDICT_COLOURS = {BETTER: "tab:green", WORSE: "tab:red"}

@@ -19,21 +19,10 @@ from typing import Any
 
 import numpy as np
 
-from medseg.evaluation.compare import (
-    CURVE,
-    DEFAULT_REFERENCE,
-    FOREGROUND,
-    LESION_METRICS,
-    METRICS,
-    Comparison,
-    Row,
-    Setting,
-    build_comparison,
-    format_interval,
-    format_p,
-    report_name,
-)
+from medseg.evaluation.compare import CURVE, DEFAULT_REFERENCE, Comparison, build_comparison, report_name
 from medseg.evaluation.compare_plots import render_curve, render_plot
+from medseg.evaluation.compare_settings import FOREGROUND, LESION_METRICS, METRICS, Setting
+from medseg.evaluation.compare_stats import Row, format_interval, format_p
 from medseg.evaluation.external import ExternalSource
 from medseg.io import atomic_write, atomic_write_json, atomic_write_text, json_safe
 from medseg.runs.folders import COMPUTE_KEYS, FLOPS_KEY

@@ -25,7 +25,9 @@ from pathlib import Path
 from typing import Any
 
 from medseg.errors import MedsegError
-from medseg.evaluation.compare import DEFAULT_REFERENCE, FOREGROUND, NEEDS_FOLDS, paired, read_settings, report_name
+from medseg.evaluation.compare import DEFAULT_REFERENCE, report_name
+from medseg.evaluation.compare_settings import FOREGROUND, NEEDS_FOLDS, read_settings
+from medseg.evaluation.compare_stats import paired
 from medseg.io import atomic_write, atomic_write_text
 from medseg.runs.folders import (
     COMPUTE_KEYS,

@@ -23,8 +23,9 @@ from scipy import ndimage
 from medseg.commands import compare
 from medseg.data.labels import LabelSpec
 from medseg.errors import ConfigError, DatasetError
-from medseg.evaluation.compare import FILES, FOREGROUND, build_comparison
+from medseg.evaluation.compare import FILES, build_comparison
 from medseg.evaluation.compare_plots import plot_panels
+from medseg.evaluation.compare_settings import FOREGROUND
 from medseg.runs.folders import FLOPS_KEY
 from medseg.scoring.detection import LESION_COLUMNS
 from medseg.scoring.paired import BETTER, NO_EVIDENCE, RESAMPLES, WORSE

@@ -17,8 +17,9 @@ import pytest
 from scipy import stats
 
 from medseg.commands import compare
-from medseg.evaluation.compare import FILES, FOREGROUND, build_comparison
+from medseg.evaluation.compare import FILES, build_comparison
 from medseg.evaluation.compare_report import ONE_SEED, compare_sweep
+from medseg.evaluation.compare_settings import FOREGROUND
 from medseg.scoring.paired import NO_EVIDENCE, NOT_MEASURABLE
 from medseg.scoring.power import WILCOXON_EFFICIENCY, z_sum
 from tests.helpers.sweeps import make_crossvalidated_sweep, metric_rows

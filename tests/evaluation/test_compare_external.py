@@ -20,7 +20,8 @@ import pytest
 
 from medseg.commands import compare
 from medseg.errors import ConfigError, DatasetError
-from medseg.evaluation.compare import FOREGROUND, build_comparison
+from medseg.evaluation.compare import build_comparison
+from medseg.evaluation.compare_settings import FOREGROUND
 from medseg.evaluation.crossval import cross_validate
 from medseg.evaluation.external import NNUNET, log_times, parse_source
 from medseg.scoring.paired import NO_EVIDENCE, WORSE
