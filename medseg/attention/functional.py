@@ -88,8 +88,8 @@ def _decay_bias(
 
 decay_bias = tensor_cache()(_decay_bias)
 """:func:`_decay_bias` for a whole grid, cached per (grid, scales, decays, device, dtype): training at a fixed
-patch size builds each slot's bias once. The cache keeps one model's worth (``GRID_CACHE_SIZE`` grids); the
-U-Net empties it when it builds a new model, and :func:`clear_cache` releases it."""
+patch size builds each slot's bias once. The cache keeps one model's worth (``GRID_CACHE_SIZE`` grids), the least
+recently used giving way, whichever model asks (models of the same grids share it); :func:`clear_cache` releases it."""
 
 
 def _check_tokens(q: torch.Tensor, spatial_shape: Sequence[int]) -> tuple[int, ...]:

@@ -28,7 +28,7 @@ from monai.networks.blocks.dynunet_block import get_conv_layer
 from monai.networks.layers.utils import get_act_layer, get_norm_layer
 from torch import nn
 
-from medseg.attention import SpatialAttention, build_transformer_block, functional
+from medseg.attention import SpatialAttention, build_transformer_block
 from medseg.attention.block import TransformerBlock
 from medseg.attention.common import dense_bias_bytes
 from medseg.errors import ConfigError
@@ -334,7 +334,6 @@ class SlottedUNet(nn.Module):
         self.encoder_blocks = encoder_block_counts(encoder_blocks, len(channels))
         self.decoder_convs = int(decoder_convs)
         self.stem, self.down = style.encoder(in_channels, channels, self.strides, self.encoder_blocks, conv)
-        functional.clear_cache()  # a new model: drop the cached attention tensors of earlier ones
         self.bottleneck = slots.build(bottleneck, num_levels, channels[num_levels], bottleneck_depth,
                                       "model.bottleneck")
         # up[i] takes level i+1 features to level i; decoder slot i follows it.

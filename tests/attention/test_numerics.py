@@ -88,7 +88,8 @@ def test_gamma_one_is_plain_attention_without_a_bias(op) -> None:
                                else reference.masa(q, k, v, shape, 1.0), rtol=1e-6, atol=1e-6)
 
 
-def test_bias_cache_keeps_one_models_grids_and_a_new_model_empties_it() -> None:
+def test_bias_cache_keeps_one_models_grids_and_building_a_model_leaves_it() -> None:
+    """The cache is bounded and shared: a model built beside a live one keeps the live one's biases."""
     functional.clear_cache()
     q = torch.randn(1, 1, 1, 4)
     for side in range(2, 4 + 2 * GRID_CACHE_SIZE):
@@ -96,6 +97,8 @@ def test_bias_cache_keeps_one_models_grids_and_a_new_model_empties_it() -> None:
         functional.masa(q.expand(1, 1, side, 4), q.expand(1, 1, side, 4), q.expand(1, 1, side, 4), grid, 0.9)
     assert functional.decay_bias.cache_info().currsize == GRID_CACHE_SIZE
     SlottedUNet(3, 1, 2, channels=(4, 8), strides=(2,), bottleneck="masa")
+    assert functional.decay_bias.cache_info().currsize == GRID_CACHE_SIZE
+    functional.clear_cache()
     assert functional.decay_bias.cache_info().currsize == 0
 
 
