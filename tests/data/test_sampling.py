@@ -160,6 +160,31 @@ def test_the_loader_tells_each_case_its_batch_places_count(monkeypatch: pytest.M
     assert [batch[IMAGE].shape[0] for batch in one_pass] == [3] and seen == nnunet_oversampled(3)
 
 
+@pytest.mark.parametrize("start", [(0, 0, 0), (-2, 3, -1), (20, 18, 15), (-3, -2, -4), (30, 1, 2)])
+def test_a_crop_is_monais_spatial_crop_then_border_pad(start: tuple[int, int, int]) -> None:
+    """Inside, partly outside (padded on either side) or wholly outside the case: the values and the affine of
+    MONAI's ``SpatialCrop`` followed by ``BorderPad``."""
+    volume = MetaTensor(torch.arange(2 * math.prod(SHAPE), dtype=torch.float32).reshape(2, *SHAPE),
+                        affine=torch.from_numpy(lps_affine((0.8, 0.7, 2.5), origin=(10.0, -5.0, 3.0))))
+    start_array, size = np.asarray(start), np.asarray(CROP)
+    low, high = np.clip(start_array, 0, SHAPE), np.clip(start_array + size, 0, SHAPE)
+    if (high > low).all():
+        inside = mt.SpatialCrop(roi_start=low.tolist(), roi_end=high.tolist())(volume)
+        border = [int(side) for pair in zip(low - start_array, start_array + size - high) for side in pair]
+        expected = mt.BorderPad(border)(inside) if any(border) else inside
+    else:  # nothing of the case: zeros, the affine moved as the crop's
+        expected = None
+    patch = cropper(1).crop(volume, start_array, index=3)
+    assert isinstance(patch, MetaTensor) and patch.shape == (2, *CROP) and patch.meta["patch_index"] == 3
+    if expected is None:
+        assert not patch.any()
+    else:
+        assert torch.equal(patch.as_tensor(), expected.as_tensor())
+        torch.testing.assert_close(patch.affine, expected.affine)
+    corner = volume.affine @ torch.tensor([*map(float, start), 1.0], dtype=volume.affine.dtype)
+    torch.testing.assert_close(patch.affine[:3, 3], corner[:3])
+
+
 def test_forced_crops_centre_their_classes_voxel() -> None:
     """Each forced crop holds its class at its centre voxel, or, clamped at the lower border, inside the network's
     patch (the crop's centre); near the upper border it reaches beyond the case, padded."""
