@@ -67,6 +67,7 @@ def _check_compiled_matches_eager(bottleneck: str, backend: str) -> None:
         torch.testing.assert_close(grad, eager_grads[name], atol=1e-3, rtol=1e-3, msg=name)
 
 
+@pytest.mark.full
 def test_compile_matches_eager_masa() -> None:
     torch._dynamo.reset()
     _check_compiled_matches_eager("masa", backend="aot_eager")

@@ -115,6 +115,7 @@ def parameters(node_id: str) -> set[str]:
     return set(re.split(r"[-\]]", node_id.partition("[")[2])) - {""}
 
 
+@pytest.mark.full
 def test_a_new_block_needs_no_other_edit(throwaway_block: str, tmp_path: Path) -> None:
     """docs/attention.md, "Add a new block": registered in its own file, a block is a valid value of both U-Net slots, a
     row of both benchmarks, trains in a U-Net, and every generic test runs it."""

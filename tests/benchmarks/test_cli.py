@@ -40,6 +40,7 @@ def test_a_broken_benchmark_breaks_only_itself(tmp_path: Path, monkeypatch: pyte
     assert exit_info.value.code == 0 and "--sw-batch-size" in capsys.readouterr().out
 
 
+@pytest.mark.full
 def test_gpu_is_the_gpu_check(tmp_path: Path) -> None:
     alias = run_script("benchmark.py", ["gpu", "--help"], cwd=tmp_path)
     check = run_script("gpu_check.py", ["--help"], cwd=tmp_path)

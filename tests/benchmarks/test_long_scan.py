@@ -10,6 +10,7 @@ from pathlib import Path
 
 import nibabel as nib
 import numpy as np
+import pytest
 
 from benchmarks.cli import main
 from benchmarks.long_scan import SCAN_SPACING, synthetic_ct, synthetic_labels
@@ -38,6 +39,7 @@ def test_the_synthetic_labels_cut_the_body_into_one_sector_per_class(tmp_path: P
         "counter-clockwise from -x: the first sector just below the -x axis, the last just above it")
 
 
+@pytest.mark.full
 def test_the_long_scan_benchmark_reports_peak_ram_per_length_and_the_whole_scans_agreement(tmp_path: Path) -> None:
     code = main(["long_scan", "--size", "48", "--slices", "9", "14", "--whole", "9", "--evaluate", "9",
                  "--classes", "4", "--patch", "32", "32", "16", "--channels", "4", "8", "--slab-slices", "2",

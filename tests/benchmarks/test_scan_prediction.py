@@ -14,6 +14,7 @@ from tests.helpers.checkpoints import save_test_checkpoint
 from tests.helpers.realistic import write_ct_mosaic
 
 
+@pytest.mark.full
 def test_the_scan_benchmark_times_each_stage_and_compares_every_setting_with_the_dense_one(tmp_path: Path) -> None:
     ckpt = save_test_checkpoint(tmp_path / "best.pt")
     image, label = write_ct_mosaic(tmp_path / "scan.nii.gz", tmp_path / "label.nii.gz", tiles=(3, 3, 1),
@@ -47,6 +48,7 @@ def test_the_scan_benchmark_refuses_unknown_settings() -> None:
         main(["scan_prediction", "--image", "x.nii.gz", "--ckpt", "x.pt", "--settings", "dense", "turbo"])
 
 
+@pytest.mark.full
 def test_the_int8_setting_is_calibrated_on_the_training_cases_and_compared_with_the_dense_one(
         tiny_demo_root: Path, tmp_path: Path) -> None:
     pytest.importorskip("openvino")
@@ -61,6 +63,7 @@ def test_the_int8_setting_is_calibrated_on_the_training_cases_and_compared_with_
     assert (tmp_path / "run" / "openvino_int8").is_dir()  # calibrated on the checkpoint's training cases, cached
 
 
+@pytest.mark.full
 def test_nnunets_predictor_runs_the_same_windows_as_medsegs_dense_setting_and_its_network_is_timed(
         tmp_path: Path) -> None:
     pytest.importorskip("nnunetv2", reason="nnU-Net v2 is an optional extra (peers)")

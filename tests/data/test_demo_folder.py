@@ -56,6 +56,7 @@ def test_a_demo_folder_from_before_the_marker_is_still_the_demo_s(tmp_path: Path
     assert ensure_demo_dataset(tmp_path, num_cases=1) == tmp_path
 
 
+@pytest.mark.full
 def test_train_on_someones_folder_without_a_dataset_preset_is_one_line(tmp_path: Path) -> None:
     before = someones_dataset(tmp_path / "spleen")
     result = run_script("train.py", [f"data.root={tmp_path / 'spleen'}", f"hydra.run.dir={tmp_path / 'run'}"],

@@ -24,6 +24,7 @@ TRAIN = ["data=msd", "recipe=light", "model.channels=[8,16,32]", "data.patch_siz
          "data.num_workers=0", "trainer.max_epochs=1", "trainer.batch_size=2", "trainer.progress=false"]
 
 
+@pytest.mark.full
 def test_training_on_a_read_only_dataset_caches_in_the_user_cache(tmp_path: Path) -> None:
     root = write_ct_dataset(tmp_path / "ct", "msd", num_cases=4, shape=(40, 40, 10))
     before = sorted(p.relative_to(root) for p in root.rglob("*"))

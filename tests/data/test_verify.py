@@ -314,6 +314,7 @@ def script_runs(datasets: dict[str, Path], tmp_path_factory: pytest.TempPathFact
     return {**results, "cwd_files": tuple(p.name for p in cwd.iterdir())}
 
 
+@pytest.mark.full
 def test_script_bad_dataset(script_runs: dict[str, tuple]) -> None:
     out, err, code = script_runs["bad"]
     assert code == 1

@@ -275,6 +275,7 @@ def test_lesions_found_and_false_positives_get_their_verdicts(tmp_path: Path) ->
     assert masa.dice == pytest.approx((lesion_cases * (ORGAN_DICE + 1) / 2 + EMPTY_CASES * ORGAN_DICE) / LESION_CASES)
 
 
+@pytest.mark.full
 def test_the_report_shows_the_undefined_cases_and_a_panel_per_lesion_measure(tmp_path: Path) -> None:
     sweep = lesion_sweep(tmp_path)
     assert compare([str(sweep)]) == 0

@@ -122,6 +122,7 @@ def test_a_sweep_over_gamma_and_folds_gets_a_cross_validation_per_gamma(tmp_path
     assert (sweep / "compare.model.attention.gamma=0.8.png").is_file()
 
 
+@pytest.mark.full
 def test_a_multirun_without_finished_folds(tmp_path: Path, tiny_demo_root: Path) -> None:
     sweep = make_fold_sweep(tmp_path / "multirun", tiny_demo_root, status="failed")
     result = run_script("crossval.py", [str(sweep)], cwd=tmp_path)

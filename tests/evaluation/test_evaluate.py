@@ -220,6 +220,7 @@ def test_bad_cases_are_reported_and_others_still_evaluated(tiny_demo_root: Path,
     assert {f["case"] for f in summary["failed"]} == set(reasons) and summary["num_scored"] == 2
 
 
+@pytest.mark.full
 def test_bad_checkpoints_and_empty_input(ckpt_3d: Path, tmp_path: Path) -> None:
     empty = tmp_path / "empty"
     empty.mkdir()
@@ -324,6 +325,7 @@ def test_validation_split_of_a_checkpoint_trained_on_every_case_is_refused(tiny_
     assert len(cases) == 2, "a dataset's own validation list is scored as listed, whatever the fold"
 
 
+@pytest.mark.full
 def test_script_end_to_end(tiny_demo_root: Path, ckpt_3d: Path, tmp_path: Path) -> None:
     folder = nnunet_folder(tiny_demo_root, tmp_path / "data", cases=1)
     result = run_script("evaluate.py", [f"ckpt={ckpt_3d}", f"input={folder}", "output=preds",

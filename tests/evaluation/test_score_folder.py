@@ -127,6 +127,7 @@ def test_extra_predictions_are_named_and_foreign_values_fail_their_case(referenc
     assert "7" in result.failed[0]["reason"] and result.summary["num_scored"] == 2
 
 
+@pytest.mark.full
 def test_the_scripts_predict_then_score(ckpt: Path, images: Path, references: Path, tmp_path: Path) -> None:
     predicted = run_script("predict.py", [f"ckpt={ckpt}", f"input={images}", "output=out",
                                           "inference.progress=false"], cwd=tmp_path)

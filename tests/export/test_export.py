@@ -59,6 +59,7 @@ def random_checkpoint(path: Path, **model: object) -> Path:
                                                                            "channel_names": ["MRI"]}})
 
 
+@pytest.mark.full
 def test_onnx_export_predicts_the_torch_labels_of_a_demo_case(trained: Path, tiny_demo_root: Path,
                                                               tmp_path: Path) -> None:
     onnx = pytest.importorskip("onnx", reason="the ONNX exporter needs the export extra: pip install 'medseg[export]'")
@@ -170,6 +171,7 @@ def test_an_output_that_cannot_be_written_is_refused_before_exporting(tmp_path: 
         export({"ckpt": str(ckpt), "format": "torchscript", "output": str(tmp_path / "notes.txt" / "export")})
 
 
+@pytest.mark.full
 def test_a_missing_runtime_is_one_line_naming_the_extra(tmp_path: Path) -> None:
     shadow = tmp_path / "shadow" / "onnxruntime"  # an onnxruntime that cannot be imported, as when not installed
     shadow.mkdir(parents=True)

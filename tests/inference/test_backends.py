@@ -35,6 +35,7 @@ def probabilities(ckpt: Path, images: Path, out: Path, **inference: object) -> n
 
 
 @pytest.mark.parametrize("bottleneck", ["none", "masa", "focused_linear", "cswin"])
+@pytest.mark.full
 def test_openvino_computes_the_torch_logits_on_any_batch_of_odd_windows(bottleneck: str) -> None:
     pytest.importorskip("openvino")
     torch.manual_seed(0)
@@ -48,6 +49,7 @@ def test_openvino_computes_the_torch_logits_on_any_batch_of_odd_windows(bottlene
         torch.testing.assert_close(compiled(windows[:batch]), expected[:batch], atol=1e-4, rtol=1e-4)
 
 
+@pytest.mark.full
 def test_openvino_and_bf16_predict_what_torch_does_in_fp32(images: Path, tmp_path: Path) -> None:
     pytest.importorskip("openvino")
     for spatial_dims in (3, 2):

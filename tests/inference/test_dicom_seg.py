@@ -188,6 +188,7 @@ def test_without_highdicom_the_extra_is_named(monkeypatch: pytest.MonkeyPatch) -
         check_config({"ckpt": "a.pt", "input": "x", "output_format": "dicom_seg"})
 
 
+@pytest.mark.full
 def test_script_refuses_a_nifti_input_with_one_line(ckpt: Path, series_input: tuple[Path, dict[str, SeriesCase]],
                                                     tmp_path: Path) -> None:
     _, cases = series_input

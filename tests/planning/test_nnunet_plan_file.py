@@ -298,6 +298,7 @@ def test_a_plan_file_s_values_pass_the_command_line_s_checks(tmp_path: Path, no_
         with_plan_file(cfg, read_plan_file(path, NAMED_CT, 3))
 
 
+@pytest.mark.full
 def test_train_runs_on_nnunet_s_plan_and_folds(tmp_path: Path) -> None:
     """train.py with nnU-Net's ResEnc M plans and a splits_final.json: the run's patch, strides, kernels and encoder
     are the plan's (in RAS order), and its validation cases those of the file's fold 1."""

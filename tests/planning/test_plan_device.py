@@ -168,6 +168,7 @@ def test_the_report_compares_with_nnunet_and_writes_the_plan_file(tmp_path: Path
     assert json.loads((tmp_path / "plan.json").read_text())["values"]["data.patch_size"] == patch
 
 
+@pytest.mark.full
 def test_train_uses_exactly_the_plan_that_plan_py_wrote_and_says_it_was_for_another_device(tmp_path: Path) -> None:
     """plan.py on this (CPU) machine for a GPU, then train.py from the file here: the same patch, strides and
     channels (narrow ones, set when planning, so that the CPU trains it fast), the target in metrics.json, and one

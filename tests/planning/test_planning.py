@@ -346,6 +346,7 @@ def test_report_of_the_demo_format_generates_the_dataset(tmp_path: Path) -> None
     assert (tmp_path / "demo" / ".medseg_cache" / "fingerprint.json").is_file()
 
 
+@pytest.mark.full
 def test_script_prints_a_plan_and_fails_cleanly(datasets: dict[str, Path], tmp_path: Path) -> None:
     def run(*overrides: str) -> subprocess.Popen:
         return subprocess.Popen([sys.executable, "scripts/plan.py", "progress=false", *overrides], cwd=REPO,

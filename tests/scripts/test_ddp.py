@@ -50,6 +50,7 @@ def run_dirs(cwd: Path) -> list[Path]:
     return sorted(p for p in (cwd / "outputs" / "train").glob("*/*") if p.is_dir())
 
 
+@pytest.mark.full
 def test_two_processes_write_one_run_and_resume(tmp_path: Path, tiny_demo_root: Path) -> None:
     args = [*TINY_OVERRIDES, f"data.root={tiny_demo_root}", "trainer.batch_size=1"]
     result = torchrun(2, args, tmp_path)

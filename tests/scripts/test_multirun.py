@@ -47,6 +47,7 @@ def grid_sweep(tmp_path_factory: pytest.TempPathFactory, tiny_demo_root: Path) -
     )
 
 
+@pytest.mark.full
 def test_multirun_summary_written_by_the_callback(grid_sweep: Path) -> None:
     rows = read_csv(grid_sweep / "summary.csv")
     assert len(rows) == 4
@@ -64,6 +65,7 @@ def test_multirun_summary_written_by_the_callback(grid_sweep: Path) -> None:
     assert "highest mean: model.bottleneck=" in (grid_sweep / "summary.md").read_text()  # no folds: untested
 
 
+@pytest.mark.full
 def test_summarize_script_rewrites_the_summary(grid_sweep: Path, tmp_path: Path) -> None:
     before = (grid_sweep / "summary.csv").read_text()
     for name in SUMMARY_FILES:
@@ -89,6 +91,7 @@ def test_tensorboard_hparams_session_per_job(grid_sweep: Path) -> None:
     assert "hparam/best_val_dice" in events.Tags()["scalars"]
 
 
+@pytest.mark.full
 def test_failing_job_is_recorded_and_the_sweep_goes_on(tmp_path: Path, tiny_demo_root: Path) -> None:
     # 3 heads cannot split the 32-channel bottleneck of the tiny U-Net: masa fails, "none" has no attention
     sweep_dir = multirun(tmp_path, tiny_demo_root, "model.bottleneck=none,masa", "model.attention.num_heads=3")

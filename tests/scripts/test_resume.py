@@ -154,6 +154,7 @@ def reference(tmp_path_factory: pytest.TempPathFactory, tiny_demo_root: Path) ->
     return run_dir
 
 
+@pytest.mark.full
 def test_sigkill_mid_training_then_resume_equals_uninterrupted_run(tmp_path: Path, tiny_demo_root: Path,
                                                                    reference: Path) -> None:
     run_dir = tmp_path / "run"
@@ -176,6 +177,7 @@ def test_sigkill_mid_training_then_resume_equals_uninterrupted_run(tmp_path: Pat
 
 @pytest.mark.parametrize("sig", [signal.SIGTERM, pytest.param(signal.SIGINT, marks=pytest.mark.slow)],
                          ids=["SIGTERM", "SIGINT"])
+@pytest.mark.full
 def test_graceful_stop_mid_epoch_then_resume_equals_uninterrupted_run(tmp_path: Path, tiny_demo_root: Path,
                                                                       reference: Path, sig: signal.Signals) -> None:
     run_dir = tmp_path / "run"

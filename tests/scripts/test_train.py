@@ -21,6 +21,7 @@ def _train(tmp_path: Path, root: Path, *overrides: str) -> Path:
     return run_dir
 
 
+@pytest.mark.full
 def test_train_3d_with_masa_bottleneck(tmp_path: Path, tiny_demo_root: Path) -> None:
     run_dir = _train(tmp_path, tiny_demo_root, "model.bottleneck=masa", "model.decoder=focused_linear")
     metrics = check_run_outputs(run_dir, 3)
@@ -35,6 +36,7 @@ def test_train_3d_with_masa_bottleneck(tmp_path: Path, tiny_demo_root: Path) -> 
     assert any(key.startswith("bottleneck.0.attention.lce") for key in state["model"])  # MaSA's LCE conv
 
 
+@pytest.mark.full
 def test_train_2d_slices(tmp_path: Path, tiny_demo_root: Path) -> None:
     run_dir = _train(tmp_path, tiny_demo_root, "model.spatial_dims=2", "data.patch_size=[32,32]",
                      "model.bottleneck=mha")
@@ -59,6 +61,7 @@ def test_cfg_job_shows_the_block_as_typed(tmp_path: Path) -> None:
          "model.attention.num_heads=3 must be a positive divisor"),
     ],
 )
+@pytest.mark.full
 def test_bad_input_is_one_clean_line(tmp_path: Path, override: str, expected: str) -> None:
     args = [*override.split(), f"hydra.run.dir={tmp_path / 'run'}", "trainer.check_data=false"]
     if override.startswith("data.root"):

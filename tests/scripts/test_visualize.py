@@ -42,6 +42,7 @@ def test_script_writes_the_maps_and_prints_the_table(inputs: tuple[Path, Path], 
     pytest.param(["voxel=[9,20,5]", "block=2"], "block=2 is not a block of any slot. Valid blocks: 0",
                  marks=pytest.mark.slow),
 ])
+@pytest.mark.full
 def test_bad_input_is_one_line_and_exit_1(inputs: tuple[Path, Path], tmp_path: Path, args: list[str],
                                           needle: str) -> None:
     ckpt, scan = inputs

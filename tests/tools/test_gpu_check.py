@@ -26,6 +26,7 @@ from tools.gpu_check import (
 STATUSES = {"passed", "failed", "skipped", "timed out"}
 
 
+@pytest.mark.full
 def test_dry_run_records_every_part(tmp_path: Path) -> None:
     # Not timed: a budget no part comes near (the parts' limits are tested with the runner replaced below); what
     # keeps the dry run short is its tiny sizes. `benchmark.py gpu`, the older name, runs it.

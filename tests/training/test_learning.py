@@ -37,6 +37,7 @@ def background_baseline(root: Path, cases: list[str], classes: list[int]) -> flo
     return float(np.nanmean(np.nanmean(rows, axis=0)))
 
 
+@pytest.mark.full
 def test_loss_falls_and_dice_beats_the_background_baseline(tmp_path: Path, tiny_demo_root: Path) -> None:
     run_dir = tmp_path / "run"
     metrics = train(compose_config([*TINY_OVERRIDES, *LEARNING_OVERRIDES, f"data.root={tiny_demo_root}",

@@ -205,6 +205,7 @@ def test_a_fold_that_trained_on_the_run_s_validation_cases_is_refused(tmp_path: 
 
 
 @pytest.mark.parametrize("bottleneck", ["none", "masa"])
+@pytest.mark.full
 def test_a_run_from_an_nnunet_model_computes_its_function_before_the_first_step(tmp_path: Path, ct: Path,
                                                                                   bottleneck: str) -> None:
     """train.py from nnU-Net's fold 1 (its plan, numpy scalars in its log, kernels in nnU-Net's axes; its folds given
@@ -337,6 +338,7 @@ def nnunet_predict(folder: Path, cases: Path, out: Path, gaussian: bool) -> np.n
 
 
 @needs_nnunet
+@pytest.mark.full
 def test_predict_py_gives_nnunet_predict_s_label_map(tmp_path: Path, ct: Path) -> None:
     """predict.py with the checkpoint of a run from nnU-Net's model (one step at learning rate 0) labels a case (one
     window) as nnU-Net's predictor does, overlap 0.5 and mirroring on every axis: the same preprocessing, network and

@@ -43,6 +43,7 @@ def test_explicit_modes_are_kept_and_memory_logs_the_estimate() -> None:
 
 
 @linux_only
+@pytest.mark.full
 def test_training_peak_ram_stays_within_the_runtime_and_3x_the_resampled_data(tmp_path: Path) -> None:
     """``data.cache=memory`` and 2 loader workers, in a fresh process: the whole run's peak RAM (main process and
     workers, :class:`PeakRam`) beyond :data:`RUNTIME_BYTES` is measured at 1.8-2.1x the 156 MiB of resampled data

@@ -279,6 +279,7 @@ def test_bad_inputs_name_the_value_and_the_valid_range(scan: Path, tmp_path: Pat
 
 
 @pytest.mark.usefixtures("one_thread")
+@pytest.mark.full
 def test_training_logs_attention_maps_and_records_the_distance(tmp_path: Path, tiny_demo_root: Path) -> None:
     run_dir = tmp_path / "run"
     metrics = train(micro_config(run_dir, tiny_demo_root, "trainer.max_epochs=2", "model.bottleneck=masa",
