@@ -82,7 +82,7 @@ def training_length(own: dict[str, str]) -> str:
     """:func:`~benchmarks.nnunet_peer.parse_length`'s argument: ``<epochs>x<iterations>`` when ``epochs=`` and
     ``iterations=`` are given, else the seconds of ``budget_minutes=`` (10 by default)."""
     fixed = [key for key in ("epochs", "iterations") if key in own]
-    if fixed and "budget_minutes" in own or len(fixed) == 1:
+    if len(fixed) == 1 or (fixed and "budget_minutes" in own):
         raise SystemExit("error: give budget_minutes=N, or epochs=E and iterations=I, not both")
     length = f"{own['epochs']}x{own['iterations']}" if fixed else str(60.0 * float(own.get("budget_minutes", "10")))
     try:

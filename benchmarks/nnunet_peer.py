@@ -35,6 +35,12 @@ BUDGET_TRAINER, FIXED_TRAINER = "BudgetTrainer", "FixedTrainer"
 folder (``<trainer>__<plans>__<configuration>``)."""
 VAL_PER_TRAIN = 50 / 250
 """nnU-Net's validation iterations per training iteration (50 per epoch of 250)."""
+
+
+def val_iterations(iterations: int) -> int:
+    """The validation iterations of an epoch of ``iterations`` training iterations, in nnU-Net's proportion (at least
+    one)."""
+    return max(1, round(VAL_PER_TRAIN * iterations))
 MIN_EPOCHS = 10
 """The first epoch may take at most ``budget / MIN_EPOCHS``: its iterations set every epoch's."""
 
@@ -79,7 +85,7 @@ def budget_trainer(seconds: float) -> type:
                     break
             if first:
                 self.num_iterations_per_epoch = len(outputs)
-                self.num_val_iterations_per_epoch = max(1, round(VAL_PER_TRAIN * len(outputs)))
+                self.num_val_iterations_per_epoch = val_iterations(len(outputs))
             self.on_train_epoch_end(outputs)
             self.train_seconds = time.perf_counter() - started
             with torch.no_grad():
@@ -102,7 +108,7 @@ def fixed_trainer(epochs: int, iterations: int) -> type:
 
         def initialize(self) -> None:  # nnU-Net reads its __init__'s signature: the lengths are set here
             self.num_epochs, self.num_iterations_per_epoch = epochs, iterations
-            self.num_val_iterations_per_epoch = max(1, round(VAL_PER_TRAIN * iterations))
+            self.num_val_iterations_per_epoch = val_iterations(iterations)
             super().initialize()
 
         def run_training(self) -> None:

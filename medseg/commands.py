@@ -5,9 +5,8 @@ The commands are one table, :data:`COMMANDS`: each reads ``sys.argv`` and return
 (:func:`run_command`, one line), so both take the same arguments. The Hydra commands (:class:`HydraCommand`: train,
 predict, evaluate, crossval, export, visualize, plan, check-data) take ``key=value`` overrides, ``--help``, ``--cfg
 job`` and ``-m`` on the configs of :data:`medseg.hydra_config.CONFIG_DIR`; compare and summarize parse their arguments
-with argparse. (The benchmarks
-and the GPU check are no commands of the package: they run from a clone, ``scripts/benchmark.py`` and
-``scripts/gpu_check.py``.)
+with argparse. (The benchmarks and the GPU check are no commands of the package: they run from a clone,
+``scripts/benchmark.py`` and ``scripts/gpu_check.py``.)
 
 Nothing here loads torch or MONAI at import: each command imports its stage when it runs, so ``medseg --help``,
 ``medseg <command> --help`` and a mistyped key answer without loading them.

@@ -302,7 +302,7 @@ class PlacedCases(torch.utils.data.Dataset):
             self.crop.forced = None
 
 
-def nnunet_crop(dataset: Dataset) -> RandNnunetCropd | None:
+def cropper_of(dataset: Dataset) -> RandNnunetCropd | None:
     """The :class:`RandNnunetCropd` of ``dataset``'s transform chain, or None (another sampling)."""
     transform = getattr(dataset, "transform", None)
     chain = transform.flatten().transforms if isinstance(transform, mt.Compose) else [transform]

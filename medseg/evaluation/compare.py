@@ -38,7 +38,6 @@ their figures.
 
 from __future__ import annotations
 
-import logging
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -56,30 +55,16 @@ from medseg.evaluation.compare_settings import (
     read_settings,
 )
 from medseg.evaluation.compare_stats import Curve, Ranking, Row, compare_settings, curves, rank_settings
-from medseg.evaluation.external import (
-    ExternalSource,
-)
-from medseg.runs.folders import (
-    Sweep,
-    parse_overrides,
-)
+from medseg.evaluation.external import ExternalSource
+from medseg.runs.folders import Sweep, parse_overrides
 from medseg.runs.layout import file_label
-from medseg.scoring.paired import (
-    RESAMPLES,
-)
-
-log = logging.getLogger("medseg")
-
+from medseg.scoring.paired import RESAMPLES
 
 DEFAULT_REFERENCE = "model.bottleneck=none"
 """The setting every other is compared with, unless ``reference=`` names another."""
-
-
 REPORTS = (".md", ".csv", ".json", ".png")
 """What :func:`~medseg.evaluation.compare_report.compare_sweep` always writes (:func:`report_name`); a swept numeric
 key adds :data:`CURVE`."""
-
-
 CURVE = ".curve.png"
 """The plot of a swept numeric key's differences against its values."""
 

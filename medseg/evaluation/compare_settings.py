@@ -46,35 +46,21 @@ from medseg.runs.folders import (
 )
 from medseg.runs.layout import CrossvalLayout, crossval_dir
 from medseg.scoring.metrics import defined_mean, undefined_when_empty
-from medseg.scoring.paired import (
-    check_same_cases,
-    finite_cases,
-    listed,
-)
+from medseg.scoring.paired import check_same_cases, finite_cases, listed
 
 log = logging.getLogger("medseg")
 
 VOXEL_METRICS = {"dice": True, "hd95_mm": False, "nsd": True}
 """The compared voxel metrics of ``metrics.csv`` -> whether higher is better; each has a foreground mean."""
-
-
 LESION_METRICS = {"lesion_sensitivity": True, "lesion_false_positives": False, "lesion_dice": True}
 """The compared lesion-wise columns of ``metrics.csv`` (:mod:`medseg.scoring.detection`), per output only; a
 ``metrics.csv`` without them (older, or rows written without detection) is compared without them."""
-
-
 METRICS = {**VOXEL_METRICS, **LESION_METRICS}
 """The compared ``metrics.csv`` columns -> whether higher is better."""
-
-
 FOREGROUND = "foreground mean"
 """The output name of the per-case mean over the outputs."""
-
-
 NEEDS_FOLDS = "a verdict needs cross-validation (data.fold=0,1,2,3,4)"
 """Why a sweep without folds gets no verdict."""
-
-
 Scores = dict[tuple[str, str], dict[str, float]]
 """``(output, metric) -> case -> value``: outputs in ``metrics.csv`` order, then the foreground mean."""
 
@@ -106,7 +92,7 @@ class Setting:
 
     @property
     def seeds(self) -> list[Scores]:
-        """The scores of each seed (one for another tool's predictions)."""
+        """The scores of each seed (one where :attr:`seed_scores` is empty)."""
         return self.seed_scores or [self.scores]
 
     def seed_values(self, key: tuple[str, str], cases: Sequence[str]) -> np.ndarray:

@@ -14,10 +14,7 @@ import numpy as np
 
 from medseg.errors import DatasetError
 from medseg.evaluation.compare_settings import FOREGROUND, METRICS, VOXEL_METRICS, Setting
-from medseg.runs.folders import (
-    Sweep,
-    setting_keys,
-)
+from medseg.runs.folders import Sweep, setting_keys
 from medseg.scoring.bootstrap import resampled_means
 from medseg.scoring.paired import (
     ALPHA,
@@ -60,7 +57,7 @@ class Ranking:
 
     metric: str
     settings: list[str]
-    """The settings, in :attr:`Comparison.settings` order."""
+    """The settings, in :attr:`~medseg.evaluation.compare.Comparison.settings` order."""
     means: list[float]
     """Each setting's mean over the cases finite in every setting."""
     distribution: np.ndarray

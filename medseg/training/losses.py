@@ -31,7 +31,7 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Callable, Sequence
-from typing import Any
+from typing import Any, NamedTuple
 
 import numpy as np
 import torch
@@ -89,16 +89,25 @@ def focal(logits: torch.Tensor, target: torch.Tensor, valid: torch.Tensor, weigh
     return _channel_mean(sigmoid_focal_loss(logits, target, FOCAL_GAMMA), valid, weight)
 
 
-LOSSES: dict[str, tuple[bool, VoxelTerm | None]] = {
-    "dice_ce": (True, cross_entropy),
-    "nnunet": (True, cross_entropy),
-    "dice_focal": (True, focal),
-    "dice": (True, None),
-    "ce": (False, cross_entropy),
+class LossTerms(NamedTuple):
+    """What a ``trainer.loss`` adds up."""
+
+    dice: bool
+    """With a soft Dice term."""
+    voxelwise: VoxelTerm | None
+    """The voxel-wise term, or None."""
+    nnunet_dice: bool = False
+    """The Dice term is nnU-Net's: without the background, summed over the batch in 2D (module docstring)."""
+
+
+LOSSES: dict[str, LossTerms] = {
+    "dice_ce": LossTerms(True, cross_entropy),
+    "nnunet": LossTerms(True, cross_entropy, nnunet_dice=True),
+    "dice_focal": LossTerms(True, focal),
+    "dice": LossTerms(True, None),
+    "ce": LossTerms(False, cross_entropy),
 }
-"""The values of ``trainer.loss`` -> (with a Dice term, the voxel-wise term or None); the terms are added."""
-NNUNET_LOSS = "nnunet"
-"""The ``trainer.loss`` whose Dice term is nnU-Net's (module docstring)."""
+"""The values of ``trainer.loss`` -> their terms, which are added."""
 
 
 class SegmentationLoss(nn.Module):
@@ -150,10 +159,10 @@ def build_loss(cfg: TrainConfig, info: DatasetInfo, class_weights: Sequence[floa
     nearest-neighbour downsampling of the label keeps the ignore voxels); ``label`` as
     :meth:`SegmentationLoss.forward` takes it.
     """
-    dice, voxelwise = LOSSES[cfg.trainer.loss]
-    nnunet = cfg.trainer.loss == NNUNET_LOSS
-    loss = SegmentationLoss(dice, voxelwise, info.region_based, class_weights, background_dice=not nnunet,
-                            batch_dice=nnunet and cfg.model.spatial_dims == 2)
+    terms = LOSSES[cfg.trainer.loss]
+    loss = SegmentationLoss(terms.dice, terms.voxelwise, info.region_based, class_weights,
+                            background_dice=not terms.nnunet_dice,
+                            batch_dice=terms.nnunet_dice and cfg.model.spatial_dims == 2)
     return NnunetDeepSupervisionLoss(loss) if cfg.model.deep_supervision else loss
 
 

@@ -19,7 +19,7 @@ from torch.utils.data import RandomSampler
 from medseg.config import DataConfig, TrainConfig
 from medseg.data.datalist import DatasetInfo, dataset_cache_dir, split_cases, splits_path
 from medseg.data.nnunet_draws import collate_with_draws
-from medseg.data.sampling import ForegroundBatchSampler, PlacedCases, nnunet_crop
+from medseg.data.sampling import ForegroundBatchSampler, PlacedCases, cropper_of
 from medseg.data.transforms import (
     Window,
     augment_on_device,
@@ -181,7 +181,7 @@ def patch_loader(dataset: Dataset, batch: int, workers: int, iterations: int | N
         sampler, drop_last = RandomSampler(dataset), len(dataset) > batch
     else:
         sampler, drop_last = RandomSampler(dataset, replacement=True, num_samples=iterations * batch), False
-    crop = nnunet_crop(dataset)
+    crop = cropper_of(dataset)
     if crop is None:
         return DataLoader(dataset, batch_size=batch, sampler=sampler, drop_last=drop_last, num_workers=workers,
                           worker_init_fn=loader_worker_init, **extra)

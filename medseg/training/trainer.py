@@ -354,12 +354,11 @@ class Trainer:
     def fit_schedule_to_budget(self, first_epoch: float, trained: float) -> None:
         """``trainer.max_minutes``, after the first epoch (``first_epoch`` seconds with its validation, ``trained``
         without): the epochs the budget spans become ``max_epochs``, and the schedule spans them."""
-        if self.budget is None or self.progress.epoch != 1:
+        if self.budget is None or self.progress.epoch != 1 or self.progress.epoch >= self.trainer.max_epochs:
             return
-        if self.progress.epoch < self.trainer.max_epochs:
-            horizon = self.budget.horizon(first_epoch, trained, first_epoch - trained,
-                                          self.trainer.val_every or self.trainer.max_epochs)
-            self.set_max_epochs(broadcast_object(horizon, self.dist), reschedule=True)
+        horizon = self.budget.horizon(first_epoch, trained, first_epoch - trained,
+                                      self.trainer.val_every or self.trainer.max_epochs)
+        self.set_max_epochs(broadcast_object(horizon, self.dist), reschedule=True)
 
     def set_max_epochs(self, epochs: int, reschedule: bool = False) -> None:
         """End training after ``epochs`` (``trainer.max_minutes``); ``reschedule``: the schedule spans them, continued
@@ -578,8 +577,8 @@ class Trainer:
             msg += f"  pseudo-Dice {record['pseudo_dice']:.4f} (average {record['pseudo_dice_ema']:.4f})"
         if "val_dice" in record:  # best.pt's Dice is known once a full validation scored it
             msg += f"  val Dice {record['val_dice']:.4f}"
-            best = self.progress
-            msg += f" (best {best.best_metric:.4f} @ {best.best_epoch})" if best.best_metric >= 0 else ""
+            progress = self.progress
+            msg += f" (best {progress.best_metric:.4f} @ {progress.best_epoch})" if progress.best_metric >= 0 else ""
         log.info(msg)
         assert self.tb is not None
         self.tb.scalars(record, nonfinite_steps=self.progress.nonfinite_total)
