@@ -9,7 +9,8 @@ example around :func:`medseg.attention.build_attention`) keep working.
 from __future__ import annotations
 
 import sys
-from collections.abc import Collection
+from collections.abc import Collection, Iterator, Mapping
+from contextlib import contextmanager
 from typing import Any, NoReturn
 
 
@@ -19,6 +20,18 @@ class MedsegError(Exception):
 
 class ConfigError(MedsegError, ValueError):
     """A config value medseg cannot use; the message names the key and what was expected."""
+
+
+class ParameterError(ConfigError):
+    """A value a network or block cannot take for one of its own parameters (``num_heads``, ``strides``, ...); it
+    knows nothing of the config. The layer that builds it from a config names the key instead (:func:`keyed`)."""
+
+    def __init__(self, parameter: str, value: Any, reason: str) -> None:
+        super().__init__(f"{parameter}={value}: {reason}")
+        self.parameter, self.value, self.reason = parameter, value, reason
+
+    def __reduce__(self) -> tuple[type, tuple[str, Any, str]]:  # picklable, so DataLoader workers can send it
+        return type(self), (self.parameter, self.value, self.reason)
 
 
 class DatasetError(MedsegError, ValueError):
@@ -84,3 +97,25 @@ def check_choice(key: str, value: Any, choices: Collection[str]) -> None:
     message) of every key with a fixed set of values, made by the builder or registry that owns the set."""
     if value not in choices:
         raise ConfigError(f"{key}={value!r} is not valid. Valid values: {', '.join(choices)}")
+
+
+def check_parameter(parameter: str, value: Any, choices: Collection[str]) -> None:
+    """Raise :class:`ParameterError` when ``value`` of a network's or block's ``parameter`` is not one of
+    ``choices``: :func:`check_choice` for the modules, which know their parameters and not the config."""
+    if value not in choices:
+        raise ParameterError(parameter, repr(value), f"not valid. Valid values: {', '.join(choices)}")
+
+
+@contextmanager
+def keyed(node: str, keys: Mapping[str, str] | None = None) -> Iterator[None]:
+    """Re-raise a :class:`ParameterError` of the modules built inside as a :class:`ConfigError` that names the config
+    key: ``node.<parameter>``, or ``keys[parameter]`` where a parameter's key has another name or node.
+
+    Example: ``with keyed("model.attention"): build(...)`` turns ``num_heads=3: ...`` into
+    ``model.attention.num_heads=3: ...``.
+    """
+    try:
+        yield
+    except ParameterError as err:
+        key = (keys or {}).get(err.parameter, f"{node}.{err.parameter}")
+        raise ConfigError(f"{key}={err.value}: {err.reason}") from err
