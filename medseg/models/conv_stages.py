@@ -16,7 +16,7 @@ from typing import Any
 from monai.networks.layers.utils import get_norm_layer
 from torch import nn
 
-from medseg.errors import check_choice
+from medseg.errors import check_parameter
 from medseg.models.norms import NORMS
 
 Strides = list[tuple[int, ...]]
@@ -26,12 +26,19 @@ Strides = list[tuple[int, ...]]
 @dataclass(frozen=True)
 class ConvStyle:
     """What every conv stage of one U-Net shares: its dimensionality, the kernel of each level
-    (:func:`medseg.models.unet.per_level_kernels`), norm (a ``NORMS`` name) and dropout."""
+    (:func:`medseg.models.unet.per_level_kernels`), norm (a ``NORMS`` name) and dropout.
+
+    Raises:
+        ParameterError: naming ``norm``, a name ``NORMS`` does not hold.
+    """
 
     spatial_dims: int
     kernels: list[tuple[int, ...]]
     norm: str
     dropout: float
+
+    def __post_init__(self) -> None:
+        check_parameter("norm", self.norm, NORMS)
 
     def args(self, width: int, level: int) -> dict[str, Any]:
         """Arguments of a MONAI conv block of ``level`` whose norms see ``width`` channels."""
@@ -94,10 +101,10 @@ def available_conv_stages() -> list[str]:
 
 
 def get_conv_stages(name: str) -> ConvStages:
-    """The registered style ``name`` (``model.conv_stages``).
+    """The registered style ``name`` (a U-Net's ``conv_stages``, set by ``model.conv_stages``).
 
     Raises:
-        ConfigError: no such style; the message lists the registered ones.
+        ParameterError: naming ``conv_stages``, no such style; the message lists the registered ones.
     """
-    check_choice("model.conv_stages", name, available_conv_stages())
+    check_parameter("conv_stages", name, available_conv_stages())
     return CONV_STAGES[name]

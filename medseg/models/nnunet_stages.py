@@ -21,7 +21,7 @@ from collections.abc import Callable, Sequence
 import torch
 from torch import nn
 
-from medseg.errors import ConfigError
+from medseg.errors import ParameterError
 from medseg.models.conv_stages import ConvStages, ConvStyle, Strides, register_conv_stages
 
 NNUNET_NETWORKS = {"PlainConvUNet": "nnunet_plain", "ResidualEncoderUNet": "nnunet_resenc"}
@@ -155,10 +155,10 @@ def decoder(channels: Sequence[int], strides: Strides, convs: int, style: ConvSt
     """``UNetDecoder``'s stages (:data:`~medseg.models.conv_stages.DecoderBuilder`): ``up[i]`` joins level ``i``.
 
     Raises:
-        ConfigError: ``convs`` below 1.
+        ParameterError: naming ``decoder_convs``, ``convs`` below 1.
     """
     if convs < 1:
-        raise ConfigError(f"model.decoder_convs={convs}: expected an int >= 1")
+        raise ParameterError("decoder_convs", convs, "expected an int >= 1")
     return nn.ModuleList(UpStage(style, channels[i + 1], channels[i], strides[i], convs, i)
                          for i in range(len(strides)))
 

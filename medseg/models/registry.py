@@ -11,7 +11,7 @@ from typing import Any
 from torch import nn
 
 from medseg.config import ModelConfig
-from medseg.errors import ConfigError, check_choice
+from medseg.errors import ConfigError, check_choice, keyed
 from medseg.models.conv_stages import CONV_STAGES, available_conv_stages
 from medseg.models.norms import NORMS
 from medseg.models.unet import SlottedUNet, per_axis_strides, per_level_kernels, stride_to_level
@@ -60,6 +60,11 @@ MODELS: dict[str, Callable[[ModelConfig, int, int, Sequence[int]], nn.Module]] =
 """The values of ``model.name``: name -> ``builder(model_cfg, in_channels, out_channels, patch_size)``."""
 
 
+MODEL_KEYS = {"patch_size": "data.patch_size"}
+"""The config keys of the network parameters whose key is not ``model.<parameter>``: what :func:`keyed` names in
+the errors of the networks built from a ``model`` config."""
+
+
 PATCH_DIVISORS = {"monai_swinunetr": 32, "monai_unetr": 16}
 """The MONAI transformers, which take no ``model.strides``: what each side of their patch must be a multiple of."""
 
@@ -67,17 +72,23 @@ PATCH_DIVISORS = {"monai_swinunetr": 32, "monai_unetr": 16}
 def check_model(cfg: ModelConfig) -> None:
     """Refuse a ``model.name``, ``model.norm`` or ``model.conv_stages`` that no registry holds, a
     ``model.kernel_size`` that does not give each level of ``model.channels`` odd kernels (:func:`per_level_kernels`),
-    and strides the conv stages cannot pool by (:func:`build_model` checks this first)."""
+    and strides the conv stages cannot pool by (:func:`build_model` checks this first).
+
+    Raises:
+        ConfigError: naming the ``model`` key.
+    """
     check_choice("model.name", cfg.name, MODELS)
     check_choice("model.norm", cfg.norm, NORMS)
     check_choice("model.conv_stages", cfg.conv_stages, available_conv_stages())
     if cfg.name != "unet":
         return
-    per_level_kernels(cfg.kernel_size, None if cfg.channels is None else len(cfg.channels), cfg.spatial_dims)
+    with keyed("model", MODEL_KEYS):
+        per_level_kernels(cfg.kernel_size, None if cfg.channels is None else len(cfg.channels), cfg.spatial_dims)
+        strides = None if cfg.strides is None else per_axis_strides(cfg.strides, cfg.spatial_dims)
     limit = CONV_STAGES[cfg.conv_stages].max_stride
-    if cfg.strides is None or limit is None:
+    if strides is None or limit is None:
         return
-    too_large = [s for level in per_axis_strides(cfg.strides, cfg.spatial_dims) for s in level if s > limit]
+    too_large = [s for level in strides for s in level if s > limit]
     if too_large:
         any_stride = ", ".join(name for name in available_conv_stages() if CONV_STAGES[name].max_stride is None)
         raise ConfigError(f"model.strides={cfg.strides}: {CONV_STAGES[cfg.conv_stages].max_stride_reason}, got "
@@ -101,7 +112,8 @@ def check_patch(cfg: ModelConfig, patch_size: Sequence[int]) -> None:
         raise ConfigError(f"model.name={cfg.name} needs data.patch_size divisible by {divisor}, got {patch}")
     if divisor is not None or cfg.strides is None:
         return
-    strides = per_axis_strides(cfg.strides, cfg.spatial_dims)
+    with keyed("model", MODEL_KEYS):
+        strides = per_axis_strides(cfg.strides, cfg.spatial_dims)
     total = list(stride_to_level(strides, len(strides)))
     if cfg.name == "monai_unet" and any(s % t for s, t in zip(patch, total)):
         raise ConfigError(f"model.name=monai_unet needs data.patch_size divisible by the total stride {total} of "
@@ -120,7 +132,9 @@ def build_model(model_cfg: ModelConfig | Mapping[str, Any], in_channels: int, ou
     patch, which some MONAI networks need at construction.
 
     Raises:
-        ConfigError: an unknown ``model.name``, unresolved strides, or a patch the network cannot take.
+        ConfigError: an unknown ``model.name``, unresolved strides, a patch the network cannot take, or a value the
+            network refuses (its :class:`~medseg.errors.ParameterError`, naming the config key instead of the
+            parameter: :data:`MODEL_KEYS`).
     """
     cfg = to_typed(ModelConfig, model_cfg)
     check_model(cfg)
@@ -128,4 +142,5 @@ def build_model(model_cfg: ModelConfig | Mapping[str, Any], in_channels: int, ou
         raise ConfigError("model.strides is null: plan it from the data first (medseg.planning.plan)")
     if patch_size is not None:  # None: a network for no particular patch (the planner's memory estimate)
         check_patch(cfg, patch_size)
-    return MODELS[cfg.name](cfg, in_channels, out_channels, patch_size)
+    with keyed("model", MODEL_KEYS):
+        return MODELS[cfg.name](cfg, in_channels, out_channels, patch_size)

@@ -31,52 +31,61 @@ from torch import nn
 from medseg.attention import SpatialAttention, build_transformer_block
 from medseg.attention.block import TransformerBlock
 from medseg.attention.common import dense_bias_bytes
-from medseg.errors import ConfigError
+from medseg.errors import ParameterError
 from medseg.models.conv_stages import ConvStages, ConvStyle, get_conv_stages, register_conv_stages
 
 StrideSpec = int | Sequence[int]
 KernelSpec = int | Sequence[int | Sequence[int]]
-"""``model.kernel_size``: an odd int for every level, or one entry per level, each an int or a per-axis list."""
+"""``kernel_size``: an odd int for every level, or one entry per level, each an int or a per-axis list."""
 
 GB = 2**30
 """Bytes per GB of ``model.attention.max_bias_gb``."""
 
 
-def _per_axis(entries: Sequence[StrideSpec], spatial_dims: int, key: str) -> list[tuple[int, ...]]:
-    """Normalise ``[2, (2, 2, 1), ...]`` (the entries of list key ``key``) to one tuple of ``spatial_dims`` ints per
-    entry."""
+def _per_axis(entries: Sequence[StrideSpec], spatial_dims: int, parameter: str) -> list[tuple[int, ...]]:
+    """Normalise ``[2, (2, 2, 1), ...]`` (the entries of the network's list parameter ``parameter``) to one tuple of
+    ``spatial_dims`` ints per entry.
+
+    Raises:
+        ParameterError: an entry of another number of axes.
+    """
     out = []
     for entry in entries:
         axes = (int(entry),) * spatial_dims if isinstance(entry, int) else tuple(int(s) for s in entry)
         if len(axes) != spatial_dims:
-            raise ConfigError(f"{key} entry {entry} has {len(axes)} axes, expected {spatial_dims}")
+            raise ParameterError(parameter, entries, f"entry {entry} has {len(axes)} axes, expected {spatial_dims}")
         out.append(axes)
     return out
 
 
 def per_axis_strides(strides: Sequence[StrideSpec], spatial_dims: int) -> list[tuple[int, ...]]:
-    """Normalise ``model.strides`` ``[2, (2, 2, 1), ...]`` to one tuple of ``spatial_dims`` ints per level."""
-    return _per_axis(strides, spatial_dims, "model.strides")
+    """Normalise ``strides`` ``[2, (2, 2, 1), ...]`` to one tuple of ``spatial_dims`` ints per level.
+
+    Raises:
+        ParameterError: naming ``strides``, an entry of another number of axes.
+    """
+    return _per_axis(strides, spatial_dims, "strides")
 
 
 def per_level_kernels(kernel_size: KernelSpec, num_levels: int | None, spatial_dims: int) -> list[tuple[int, ...]]:
-    """``model.kernel_size`` as one tuple of ``spatial_dims`` odd ints per level (the full-resolution level first):
+    """``kernel_size`` as one tuple of ``spatial_dims`` odd ints per level (the full-resolution level first):
     an int serves every level and axis, a list gives each level an int or a per-axis list (RAS order).
 
     Args:
         kernel_size: ``3``, or e.g. ``[[3, 3, 1], [3, 3, 1], 3, 3, 3]``.
-        num_levels: the levels of ``model.channels``; None (planned channels) checks the entries only.
+        num_levels: the levels of ``channels``; None (planned channels) checks the entries only.
         spatial_dims: 2 or 3.
 
     Raises:
-        ConfigError: a list of another length, or an entry that is not odd ints >= 1 of ``spatial_dims`` axes.
+        ParameterError: naming ``kernel_size``, a list of another length, or an entry that is not odd ints >= 1 of
+            ``spatial_dims`` axes.
     """
     levels = "" if num_levels is None else f"{num_levels} "
-    expected = ConfigError(f"model.kernel_size={kernel_size}: expected an odd int >= 1, or a list of {levels}entries "
-                           f"(one per level of model.channels), each an odd int or {spatial_dims} of them")
+    expected = ParameterError("kernel_size", kernel_size, f"expected an odd int >= 1, or a list of {levels}entries "
+                              f"(one per level of channels), each an odd int or {spatial_dims} of them")
     try:
         entries = [kernel_size] * (num_levels or 1) if isinstance(kernel_size, int) else list(kernel_size)
-        kernels = _per_axis(entries, spatial_dims, "model.kernel_size")
+        kernels = _per_axis(entries, spatial_dims, "kernel_size")
     except (TypeError, ValueError):
         raise expected from None
     if (num_levels is not None and len(kernels) != num_levels) or any(k < 1 or k % 2 != 1 for k in sum(kernels, ())):
@@ -103,40 +112,45 @@ def level_grid(patch_size: Sequence[int], strides: list[tuple[int, ...]], level:
     return tuple(math.ceil(size / t) * t // d for size, t, d in zip(patch_size, total, down))
 
 
-def check_bias_memory(attention: SpatialAttention, grid: Sequence[int], max_gb: float | None, slot: str) -> None:
+def check_bias_memory(attention: SpatialAttention, grid: Sequence[int], max_gb: float | None, slot: str, block: str,
+                      level: int) -> None:
     """Refuse a slot whose dense ``N x N`` attention bias would need more than ``max_gb`` GB in float32.
 
+    Args:
+        attention: the attention of the slot's block ``block``, on level ``level``'s token grid ``grid``.
+        slot: the U-Net's parameter that puts ``block`` there, ``bottleneck`` or ``decoder``.
+
     Raises:
-        ConfigError: with the estimate, and the blocks that scale to large grids.
+        ParameterError: naming ``slot``, with the estimate, and the blocks that scale to large grids.
     """
     need = dense_bias_bytes(grid, attention.bias_heads)
     if max_gb is None or need <= max_gb * GB:
         return
     tokens = math.prod(grid)
-    raise ConfigError(
-        f"{slot}: its dense attention bias on the {list(grid)} token grid ({tokens:,} tokens) needs about "
+    raise ParameterError(slot, block, (
+        f"its dense attention bias on the {list(grid)} token grid of level {level} ({tokens:,} tokens) needs about "
         f"{need / GB:.1f} GB ({attention.bias_heads} planes of {tokens:,}^2 float32), more than "
-        f"model.attention.max_bias_gb={max_gb:g}. masa_decomposed and focused_linear scale to large grids "
-        f"(no N x N bias); or use a smaller data.patch_size or more down-sampling, or raise "
-        f"model.attention.max_bias_gb (null disables the check)"
-    )
+        f"attention.max_bias_gb={max_gb:g}. masa_decomposed and focused_linear scale to large grids "
+        f"(no N x N bias); or use a smaller patch or more down-sampling, or raise attention.max_bias_gb "
+        f"(null or None disables the check)"
+    ))
 
 
 DECODER_CONVS = (1, 2)
-"""The values of ``model.decoder_convs`` medseg's conv stages build."""
+"""The values of ``decoder_convs`` medseg's conv stages build."""
 
 
 def encoder_block_counts(encoder_blocks: int | Sequence[int], num_levels: int) -> list[int]:
     """Blocks (or conv layers) per encoder level (``num_levels`` entries, the full-resolution level first) from
-    ``model.encoder_blocks``: an int for every level, or a list whose first ``num_levels`` entries are taken.
+    ``encoder_blocks``: an int for every level, or a list whose first ``num_levels`` entries are taken.
 
     Raises:
-        ConfigError: a count below 1, or a list shorter than the levels.
+        ParameterError: naming ``encoder_blocks``, a count below 1, or a list shorter than the levels.
     """
     counts = [int(encoder_blocks)] * num_levels if isinstance(encoder_blocks, int) else [int(n) for n in encoder_blocks]
     if len(counts) < num_levels or min(counts, default=1) < 1:
-        raise ConfigError(f"model.encoder_blocks={encoder_blocks}: expected an int >= 1 or a list of at least "
-                          f"{num_levels} such ints (one per level of model.channels)")
+        raise ParameterError("encoder_blocks", encoder_blocks, f"expected an int >= 1 or a list of at least "
+                             f"{num_levels} such ints (one per level of channels)")
     return counts[:num_levels]
 
 
@@ -197,9 +211,13 @@ def _decoder_stages(channels: Sequence[int], strides: list[tuple[int, ...]], con
     """The up stages: ``up[i]`` takes level ``i + 1`` features ``(B, channels[i + 1], *S_{i+1})`` and the skip
     ``(B, channels[i], *S_i)`` to ``(B, channels[i], *S_i)`` (transposed conv by ``strides[i]``, then ``convs``
     convs with level ``i``'s kernel, as nnU-Net's decoder stage takes the kernel of the encoder stage it joins:
-    MONAI's ``UnetUpBlock`` for 2, :class:`OneConvUpBlock` for 1)."""
+    MONAI's ``UnetUpBlock`` for 2, :class:`OneConvUpBlock` for 1).
+
+    Raises:
+        ParameterError: naming ``decoder_convs``, a count medseg's conv stages do not build.
+    """
     if convs not in DECODER_CONVS:
-        raise ConfigError(f"model.decoder_convs={convs}: expected one of {list(DECODER_CONVS)}")
+        raise ParameterError("decoder_convs", convs, f"expected one of {list(DECODER_CONVS)}")
     if convs == 1:
         return nn.ModuleList(
             OneConvUpBlock(in_channels=channels[i + 1], out_channels=channels[i], stride=strides[i],
@@ -234,12 +252,13 @@ class _SlotBuilder:
     checkpointing: bool
     patch_size: Sequence[int] | None
 
-    def build(self, name: str, level: int, width: int, depth: int, key: str) -> nn.Module:
+    def build(self, name: str, level: int, width: int, depth: int, slot: str) -> nn.Module:
         """``depth`` transformer blocks ``name`` on level-``level`` features, ``(B, width, *S_level) -> (B, width,
         *S_level)``; ``nn.Identity`` for ``"none"`` or depth 0.
 
         The blocks get the attention spacing scaled to the level and, with a patch, the level's token grid, whose
-        dense bias :func:`check_bias_memory` checks (``key`` names the slot in its message).
+        dense bias :func:`check_bias_memory` checks (``slot``, ``bottleneck`` or ``decoder``, names the U-Net's
+        parameter in its message).
         """
         if name == "none" or depth == 0:
             return nn.Identity()
@@ -251,7 +270,7 @@ class _SlotBuilder:
             for _ in range(depth)
         ]
         if grid is not None:
-            check_bias_memory(blocks[0].attention, grid, self.attention.get("max_bias_gb"), f"{key}={name}")
+            check_bias_memory(blocks[0].attention, grid, self.attention.get("max_bias_gb"), slot, name, level)
         return nn.Sequential(*blocks)
 
 
@@ -277,19 +296,24 @@ class SlottedUNet(nn.Module):
         bottleneck_depth: transformer blocks stacked in the bottleneck.
         decoder: block name for the decoder slots, or ``"none"``.
         decoder_levels: how many of the lowest-resolution decoder stages get a ``decoder`` block.
-        attention: the shared ``model.attention`` node; ``spacing`` in it is the input-level spacing
-            and is scaled to each slot's resolution.
+        attention: what every slot's blocks share (their hyperparameters, as in the ``model.attention`` node);
+            ``spacing`` in it is the input-level spacing and is scaled to each slot's resolution.
         deep_supervision: in training mode, also return logits of the lower decoder stages (a head per decoder
             stage, as nnU-Net's).
         checkpointing: activation checkpointing inside the transformer blocks.
         channels_last: for ``spatial_dims=3``, keep weights and activations in the channels-last 3D memory
             format (faster convolutions and their backward; ignored in 2D, where it measured slower on the CPU).
         patch_size: the training patch, if known. It gives each slot's token grid (:func:`level_grid`), which
-            blocks that size parameters by it receive (``model.attention.positional_size=0``) and which
+            blocks that size parameters by it receive (``positional_size=0`` in ``attention``) and which
             :func:`check_bias_memory` checks against ``attention["max_bias_gb"]``.
 
     Shapes: ``(B, in_channels, *spatial) -> (B, out_channels, *spatial)``; with deep supervision in
     training mode, a list of such tensors at full, 1/2, 1/4 ... resolution.
+
+    Raises:
+        ParameterError: naming the parameter, for a value the network cannot take (``strides``, ``kernel_size``,
+            ``encoder_blocks``, ``decoder_convs``, ``conv_stages``, ``norm``, ``patch_size``), or a slot
+            (``bottleneck``, ``decoder``) whose dense attention bias is over ``attention["max_bias_gb"]``.
     """
 
     def __init__(
@@ -317,10 +341,11 @@ class SlottedUNet(nn.Module):
     ) -> None:
         super().__init__()
         if len(strides) != len(channels) - 1:
-            raise ConfigError(f"model.strides needs {len(channels) - 1} entries for {len(channels)} channel levels")
+            raise ParameterError("strides", list(strides), f"expected {len(channels) - 1} entries for the "
+                                 f"{len(channels)} levels of channels")
         if patch_size is not None and len(patch_size) != spatial_dims:
-            raise ConfigError(f"the network patch {list(patch_size)} needs one size per axis of the {spatial_dims}D "
-                              "model")
+            raise ParameterError("patch_size", list(patch_size), f"expected one size per axis of the {spatial_dims}D "
+                                 "network")
         self.spatial_dims = spatial_dims
         self.strides = per_axis_strides(strides, spatial_dims)
         self.total_stride = stride_to_level(self.strides, len(self.strides))
@@ -334,13 +359,11 @@ class SlottedUNet(nn.Module):
         self.encoder_blocks = encoder_block_counts(encoder_blocks, len(channels))
         self.decoder_convs = int(decoder_convs)
         self.stem, self.down = style.encoder(in_channels, channels, self.strides, self.encoder_blocks, conv)
-        self.bottleneck = slots.build(bottleneck, num_levels, channels[num_levels], bottleneck_depth,
-                                      "model.bottleneck")
+        self.bottleneck = slots.build(bottleneck, num_levels, channels[num_levels], bottleneck_depth, "bottleneck")
         # up[i] takes level i+1 features to level i; decoder slot i follows it.
         self.up = style.decoder(channels, self.strides, self.decoder_convs, conv)
         self.decoder_slots = nn.ModuleList(
-            slots.build(decoder, i, channels[i], 1 if i >= num_levels - decoder_levels else 0,
-                        f"model.decoder (level {i})")
+            slots.build(decoder, i, channels[i], 1 if i >= num_levels - decoder_levels else 0, "decoder")
             for i in range(num_levels)
         )
         self.head = style.head(spatial_dims, channels[0], out_channels)

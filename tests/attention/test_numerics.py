@@ -10,6 +10,7 @@ import torch.nn.functional as F
 
 from medseg.attention import build_attention, build_transformer_block, functional
 from medseg.attention.common import GRID_CACHE_SIZE, dense_bias_bytes
+from medseg.errors import ConfigError, ParameterError
 from medseg.models import SlottedUNet, build_model
 from medseg.models.unet import level_grid, per_axis_strides
 
@@ -136,15 +137,15 @@ def test_a_bias_over_the_budget_fails_at_model_build() -> None:
     tokens = 8 * 8 * 4  # the bottleneck grid of a 32x32x16 patch after two stride-2 steps
     one_plane_gb = tokens**2 * 4 / 2**30
     SlottedUNet(3, 1, 2, bottleneck="masa", attention={"max_bias_gb": 1.01 * one_plane_gb}, **kwargs)
-    with pytest.raises(ValueError, match="model.bottleneck=masa") as error:
+    with pytest.raises(ParameterError, match="^bottleneck=masa: ") as error:
         SlottedUNet(3, 1, 2, bottleneck="masa", attention={"max_bias_gb": 0.99 * one_plane_gb}, **kwargs)
     message = str(error.value)
     assert f"{tokens:,} tokens" in message and "masa_decomposed" in message and "focused_linear" in message
-    assert "model.attention.max_bias_gb" in message
+    assert "attention.max_bias_gb" in message and "model." not in message, "the network names its own parameters"
     per_head = {"max_bias_gb": 2 * one_plane_gb, "heads_range": 2.0, "num_heads": 4}  # 4 planes
-    with pytest.raises(ValueError, match="model.bottleneck=masa"):
+    with pytest.raises(ParameterError, match="^bottleneck=masa: "):
         SlottedUNet(3, 1, 2, bottleneck="masa", attention=per_head, **kwargs)
-    with pytest.raises(ValueError, match=r"model.decoder \(level 1\)=mha"):
+    with pytest.raises(ParameterError, match=r"^decoder=mha: .* token grid of level 1 "):
         SlottedUNet(3, 1, 2, decoder="mha", attention={"pe": "relative", "max_bias_gb": one_plane_gb}, **kwargs)
     for name, cfg in [("masa_decomposed", {}), ("focused_linear", {}), ("masa", {"gamma": 1.0}),
                       ("masa", {"max_bias_gb": None})]:
@@ -155,7 +156,8 @@ def test_default_budget_refuses_a_32_cubed_masa_bottleneck() -> None:
     """32^3 = 32,768 tokens: a 4 GB float32 bias, over the 2 GB default; 16^3 needs 64 MB."""
     cfg = {"bottleneck": "masa", "channels": [4, 8, 16], "strides": [2, 2]}
     assert dense_bias_bytes((32, 32, 32), 1) == 4 * 2**30
-    with pytest.raises(ValueError, match="needs about 4.0 GB"):
+    with pytest.raises(ConfigError, match=r"^model\.bottleneck=masa: .* needs about 4\.0 GB") as error:
         build_model(cfg, 1, 2, [128, 128, 128])
+    assert not isinstance(error.value, ParameterError), "built from a config, the error names the config key"
     build_model({**cfg, "bottleneck": "masa_decomposed"}, 1, 2, [128, 128, 128])
     build_model(cfg, 1, 2, [64, 64, 64])

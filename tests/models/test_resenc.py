@@ -9,7 +9,7 @@ import torch
 from monai.networks.blocks import UnetResBlock
 from torch import nn
 
-from medseg.errors import ConfigError
+from medseg.errors import ParameterError
 from medseg.models import SlottedUNet
 from medseg.models.unet import OneConvUpBlock
 
@@ -64,12 +64,13 @@ def test_resenc_unet_with_an_attention_bottleneck_trains() -> None:
 
 
 @pytest.mark.parametrize(("kwargs", "match"), [
-    ({"encoder_blocks": [1, 3]}, r"model.encoder_blocks=\[1, 3\]: expected an int >= 1 or a list of at least 3"),
-    ({"encoder_blocks": 0}, "model.encoder_blocks=0"),
-    ({"decoder_convs": 3}, r"model.decoder_convs=3: expected one of \[1, 2\]"),
+    ({"encoder_blocks": [1, 3]}, r"^encoder_blocks=\[1, 3\]: expected an int >= 1 or a list of at least 3"),
+    ({"encoder_blocks": 0}, "^encoder_blocks=0: "),
+    ({"decoder_convs": 3}, r"^decoder_convs=3: expected one of \[1, 2\]$"),
+    ({"decoder_convs": 0, "conv_stages": "nnunet_plain"}, r"^decoder_convs=0: expected an int >= 1$"),
 ])
 def test_invalid_blocks_are_one_line_errors(kwargs: dict, match: str) -> None:
-    with pytest.raises(ConfigError, match=match):
+    with pytest.raises(ParameterError, match=match):
         SlottedUNet(3, 1, 2, channels=(4, 8, 16), strides=(2, 2), **kwargs)
 
 

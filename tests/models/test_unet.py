@@ -11,7 +11,7 @@ import torch
 from torch import nn
 
 from medseg.attention import available_blocks
-from medseg.errors import ConfigError
+from medseg.errors import ConfigError, ParameterError
 from medseg.models import NORMS, SlottedUNet, build_model
 from medseg.models.norms import GROUP_NORM_GROUPS
 from medseg.models.unet import level_spacing, per_axis_strides, per_level_kernels
@@ -263,15 +263,46 @@ def test_an_int_kernel_and_the_list_of_it_build_the_same_network() -> None:
 
 
 @pytest.mark.parametrize(("kernel_size", "message"), [
-    ([3, 3], r"^model\.kernel_size=\[3, 3\]: expected an odd int >= 1, or a list of 3 entries \(one per level of "
-             r"model\.channels\), each an odd int or 3 of them$"),
-    ([3, [3, 2, 1], 3], r"^model\.kernel_size=\[3, \[3, 2, 1\], 3\]: expected an odd int"),
-    (4, r"^model\.kernel_size=4: expected an odd int"),
-    ([3, [3, 3], 3], r"^model\.kernel_size=\[3, \[3, 3\], 3\]: expected an odd int"),
+    ([3, 3], r"^kernel_size=\[3, 3\]: expected an odd int >= 1, or a list of 3 entries \(one per level of "
+             r"channels\), each an odd int or 3 of them$"),
+    ([3, [3, 2, 1], 3], r"^kernel_size=\[3, \[3, 2, 1\], 3\]: expected an odd int"),
+    (4, r"^kernel_size=4: expected an odd int"),
+    ([3, [3, 3], 3], r"^kernel_size=\[3, \[3, 3\], 3\]: expected an odd int"),
 ])
 def test_a_kernel_size_that_fits_no_level_is_refused(kernel_size: object, message: str) -> None:
-    with pytest.raises(ConfigError, match=message):
+    with pytest.raises(ParameterError, match=message):
         SlottedUNet(3, 1, 2, channels=(4, 8, 16), strides=[2, 2], kernel_size=kernel_size)
+
+
+@pytest.mark.parametrize(("values", "message"), [
+    ({"strides": [2]}, r"strides=\[2\]: expected 2 entries for the 3 levels of channels$"),
+    ({"strides": [2, [2, 2]]}, r"strides=\[2, \[2, 2\]\]: entry \[2, 2\] has 2 axes, expected 3$"),
+    ({"kernel_size": [3, 3]}, r"kernel_size=\[3, 3\]: expected an odd int >= 1, or a list of 3 entries"),
+    ({"encoder_blocks": [1, 3]}, r"encoder_blocks=\[1, 3\]: expected an int >= 1 or a list of at least 3 "),
+    ({"decoder_convs": 3}, r"decoder_convs=3: expected one of \[1, 2\]$"),
+    ({"bottleneck": "masa", "attention": {"max_bias_gb": 1e-6}}, r"bottleneck=masa: its dense attention bias on "
+                                                                   r"the \[4, 4, 4\] token grid of level 2 "),
+])
+def test_the_network_names_its_parameter_and_a_config_build_names_the_key(values: dict, message: str) -> None:
+    """Built in Python, the U-Net refuses a value naming its own parameter; built from a ``model`` config
+    (:func:`build_model`, as every command builds it), the same value is refused naming ``model.<key>``."""
+    base = {"channels": [4, 8, 16], "strides": [2, 2], "bottleneck_depth": 1}
+    with pytest.raises(ParameterError, match=f"^{message}") as direct:
+        SlottedUNet(3, 1, 2, patch_size=(16, 16, 16), **{**base, **values})
+    assert "model." not in str(direct.value)
+    with pytest.raises(ConfigError, match=rf"^model\.{message}") as keyed:
+        build_model({**base, **values}, 1, 2, [16, 16, 16])
+    assert not isinstance(keyed.value, ParameterError) and isinstance(keyed.value.__cause__, ParameterError)
+
+
+@pytest.mark.parametrize("parameter", ["norm", "conv_stages"])
+def test_an_unknown_norm_or_conv_stages_is_refused_naming_the_parameter(parameter: str) -> None:
+    """Before, a U-Net built in Python with an unknown norm failed with a ``KeyError`` and an unknown conv-stage style
+    named the config key; a config names ``model.<key>``."""
+    with pytest.raises(ParameterError, match=rf"^{parameter}='nope': not valid\. Valid values: "):
+        SlottedUNet(3, 1, 2, channels=(4, 8), strides=(2,), **{parameter: "nope"})
+    with pytest.raises(ConfigError, match=rf"^model\.{parameter}='nope' is not valid\. Valid values: "):
+        build_model({"channels": [4, 8], "strides": [2], parameter: "nope"}, 1, 2, [8, 8, 8])
 
 
 def test_a_kernel_list_is_checked_at_start_up_against_the_levels_of_model_channels(tmp_path: Path) -> None:
