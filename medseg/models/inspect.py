@@ -144,8 +144,8 @@ def _check(net: nn.Module, slots: list[Slot], image: torch.Tensor, query: Sequen
     or spacing."""
     if not slots:
         raise ConfigError(
-            f"{type(net).__name__} has no attention slot: attention maps need medseg's U-Net (model.name=unet) with "
-            f"model.bottleneck or model.decoder set to one of {list(ATTENTION_BLOCKS)}"
+            f"{type(net).__name__} has no attention slot: attention maps need medseg's U-Net (SlottedUNet) with "
+            f"bottleneck or decoder set to one of {list(ATTENTION_BLOCKS)}"
         )
     with_rows = [name for name, cls in ATTENTION_BLOCKS.items() if has_attention_rows(cls)]
     for slot in slots:

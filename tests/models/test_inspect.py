@@ -332,9 +332,10 @@ def test_query_outside_the_image_is_a_one_line_error(query: tuple[int, ...]) -> 
 
 def test_model_without_attention_is_a_one_line_error() -> None:
     for model in (small_unet("none", "none"), torch.nn.Conv3d(1, 2, 3)):
-        with pytest.raises(ConfigError, match=r"has no attention slot: .*model.bottleneck") as error:
+        with pytest.raises(ConfigError, match=r"has no attention slot: .*SlottedUNet\) with bottleneck or decoder "
+                                              r"set to one of ") as error:
             attention_maps(model, torch.randn(1, 1, 8, 8, 4), (0, 0, 0))
-        assert "\n" not in str(error.value)
+        assert "\n" not in str(error.value) and "model." not in str(error.value), "the U-Net's parameters, no keys"
     with pytest.raises(ConfigError, match="voxel_spacing"):
         attention_maps(small_unet(), torch.randn(1, 1, 8, 8, 4), (0, 0, 0), voxel_spacing=(1.0, 1.0))
     with pytest.raises(ConfigError, match=r"one image of shape \(1, C, <3 spatial axes>\), got \(2, 1, 8, 8, 4\)"):
