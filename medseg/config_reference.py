@@ -42,7 +42,7 @@ hand-set preprocessing and pooling on top of them (`data.spacing`, `data.patch_s
 resampling, augmentation, optimiser, epochs and validation; [recipes](recipe.md)). The config groups are `data`
 (`demo3d`, `demo3d_planned`, `msd`, `nnunet`), `recipe` (`light`, `nnunet`), `experiment` (the presets of
 [sweeps](sweeps.md), and `nnunet`: nnU-Net's recipe on any data), `hparams_search` and `hydra/launcher` (`slurm`, see
-[performance](performance.md#slurm)).
+[several GPUs and SLURM](gpus.md#slurm)).
 
 `model.bottleneck` and `model.decoder` are plain strings (a block name, or `none`) checked against the
 registry of attention blocks, and every block's hyperparameters live in the one shared node

@@ -302,7 +302,7 @@ class SlottedUNet(nn.Module):
             stage, as nnU-Net's).
         checkpointing: activation checkpointing inside the transformer blocks.
         channels_last: for ``spatial_dims=3``, keep weights and activations in the channels-last 3D memory
-            format (faster convolutions and their backward; ignored in 2D, where it measured slower on the CPU).
+            format (faster convolutions and their backward); ignored in 2D, where it is slower on the CPU.
         patch_size: the training patch, if known. It gives each slot's token grid (:func:`level_grid`), which
             blocks that size parameters by it receive (``positional_size=0`` in ``attention``) and which
             :func:`check_bias_memory` checks against ``attention["max_bias_gb"]``.

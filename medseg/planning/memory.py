@@ -72,14 +72,14 @@ PARAMETER_TEMPORARIES = 0.45
 convolution kernels' reordered weights (fitted: 0.44)."""
 AUTOCAST_ELEMENT_BYTES = 2.2
 """Bytes per counted activation element under bf16/fp16 autocast: the conv stages keep 2-byte activations, their
-norms included (:class:`~medseg.models.norms.AutocastGroupNorm`). Fitted 2.01-2.08 to measured peaks on an x86 CPU
-with native bf16 (oneDNN's bf16 kernels, ``torch.ops.mkldnn._is_mkldnn_bf16_supported()``), whose autocast runs the
-conv stages in the same dtypes as CUDA's (3D and 2D U-Nets, with and without a MaSA bottleneck); rounded up for what
+norms included (:class:`~medseg.models.norms.AutocastGroupNorm`). Fitted to measured peaks on an x86 CPU with
+native bf16 (oneDNN's bf16 kernels, ``torch.ops.mkldnn._is_mkldnn_bf16_supported()``), whose autocast runs the conv
+stages in the same dtypes as CUDA's (3D and 2D U-Nets, with and without a MaSA bottleneck), and rounded up for what
 CUDA's autocast keeps in float32 besides (the attention blocks' layer norms, the loss's softmax). The fit holds for
-such CPUs only: one without native bf16 converts through float32 buffers (a measured peak 3.5 times the estimate),
-and a GPU is a case of its own (cuDNN's kernels and workspaces), measured by the GPU check's ``planner`` part. What
-holds on every machine is the ratio of the bytes autograd keeps, bf16 to fp32, which autocast decides (0.51-0.53
-measured, against this constant's 0.55)."""
+such CPUs only: one without native bf16 converts through float32 buffers and peaks far above the estimate, and a GPU
+is a case of its own (cuDNN's kernels and workspaces), which the GPU check's ``planner`` part measures. What holds on
+every machine is the ratio of the bytes autograd keeps, bf16 to fp32, which autocast decides and this constant
+bounds (2.2 of fp32's 4 bytes). The figures: docs/data.md, "What is planned, and how to override it"."""
 AUTOCAST_WEIGHTS = 0.5
 """Autocast's cached low-precision copies of the weights, in float32 copies."""
 # The fitted constants come from CPU measurements (10 networks in fp32 and 5 in bf16, 2D and 3D, 3 to 5 levels,

@@ -32,7 +32,7 @@ RUNTIME_BYTES = 600 * 2**20
 GiB when caching starts, on the CPU)."""
 CACHING_TRANSIENT = 4.0
 """What resampling a case takes besides its cached result, per byte of the case as float32 image and label
-(measured 3.8: 0.98 GB over 2 threads caching 128 MB cases)."""
+(fitted to measured caching peaks, rounded up)."""
 VALIDATION_MAPS = 2
 """Float32 probability maps of every output alive at once while a volume is validated: the sliding window's sum
 and the softmax (or sigmoid) of it."""

@@ -4,11 +4,11 @@ loader workers take (:class:`PeakRam`), and the freed pages of whole volumes ret
 
 glibc keeps what a process frees for its next allocations: it raises its mmap threshold to the size of each large
 block freed (up to 32 MiB), so later volumes, their resampled copies and their probability maps come from its heap,
-and the heap's freed pages stay resident. After caching a dataset a training run held about 150 MiB more than it
-used, and its peak RAM varied by as much between identical runs. :func:`release_freed_memory` hands those pages back
-(glibc's ``malloc_trim(3)``) where a stage that freed whole volumes ends: after caching, after each validation, after
-each evaluated case. Turning the raising off instead (``mallopt(M_MMAP_THRESHOLD)``) freed them as well but mapped
-every activation of every training step anew: 1.5 times the seconds per step on the demo.
+and the heap's freed pages stay resident, so a run's peak RAM holds pages it no longer uses and varies between
+identical runs. :func:`release_freed_memory` hands those pages back (glibc's ``malloc_trim(3)``) where a stage that
+freed whole volumes ends: after caching, after each validation, after each evaluated case. The threshold itself is
+left to glibc: fixed (``mallopt(M_MMAP_THRESHOLD)``), it would map every activation of every training step anew,
+which slows the steps (the figures: docs/data.md, "Caching").
 """
 
 from __future__ import annotations
