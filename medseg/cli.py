@@ -4,10 +4,10 @@ errors as one line.
 A Hydra command (:mod:`medseg.commands`) is ``run(main, schema)``, where ``main`` is its ``@hydra.main`` task, on the
 configs of :data:`~medseg.hydra_config.CONFIG_DIR`, wrapped in :func:`one_line_errors`; :func:`run` registers the
 schemas, their ``--help`` texts and the configs' resolvers (:func:`medseg.hydra_config.register`) before Hydra
-composes. Before Hydra parses the command line only this module, :mod:`medseg.commands` and the light modules they
+composes. Before Hydra parses the command line only this module, :mod:`medseg.commands`, the light modules they
 import (:mod:`medseg.config`, :mod:`medseg.config_docs`, :mod:`medseg.hydra_config`, :mod:`medseg.typed_config`, the
-errors, the version, :mod:`medseg.runtime.launch`) are loaded, so ``--help`` and config mistakes answer without torch
-or MONAI.
+errors, the version, :mod:`medseg.runtime.launch`) are loaded, and the blocks of other packages where there are some
+(their keys are part of the schema), so ``--help`` and config mistakes answer without torch or MONAI.
 """
 
 from __future__ import annotations
@@ -45,16 +45,16 @@ def one_line_errors(task: Callable[..., T]) -> Callable[..., T]:
 
 
 def run(main: Callable[[], object], schema: type) -> int:
-    """Check the command line's override keys against ``schema``, register the schemas with Hydra, then run ``main``
+    """Register the schemas with Hydra, check the command line's override keys against ``schema``, then run ``main``
     (a ``@hydra.main`` on :data:`~medseg.hydra_config.CONFIG_DIR`, whose folders are the config groups); 0 when it
     returns (a failing task exits itself)."""
     groups = [path.name for path in CONFIG_DIR.iterdir() if path.is_dir()]
     try:
+        register(sys.argv)
         check_override_keys(sys.argv[1:], schema, groups)
     except MedsegError as err:
         print(f"error: {err}", file=sys.stderr)
         return 1
-    register(sys.argv)
     if {"--help", "-h"} & set(sys.argv[1:]) and print_help(schema, sys.argv[1:]):
         return 0
     main()

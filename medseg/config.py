@@ -16,7 +16,8 @@ stage that owns each entry point (:mod:`medseg.training.checks`, :mod:`medseg.in
 from __future__ import annotations
 
 from collections.abc import Iterator
-from dataclasses import Field, dataclass, field, fields, is_dataclass
+from dataclasses import MISSING as MISSING_DEFAULT
+from dataclasses import Field, dataclass, field, fields, is_dataclass, make_dataclass
 from functools import cache
 from typing import Any
 
@@ -100,9 +101,14 @@ def key_range(item: Field) -> Range | None:
     return item.metadata.get("range")
 
 
-@cache
 def value_ranges(schema: type) -> tuple[tuple[str, Range], ...]:
     """``(key, range)`` for every constrained leaf key of ``schema``, in declaration order (nested nodes walked)."""
+    return _value_ranges(schema, attention_schema())
+
+
+@cache
+def _value_ranges(schema: type, attention: type) -> tuple[tuple[str, Range], ...]:
+    """:func:`value_ranges` while ``attention`` is the ``model.attention`` node (a block registering changes it)."""
     return tuple((key, valid) for key, item, _ in leaves(schema)
                  if (valid := key_range(item)) is not None and not valid.unconstrained)
 
@@ -112,7 +118,7 @@ def leaves(schema: type, prefix: str = "") -> Iterator[tuple[str, Field, type]]:
     (nested nodes walked); an inherited field's dataclass is the subclass, whose bases declare it."""
     for item in fields(schema):
         key = f"{prefix}{item.name}"
-        nested = item.default_factory if is_dataclass(item.default_factory) else None  # type: ignore[misc]
+        nested = node_schema(item)
         if nested is not None:
             yield from leaves(nested, f"{key}.")
         else:
@@ -130,38 +136,14 @@ def value_text(value: Any) -> str:
 
 @dataclass
 class AttentionConfig:
-    """Hyperparameters shared by all attention blocks (the ``model.attention`` node).
+    """The keys of the ``model.attention`` node that every slot's transformer block reads, whatever its attention.
 
-    Each block takes the keys its ``__init__`` names and ignores the rest, so a single node serves every
-    slot and a sweep over ``model.attention.gamma`` needs no other change.
+    The node holds these and every registered block's own keys (:func:`attention_schema`), so a single node serves
+    every slot and a sweep over ``model.attention.gamma`` needs no other change.
     """
 
     num_heads: int = ranged(4, ge=1)
     """Attention heads; must divide the channel width of every slot."""
-    gamma: float = ranged(0.9, ge=0, le=1)
-    """MaSA decay base in [0, 1]; the weight between tokens n and m is gamma ** manhattan(n, m) (0: each token
-    attends to itself alone)."""
-    heads_range: float = ranged(0.0, ge=0)
-    """MaSA: 0 for one gamma for all heads; > 0 for per-head 1 - (1 - gamma) * 2 ** (-heads_range * h / num_heads)."""
-    spacing: list[float] | None = ranged(None, gt=0)
-    """Voxel spacing in mm per spatial axis at the network input; MaSA distances become physical. null: voxels."""
-    rope: str = "none"
-    """masa, masa_decomposed, mha: none, or axial (rotary encoding of q and k, head dim split over the axes)."""
-    focusing_factor: float = ranged(3.0, gt=0)
-    """Focused linear attention: the power p of the focusing function."""
-    positional_size: int = ranged(8, ge=0)
-    """Focused linear attention: side of the grid its zero-initialised positional term on k is stored on
-    (interpolated to the actual grid); 0 = one value per token of the slot's training grid (official FLatten)."""
-    kernel_size: int = ranged(5, ge=1, odd=True)
-    """Depthwise-conv kernel of MaSA's LCE and of focused linear attention's rank restoration."""
-    split_size: int = ranged(2, ge=1)
-    """CSWin stripe width in tokens."""
-    lepe: str = "map"
-    """CSWin LePE: map (one 3x3(x3) depthwise conv over the whole map) or stripe (official: inside each stripe)."""
-    pe: str = "sincos"
-    """MHA position encoding: sincos, relative or none."""
-    max_relative_size: int = ranged(0, ge=0)
-    """MHA relative bias: tokens per axis its table covers exactly; 0 means 16 (grids above it interpolate it)."""
     max_bias_gb: float | None = ranged(2.0, gt=0)
     """Model build fails when a slot's dense N x N attention bias (masa; mha with pe=relative, plus its gradient)
     would need more GB (2^30 bytes) than this in float32 at the training patch; null disables the check."""
@@ -173,6 +155,133 @@ class AttentionConfig:
     """Stochastic-depth rate of the transformer block's residual branches."""
     layer_scale: float | None = ranged(None, gt=0)
     """Initial value of the per-channel layer scale; null disables it."""
+
+
+@dataclass
+class KernelKey:
+    """The ``model.attention.kernel_size`` key of the blocks with a depthwise conv on v (masa, focused_linear)."""
+
+    kernel_size: int = ranged(5, ge=1, odd=True)
+    """Depthwise-conv kernel of MaSA's LCE and of focused linear attention's rank restoration."""
+
+
+@dataclass
+class RopeKey:
+    """The ``model.attention.rope`` key of the blocks that can rotate q and k (masa, masa_decomposed, mha)."""
+
+    rope: str = "none"
+    """masa, masa_decomposed, mha: none, or axial (rotary encoding of q and k, head dim split over the axes)."""
+
+
+@dataclass
+class MaSAKeys(KernelKey, RopeKey):
+    """MaSA's own ``model.attention`` keys (masa and masa_decomposed), besides ``kernel_size`` and ``rope``."""
+
+    gamma: float = ranged(0.9, ge=0, le=1)
+    """MaSA decay base in [0, 1]; the weight between tokens n and m is gamma ** manhattan(n, m) (0: each token
+    attends to itself alone)."""
+    heads_range: float = ranged(0.0, ge=0)
+    """MaSA: 0 for one gamma for all heads; > 0 for per-head 1 - (1 - gamma) * 2 ** (-heads_range * h / num_heads)."""
+    spacing: list[float] | None = ranged(None, gt=0)
+    """Voxel spacing in mm per spatial axis at the network input; MaSA distances become physical. null: voxels."""
+
+
+@dataclass
+class FocusedLinearKeys(KernelKey):
+    """Focused linear attention's own ``model.attention`` keys, besides ``kernel_size``."""
+
+    focusing_factor: float = ranged(3.0, gt=0)
+    """Focused linear attention: the power p of the focusing function."""
+    positional_size: int = ranged(8, ge=0)
+    """Focused linear attention: side of the grid its zero-initialised positional term on k is stored on
+    (interpolated to the actual grid); 0 = one value per token of the slot's training grid (official FLatten)."""
+
+
+@dataclass
+class CSWinKeys:
+    """CSWin's own ``model.attention`` keys."""
+
+    split_size: int = ranged(2, ge=1)
+    """CSWin stripe width in tokens."""
+    lepe: str = "map"
+    """CSWin LePE: map (one 3x3(x3) depthwise conv over the whole map) or stripe (official: inside each stripe)."""
+
+
+@dataclass
+class MHAKeys(RopeKey):
+    """Multi-head attention's own ``model.attention`` keys, besides ``rope``."""
+
+    pe: str = "sincos"
+    """MHA position encoding: sincos, relative or none."""
+    max_relative_size: int = ranged(0, ge=0)
+    """MHA relative bias: tokens per axis its table covers exactly; 0 means 16 (grids above it interpolate it)."""
+
+
+BLOCK_KEYS: dict[str, type] = {"masa": MaSAKeys, "masa_decomposed": MaSAKeys, "focused_linear": FocusedLinearKeys,
+                               "cswin": CSWinKeys, "mha": MHAKeys}
+"""Block name -> the dataclass of its own ``model.attention`` keys (its hyperparameters): medseg's blocks', and those
+of other packages' blocks as they register (:func:`medseg.attention.registry.register_attention`)."""
+
+BLOCK_ENTRY_POINTS = "medseg.attention_blocks"
+"""The entry-point group of installed packages' blocks: each entry point names a module that registers blocks."""
+
+
+def add_block_keys(block: str, keys: type) -> None:
+    """Add block ``block``'s own keys (dataclass ``keys``, every field with a default, documented by the docstring
+    under it and range-checked by its :class:`Range`) to the ``model.attention`` node.
+
+    Raises:
+        ValueError: ``keys`` is no dataclass or a field has no default, or a key another block or
+            :class:`AttentionConfig` already declares with another type or default (blocks may share a key, e.g.
+            ``kernel_size``, only where they agree on it).
+    """
+    if BLOCK_KEYS.get(block) is keys:
+        return
+    if not is_dataclass(keys):
+        raise ValueError(f"attention block {block!r}: its keys must be a dataclass, got {keys!r}")
+    declared = {item.name: (item, owner) for owner, cls in [("every block", AttentionConfig), *BLOCK_KEYS.items()]
+                for item in fields(cls)}
+    for item in fields(keys):
+        if item.default is MISSING_DEFAULT and item.default_factory is MISSING_DEFAULT:
+            raise ValueError(f"attention block {block!r}: key {item.name!r} needs a default")
+        if item.name in declared and _declaration(item) != _declaration(declared[item.name][0]):
+            raise ValueError(f"attention block {block!r}: key model.attention.{item.name} is already declared by "
+                             f"{declared[item.name][1]} with another type or default")
+    BLOCK_KEYS[block] = keys
+
+
+def _declaration(item: Field) -> tuple[str, Any, Any]:
+    """What two blocks sharing a key must agree on: its type, default and range."""
+    return type_text(item), item.default, key_range(item)
+
+
+def type_text(item: Field) -> str:
+    """A schema field's type as its annotation reads (``float``, ``list[int] | None``), whether or not its module
+    postpones annotations."""
+    return item.type if isinstance(item.type, str) else getattr(item.type, "__name__", str(item.type))
+
+
+def attention_schema() -> type:
+    """The ``model.attention`` node's dataclass: :class:`AttentionConfig`'s keys, then each registered block's."""
+    return _attention_schema(tuple(dict.fromkeys(BLOCK_KEYS.values())))
+
+
+@cache
+def _attention_schema(block_keys: tuple[type, ...]) -> type:
+    schema = make_dataclass("AttentionConfig", [], bases=(*reversed(block_keys), AttentionConfig))
+    schema.__module__, schema.__doc__ = __name__, AttentionConfig.__doc__
+    return schema
+
+
+def _attention_node() -> Any:
+    return attention_schema()()
+
+
+def node_schema(item: Field) -> type | None:
+    """The dataclass of a schema field that is a nested node (``model``, ``model.attention``, ...); None for a leaf."""
+    if "schema" in item.metadata:
+        return item.metadata["schema"]()
+    return item.default_factory if is_dataclass(item.default_factory) else None  # type: ignore[return-value]
 
 
 @dataclass
@@ -227,8 +336,12 @@ class ModelConfig:
     """Attention block after each of the lowest-resolution decoder stages: none, or a block name."""
     decoder_levels: int = ranged(1, ge=0)
     """How many of the lowest-resolution decoder stages get the decoder block."""
-    attention: AttentionConfig = field(default_factory=AttentionConfig)
-    """Hyperparameters shared by every attention slot."""
+    attention: AttentionConfig = field(default_factory=_attention_node, metadata={"schema": attention_schema})
+    """Hyperparameters of the attention slots: the keys every block reads, and each registered block's own."""
+    block_modules: list[str] = field(default_factory=list)
+    """Python modules to import before the slots' blocks are looked up, e.g. [my_lab.blocks]: each registers its
+    blocks (medseg.attention.register_attention), which model.bottleneck and model.decoder can then name. Blocks of
+    an installed package's medseg.attention_blocks entry points need no entry here."""
 
 
 @dataclass

@@ -16,7 +16,7 @@ from dataclasses import Field, is_dataclass
 from functools import cache
 from pathlib import Path
 
-from medseg.config import SCHEMAS, key_range, leaves
+from medseg.config import SCHEMAS, key_range, leaves, type_text
 
 
 def _docs_under_fields(body: list[ast.stmt]) -> dict[str, str]:
@@ -58,14 +58,14 @@ def range_text(item: Field) -> str:
     valid = key_range(item)
     if valid is None:
         return ""
-    return f"each {valid.text()}" if "list[" in str(item.type) and not valid.unconstrained else valid.text()
+    return f"each {valid.text()}" if "list[" in type_text(item) and not valid.unconstrained else valid.text()
 
 
 def key_docs(schema: type, prefix: str = "") -> Iterator[tuple[str, str, str, str]]:
     """``(key, type, range, meaning)`` for every leaf key of ``schema``, in declaration order; the range as
     :func:`range_text` writes it ("" for a key that is no number)."""
     for key, item, doc in leaf_fields(schema, prefix):
-        yield key, str(item.type), range_text(item), doc
+        yield key, type_text(item), range_text(item), doc
 
 
 def help_line(key: str, kind: str, valid: str, doc: str) -> str:

@@ -12,7 +12,7 @@ from dataclasses import Field, fields, is_dataclass
 
 from omegaconf import MISSING
 
-from medseg.config import SCHEMAS, value_text
+from medseg.config import SCHEMAS, type_text, value_text
 from medseg.config_docs import field_doc, leaf_fields, range_text
 
 REFERENCE_PREAMBLE = """\
@@ -86,7 +86,7 @@ def _summary(cls: type) -> str:
 def _table(rows: Iterable[tuple[str, Field, str]]) -> str:
     """The markdown table of ``(key, field, meaning)`` rows: key, type, default, valid range, meaning."""
     return TABLE_HEAD + "\n".join(
-        f"| `{key}` | {_cell(str(item.type), code=True)} | {_cell(default_text(item), code=True)} | "
+        f"| `{key}` | {_cell(type_text(item), code=True)} | {_cell(default_text(item), code=True)} | "
         f"{_cell(range_text(item), code=bool(range_text(item)))} | {_cell(doc)} |" for key, item, doc in rows)
 
 

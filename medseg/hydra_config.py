@@ -11,12 +11,13 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from functools import cache
+from importlib.metadata import entry_points
 from pathlib import Path
 
 from hydra.core.config_store import ConfigStore
 from omegaconf import DictConfig, OmegaConf
 
-from medseg.config import SCHEMAS
+from medseg.config import BLOCK_ENTRY_POINTS, SCHEMAS
 from medseg.config_docs import config_groups_text, extra_config_dirs, help_template
 
 CONFIG_DIR = Path(__file__).resolve().parent / "configs"
@@ -44,10 +45,38 @@ def help_text(name: str, argv: Sequence[str] = ()) -> str:
     return help_template(name, _config_groups(tuple(argv)))
 
 
+def block_modules(argv: Sequence[str]) -> list[str]:
+    """The modules a command line's ``model.block_modules=[...]`` override names ([] without one)."""
+    from hydra.core.override_parser.overrides_parser import OverridesParser
+    from hydra.errors import OverrideParseException
+
+    parser = OverridesParser.create()
+    for argument in argv:
+        try:
+            (override,) = parser.parse_overrides([argument])
+        except OverrideParseException:
+            continue
+        if override.key_or_group.lstrip("+") == "model.block_modules" and not override.is_sweep_override():
+            value = override.value()
+            return [str(module) for module in (value if isinstance(value, list) else [value])]
+    return []
+
+
 def register(argv: Sequence[str] = ()) -> None:
     """Store every schema of :data:`~medseg.config.SCHEMAS` as ``<name>_schema`` and its ``--help`` text
     (:func:`help_text` of ``argv``, the command line) as ``hydra/help/medseg_<name>`` in Hydra's ConfigStore, and
-    the ``medseg_blocks`` resolver; again replaces them."""
+    the ``medseg_blocks`` resolver; again replaces them. The blocks of installed packages and of the command line's
+    ``model.block_modules`` register first, so that their keys join ``model.attention`` (medseg's own blocks' keys
+    are :mod:`medseg.config`'s: without other blocks, no torch loads).
+
+    Raises:
+        ConfigError: a block module that cannot be imported.
+    """
+    modules = block_modules(argv)
+    if modules or entry_points(group=BLOCK_ENTRY_POINTS):
+        from medseg.attention.registry import load_blocks  # other packages' blocks: their keys join the schema
+
+        load_blocks(modules)
     store = ConfigStore.instance()
     for name, schema in SCHEMAS.items():
         store.store(name=f"{name}_schema", node=schema)
@@ -56,10 +85,11 @@ def register(argv: Sequence[str] = ()) -> None:
 
 
 def compose_config(name: str, overrides: Sequence[str] = (), return_hydra_config: bool = False) -> DictConfig:
-    """``medseg/configs/<name>.yaml`` with ``overrides``, composed by Hydra's compose API after :func:`register`, as
-    ``medseg <name>`` composes it (``hydra:`` interpolations are available only with ``return_hydra_config``)."""
+    """``medseg/configs/<name>.yaml`` with ``overrides``, composed by Hydra's compose API after :func:`register` (of
+    ``overrides``: their ``model.block_modules`` load first), as ``medseg <name>`` composes it (``hydra:``
+    interpolations are available only with ``return_hydra_config``)."""
     from hydra import compose, initialize_config_dir
 
-    register()
+    register(overrides)
     with initialize_config_dir(config_dir=str(CONFIG_DIR), version_base="1.3", job_name=name):
         return compose(config_name=name, overrides=list(overrides), return_hydra_config=return_hydra_config)

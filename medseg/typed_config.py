@@ -16,7 +16,7 @@ from typing import Any, TypeVar
 from omegaconf import DictConfig, OmegaConf
 from omegaconf.errors import ConfigKeyError, MissingMandatoryValue, ValidationError
 
-from medseg.config import value_ranges, value_text
+from medseg.config import node_schema, value_ranges, value_text
 from medseg.errors import ConfigError, check_choice
 
 Schema = TypeVar("Schema")
@@ -27,9 +27,9 @@ def _valid_keys(schema: type, path: str) -> list[str]:
     node: Any = schema
     for part in [p for p in path.split(".") if p]:
         match = next((f for f in fields(node) if f.name == part), None) if is_dataclass(node) else None
-        if match is None or not is_dataclass(match.default_factory):  # type: ignore[arg-type]
+        node = node_schema(match) if match is not None else None
+        if node is None:
             return []
-        node = match.default_factory
     return [f.name for f in fields(node)] if is_dataclass(node) else []
 
 
@@ -81,8 +81,8 @@ def _unknown_keys(node: DictConfig, schema: type, prefix: str = "") -> Iterator[
         if key not in known:
             yield f"{prefix}{key}"
             continue
-        nested = known[key].default_factory
-        if is_dataclass(nested) and not OmegaConf.is_missing(node, key) and isinstance(node[key], DictConfig):
+        nested = node_schema(known[key])
+        if nested is not None and not OmegaConf.is_missing(node, key) and isinstance(node[key], DictConfig):
             yield from _unknown_keys(node[key], nested, f"{prefix}{key}.")  # type: ignore[arg-type]
 
 

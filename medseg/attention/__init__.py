@@ -7,26 +7,48 @@
 Pure tensor ops live in :mod:`medseg.attention.functional`; one module per block family
 (:mod:`~medseg.attention.masa`, :mod:`~medseg.attention.focused_linear`, :mod:`~medseg.attention.cswin`,
 :mod:`~medseg.attention.mha`, and :mod:`~medseg.attention.identity`, the ablation without attention);
-:mod:`~medseg.attention.registry` turns names into modules and checks a config's
-block settings. :mod:`medseg.models.inspect` recomputes a trained U-Net's attention rows for one voxel.
+:mod:`~medseg.attention.registry` turns names into modules, loads other packages' blocks and checks a config's
+block settings.
+Importing this package registers medseg's blocks, in the order :func:`available_blocks` lists them.
+:mod:`medseg.models.inspect` recomputes a trained U-Net's attention rows for one voxel.
 """
 
 from medseg.attention.block import TransformerBlock
 from medseg.attention.common import SpatialAttention
 from medseg.attention.registry import (
     ATTENTION_BLOCKS,
+    attention_config,
     available_blocks,
     build_attention,
     build_transformer_block,
+    load_blocks,
     register_attention,
 )
 
+# Importing a block registers it: this order is available_blocks()'s.
+# isort: off
+from medseg.attention.masa import MaSA, MaSADecomposed
+from medseg.attention.focused_linear import FocusedLinearAttention
+from medseg.attention.cswin import CSWinAttention
+from medseg.attention.mha import MultiHeadAttention
+from medseg.attention.identity import IdentityMixer
+# isort: on
+
+
 __all__ = [
     "ATTENTION_BLOCKS",
+    "CSWinAttention",
+    "FocusedLinearAttention",
+    "IdentityMixer",
+    "MaSA",
+    "MaSADecomposed",
+    "MultiHeadAttention",
     "SpatialAttention",
     "TransformerBlock",
+    "attention_config",
     "available_blocks",
     "build_attention",
     "build_transformer_block",
+    "load_blocks",
     "register_attention",
 ]

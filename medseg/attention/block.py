@@ -10,7 +10,7 @@ from torch import nn
 from torch.utils.checkpoint import checkpoint
 
 from medseg.attention.common import DepthwiseConv, SpatialAttention, TokenDepthwiseConv, to_spatial, to_tokens
-from medseg.errors import check_choice
+from medseg.errors import check_parameter
 
 CPE_KERNEL = 3
 """Kernel of the conditional position encoding ``x + DWConv(x)`` in front of the attention."""
@@ -37,7 +37,7 @@ class FeedForward(nn.Sequential):
     """
 
     def __init__(self, dim: int, hidden: int, spatial_dims: int, kind: str = "mlp") -> None:
-        check_choice("model.attention.ffn", kind, FFN_KINDS)
+        check_parameter("ffn", kind, FFN_KINDS)
         super().__init__(nn.Linear(dim, hidden), nn.GELU(), nn.Linear(hidden, dim))
         self.conv = TokenDepthwiseConv(hidden, spatial_dims, FFN_CONV_KERNEL) if kind == "dwconv" else None
 

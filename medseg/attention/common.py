@@ -21,7 +21,7 @@ import torch.nn.functional as F
 from einops import rearrange
 from torch import nn
 
-from medseg.errors import ConfigError
+from medseg.errors import ParameterError
 
 _CONV = {1: F.conv1d, 2: F.conv2d, 3: F.conv3d}
 
@@ -137,7 +137,7 @@ class DepthwiseConv(nn.Module):
     def __init__(self, channels: int, spatial_dims: int, kernel_size: int) -> None:
         super().__init__()
         if kernel_size % 2 != 1:
-            raise ConfigError(f"depthwise kernel_size must be odd to keep the spatial size, got {kernel_size}")
+            raise ParameterError("kernel_size", kernel_size, "expected an odd size, which keeps the spatial size")
         self.weight = nn.Parameter(torch.empty(channels, 1, *(kernel_size,) * spatial_dims))
         self.bias = nn.Parameter(torch.empty(channels))
         nn.init.kaiming_uniform_(self.weight, a=math.sqrt(5))
@@ -190,9 +190,10 @@ class AttentionRow:
 
 
 def check_spatial_dims(spatial_dims: int) -> None:
-    """``model.spatial_dims`` is 2 or 3: the one check of it, for the blocks and the training config alike."""
+    """``spatial_dims`` is 2 or 3: the one check of it, for the blocks and the training config (``model.spatial_dims``)
+    alike."""
     if spatial_dims not in (2, 3):
-        raise ConfigError(f"model.spatial_dims={spatial_dims}: expected 2 or 3")
+        raise ParameterError("spatial_dims", spatial_dims, "expected 2 or 3")
 
 
 class SpatialAttention(nn.Module, ABC):
@@ -217,8 +218,7 @@ class SpatialAttention(nn.Module, ABC):
         super().__init__()
         check_spatial_dims(spatial_dims)
         if num_heads < 1 or dim % num_heads != 0:
-            raise ConfigError(
-                f"model.attention.num_heads={num_heads} must be a positive divisor of the channel width {dim}")
+            raise ParameterError("num_heads", num_heads, f"expected a positive divisor of the channel width {dim}")
         self.dim = dim
         self.spatial_dims = spatial_dims
         self.num_heads = num_heads

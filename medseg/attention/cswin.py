@@ -20,7 +20,9 @@ from medseg.attention.common import (
     to_spatial,
     to_tokens,
 )
-from medseg.errors import ConfigError, check_choice
+from medseg.attention.registry import register_attention
+from medseg.config import CSWinKeys
+from medseg.errors import ParameterError, check_parameter
 
 LEPE_KERNEL = 3
 """CSWin's locally-enhanced positional encoding is a 3x3(x3) depthwise conv on v."""
@@ -34,7 +36,7 @@ stripe (zero-padded at the stripe borders), one conv per head group."""
 def _warn_uneven_split(num_heads: int, split: tuple[int, ...]) -> None:
     """Warn once per process and split that the head groups differ in size."""
     warnings.warn(
-        f"cswin: model.attention.num_heads={num_heads} does not divide evenly over the {len(split)} spatial axes; "
+        f"cswin: num_heads={num_heads} does not divide evenly over the {len(split)} spatial axes; "
         f"heads per stripe axis: {list(split)}. Use a multiple of {len(split)} heads for equal groups.",
         UserWarning,
         stacklevel=3,
@@ -47,16 +49,15 @@ def heads_per_axis(num_heads: int, spatial_dims: int) -> list[int]:
     An uneven split (4 heads in 3D: 2/1/1) works, with a one-time warning that names it.
     """
     if num_heads < spatial_dims:
-        raise ConfigError(
-            f"cswin needs model.attention.num_heads >= {spatial_dims} (one stripe group per spatial axis), "
-            f"got {num_heads}"
-        )
+        raise ParameterError("num_heads", num_heads,
+                             f"cswin needs at least {spatial_dims} (one stripe group per spatial axis)")
     split = even_split(num_heads, spatial_dims)
     if num_heads % spatial_dims:
         _warn_uneven_split(num_heads, tuple(split))
     return split
 
 
+@register_attention("cswin", CSWinKeys)
 class CSWinAttention(SpatialAttention):
     """Stripe attention in parallel head groups, one group per spatial axis, plus LePE.
 
@@ -82,8 +83,8 @@ class CSWinAttention(SpatialAttention):
     ) -> None:
         super().__init__(dim, spatial_dims, num_heads)
         if split_size < 1:
-            raise ConfigError(f"model.attention.split_size must be >= 1, got {split_size}")
-        check_choice("model.attention.lepe", lepe, LEPE_MODES)
+            raise ParameterError("split_size", split_size, "expected >= 1")
+        check_parameter("lepe", lepe, LEPE_MODES)
         self.split_size = int(split_size)
         self.group_heads = heads_per_axis(num_heads, spatial_dims)
         self.lepe_mode = lepe

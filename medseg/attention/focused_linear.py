@@ -12,9 +12,12 @@ from torch import nn
 from medseg.attention import functional
 from medseg.attention.common import AttentionRow, SpatialAttention, TokenDepthwiseConv, to_tokens
 from medseg.attention.position import resize_grid
-from medseg.errors import ConfigError
+from medseg.attention.registry import register_attention
+from medseg.config import FocusedLinearKeys
+from medseg.errors import ParameterError
 
 
+@register_attention("focused_linear", FocusedLinearKeys)
 class FocusedLinearAttention(SpatialAttention):
     """Focused linear attention with a learned positional term on k and depthwise-conv rank restoration.
 
@@ -47,12 +50,11 @@ class FocusedLinearAttention(SpatialAttention):
     ) -> None:
         super().__init__(dim, spatial_dims, num_heads)
         if positional_size < 0:
-            raise ConfigError(f"model.attention.positional_size must be >= 0, got {positional_size}")
+            raise ParameterError("positional_size", positional_size, "expected >= 0")
         if positional_size == 0 and grid is None:
-            raise ConfigError(
-                "model.attention.positional_size=0 stores one positional value per token of the slot's grid, which "
-                "is known only inside the U-Net (build_model(..., patch_size)); pass grid= or a positive size"
-            )
+            raise ParameterError("positional_size", 0, "stores one positional value per token of the slot's grid, "
+                                 "which is known only inside the U-Net (build_model(..., patch_size)); pass grid= or a "
+                                 "positive size")
         self.focusing_factor = float(focusing_factor)
         self.scale = nn.Parameter(torch.zeros(1, 1, dim))
         stored = tuple(int(s) for s in grid) if positional_size == 0 else (int(positional_size),) * spatial_dims

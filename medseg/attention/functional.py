@@ -22,7 +22,7 @@ from einops import rearrange
 from medseg.attention import position
 from medseg.attention.common import _depthwise, merge_heads, split_heads, tensor_cache
 from medseg.attention.position import axis_scales, grid_coordinates, manhattan_distance, manhattan_row
-from medseg.errors import ConfigError
+from medseg.errors import ParameterError
 from medseg.runtime.device import autocast_enabled
 
 try:
@@ -60,9 +60,9 @@ def log_gammas(gamma: Gamma, num_heads: int) -> tuple[float, ...]:
 
 def check_gamma(values: Sequence[float]) -> None:
     """MaSA's decays lie in [0, 1]: 1 is no decay, 0 the limit where each token attends to itself alone (its
-    bias is floored at :data:`GAMMA_FLOOR`). The one check of ``model.attention.gamma``'s range."""
+    bias is floored at :data:`GAMMA_FLOOR`). The one check of ``gamma``'s range."""
     if not all(0.0 <= g <= 1.0 for g in values):
-        raise ConfigError(f"model.attention.gamma must lie in [0, 1], got {list(values)}")
+        raise ParameterError("gamma", list(values), "expected values in [0, 1]")
 
 
 def _decay_bias(

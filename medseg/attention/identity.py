@@ -5,8 +5,10 @@ from __future__ import annotations
 import torch
 
 from medseg.attention.common import SpatialAttention
+from medseg.attention.registry import register_attention
 
 
+@register_attention("identity")
 class IdentityMixer(SpatialAttention):
     """A token mixer that mixes nothing: ``attend(x) = x``, no parameters.
 

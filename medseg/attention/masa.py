@@ -7,8 +7,16 @@ from collections.abc import Sequence
 import torch
 
 from medseg.attention import functional
-from medseg.attention.common import AttentionRow, SpatialAttention, TokenDepthwiseConv, merge_heads, split_heads
+from medseg.attention.common import (
+    AttentionRow,
+    SpatialAttention,
+    TokenDepthwiseConv,
+    merge_heads,
+    split_heads,
+)
 from medseg.attention.position import axis_scales, check_rope, rotated_heads
+from medseg.attention.registry import register_attention
+from medseg.config import MaSAKeys
 
 
 def head_gammas(gamma: float, heads_range: float, num_heads: int) -> float | tuple[float, ...]:
@@ -23,6 +31,7 @@ def head_gammas(gamma: float, heads_range: float, num_heads: int) -> float | tup
     return tuple(1.0 - (1.0 - gamma) * 2.0 ** (-heads_range * h / num_heads) for h in range(num_heads))
 
 
+@register_attention("masa", MaSAKeys)
 class MaSA(SpatialAttention):
     """Full Manhattan self-attention with the local context enhancement (LCE) of RMT.
 
@@ -93,6 +102,7 @@ class MaSA(SpatialAttention):
                 f"rope={self.rope!r}")
 
 
+@register_attention("masa_decomposed", MaSAKeys)
 class MaSADecomposed(MaSA):
     """Decomposed MaSA: axial attention along W, then H (then D) with 1-D decays, plus LCE.
 

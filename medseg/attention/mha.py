@@ -8,8 +8,16 @@ from torch import nn
 
 from medseg.attention import functional
 from medseg.attention.common import AttentionRow, SpatialAttention, merge_heads, split_heads
-from medseg.attention.position import check_rope, relative_bias, relative_bias_row, rotated_heads, sincos_embedding
-from medseg.errors import check_choice
+from medseg.attention.position import (
+    check_rope,
+    relative_bias,
+    relative_bias_row,
+    rotated_heads,
+    sincos_embedding,
+)
+from medseg.attention.registry import register_attention
+from medseg.config import MHAKeys
+from medseg.errors import check_parameter
 
 POSITION_ENCODINGS = ("sincos", "relative", "none")
 """The values of ``model.attention.pe``."""
@@ -19,6 +27,7 @@ DEFAULT_RELATIVE_SIZE = 16
 axis (cropped to the actual grid); larger grids interpolate it."""
 
 
+@register_attention("mha", MHAKeys)
 class MultiHeadAttention(SpatialAttention):
     """Global multi-head attention with a selectable position encoding.
 
@@ -51,7 +60,7 @@ class MultiHeadAttention(SpatialAttention):
         rope: str = "none",
     ) -> None:
         super().__init__(dim, spatial_dims, num_heads)
-        check_choice("model.attention.pe", pe, POSITION_ENCODINGS)
+        check_parameter("pe", pe, POSITION_ENCODINGS)
         self.pe = pe
         self.rope = check_rope(rope, self.head_dim, spatial_dims)
         if pe == "relative":

@@ -16,7 +16,7 @@ import torch.nn.functional as F
 from monai.networks.blocks.pos_embed_utils import build_sincos_position_embedding
 
 from medseg.attention.common import even_split, split_heads, tensor_cache
-from medseg.errors import ConfigError, check_choice
+from medseg.errors import ParameterError, check_parameter
 
 _INTERPOLATION = {1: "linear", 2: "bilinear", 3: "trilinear"}
 
@@ -166,17 +166,15 @@ def _fit_relative_table(table: torch.Tensor, spatial_shape: Sequence[int]) -> to
 
 
 def check_rope(rope: str, head_dim: int, spatial_dims: int) -> str:
-    """``model.attention.rope`` for a block of ``head_dim`` channels per head; returns it.
+    """``rope`` for a block of ``head_dim`` channels per head; returns it.
 
     Raises:
-        ConfigError: an unknown value, or ``axial`` with fewer than one channel pair per spatial axis.
+        ParameterError: an unknown value, or ``axial`` with fewer than one channel pair per spatial axis.
     """
-    check_choice("model.attention.rope", rope, ROTARY_ENCODINGS)
+    check_parameter("rope", rope, ROTARY_ENCODINGS)
     if rope == "axial" and head_dim // 2 < spatial_dims:
-        raise ConfigError(
-            f"model.attention.rope=axial rotates one channel pair per spatial axis at least: it needs a head "
-            f"dimension >= {2 * spatial_dims}, got {head_dim} (fewer model.attention.num_heads)"
-        )
+        raise ParameterError("rope", "axial", f"rotates one channel pair per spatial axis at least: it needs a "
+                             f"head dimension >= {2 * spatial_dims}, got {head_dim} (fewer num_heads)")
     return rope
 
 

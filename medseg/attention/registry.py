@@ -1,10 +1,20 @@
-"""Name -> attention class registry, and the builders the U-Net slots call."""
+"""Name -> attention class registry, the blocks of other packages, and the builders the U-Net slots call.
+
+Every block registers one way: :func:`register_attention` on its class, with the dataclass of its own
+``model.attention`` keys (medseg's blocks' are :mod:`medseg.config`'s, so ``--help`` needs no torch). medseg's blocks
+register when :mod:`medseg.attention` is imported; another package's when :func:`load_blocks` imports the module that
+defines them: a module that an entry point of the group :data:`~medseg.config.BLOCK_ENTRY_POINTS` names (an installed
+package), or one that ``model.block_modules`` lists. The registry imports no block (timm's way): the blocks import it.
+"""
 
 from __future__ import annotations
 
+import importlib
 import inspect
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import fields
+from functools import cache
+from importlib.metadata import entry_points
 from typing import Any, TypeVar
 
 import torch
@@ -12,36 +22,34 @@ from omegaconf import OmegaConf
 
 from medseg.attention.block import TransformerBlock
 from medseg.attention.common import SpatialAttention
-from medseg.attention.cswin import CSWinAttention
-from medseg.attention.focused_linear import FocusedLinearAttention
-from medseg.attention.identity import IdentityMixer
-from medseg.attention.masa import MaSA, MaSADecomposed
-from medseg.attention.mha import MultiHeadAttention
-from medseg.config import AttentionConfig
-from medseg.errors import ConfigError, check_choice
+from medseg.config import BLOCK_ENTRY_POINTS, add_block_keys, attention_schema
+from medseg.errors import ConfigError, check_choice, keyed, one_line
 
-ATTENTION_BLOCKS: dict[str, type[SpatialAttention]] = {
-    "masa": MaSA,
-    "masa_decomposed": MaSADecomposed,
-    "focused_linear": FocusedLinearAttention,
-    "cswin": CSWinAttention,
-    "mha": MultiHeadAttention,
-    "identity": IdentityMixer,
-}
-"""Every block a config string can name. ``none`` is not a block: the U-Net leaves such a slot empty (a pure CNN);
-``identity`` is the transformer block without attention (the ablation)."""
+ATTENTION_BLOCKS: dict[str, type[SpatialAttention]] = {}
+"""Every block a config string can name, in registration order. ``none`` is not a block: the U-Net leaves such a slot
+empty (a pure CNN); ``identity`` is the transformer block without attention (the ablation)."""
 
 RESERVED_NAMES = ("none",)
+
+MODEL_KEYS = {"spatial_dims": "model.spatial_dims"}
+"""A block's parameters that are keys of ``model`` rather than of ``model.attention``."""
 
 Block = TypeVar("Block", bound=type[SpatialAttention])
 
 
-def register_attention(name: str) -> Callable[[Block], Block]:
+def register_attention(name: str, keys: type | None = None) -> Callable[[Block], Block]:
     """Class decorator adding an attention block to the registry under ``name``.
 
-    The class must subclass :class:`~medseg.attention.common.SpatialAttention` and take
-    ``(dim, spatial_dims, **keys)`` where every key is a field of
-    :class:`medseg.config.AttentionConfig`.
+    The class must subclass :class:`~medseg.attention.common.SpatialAttention` and take ``(dim, spatial_dims,
+    **params)``. ``keys`` is the dataclass of its own hyperparameters: each field a parameter of its ``__init__``,
+    with a default, documented by the docstring under it (``--help`` and docs/configuration.md show it) and
+    range-checked by :func:`medseg.config.ranged`. They join the ``model.attention`` node beside the keys every block
+    takes (:class:`~medseg.config.AttentionConfig`: ``num_heads`` is passed where ``__init__`` names it).
+
+    Raises:
+        ValueError: ``name`` is taken; ``keys`` is no dataclass, lacks a default, declares a key another block
+            declares otherwise, or a key ``__init__`` does not take.
+        TypeError: the class is no ``SpatialAttention``.
     """
 
     def register(cls: Block) -> Block:
@@ -49,10 +57,51 @@ def register_attention(name: str) -> Callable[[Block], Block]:
             raise ValueError(f"attention block name {name!r} is already taken")
         if not issubclass(cls, SpatialAttention):
             raise TypeError(f"{cls.__name__} must subclass SpatialAttention")
+        if keys is not None:
+            untaken = [item.name for item in fields(keys) if item.name not in inspect.signature(cls).parameters]
+            if untaken:
+                raise ValueError(f"attention block {name!r}: {cls.__name__} takes no parameter {untaken}")
+            add_block_keys(name, keys)
         ATTENTION_BLOCKS[name] = cls
         return cls
 
     return register
+
+
+@cache
+def _load_entry_points() -> None:
+    """Import the module of every installed entry point of :data:`~medseg.config.BLOCK_ENTRY_POINTS`, once per
+    process."""
+    for point in entry_points(group=BLOCK_ENTRY_POINTS):
+        try:
+            point.load()
+        except Exception as err:  # a broken plugin: name it instead of a traceback from inside it
+            raise ConfigError(f"the attention blocks of entry point {point.name} = {point.value} "
+                              f"({BLOCK_ENTRY_POINTS}) could not be loaded: {one_line(err)}") from err
+
+
+def load_blocks(modules: Sequence[str] = ()) -> None:
+    """Register the blocks of installed packages (:data:`~medseg.config.BLOCK_ENTRY_POINTS`) and of ``modules``
+    (``model.block_modules``): each module is imported (once; Python caches it) and registers its blocks.
+
+    Raises:
+        ConfigError: a module that cannot be imported, or an entry point that cannot be loaded.
+    """
+    _load_entry_points()
+    for module in modules:
+        try:
+            importlib.import_module(module)
+        except ImportError as err:
+            raise ConfigError(f"model.block_modules: cannot import {module!r} ({one_line(err)}); expected a module "
+                              "on the Python path that registers blocks with medseg.attention.register_attention")\
+                from err
+
+
+def attention_config(**values: Any) -> Any:
+    """A ``model.attention`` node with ``values`` set and every other key at its default: an instance of
+    :func:`medseg.config.attention_schema`, the keys of :class:`~medseg.config.AttentionConfig` and of every registered
+    block."""
+    return attention_schema()(**values)
 
 
 def available_blocks() -> list[str]:
@@ -66,7 +115,7 @@ def _plain(value: Any) -> Any:
 
 
 def _checked_keys(attention_cfg: Mapping[str, Any]) -> dict[str, Any]:
-    valid = [f.name for f in fields(AttentionConfig)]
+    valid = [f.name for f in fields(attention_schema())]
     unknown = sorted(set(attention_cfg) - set(valid))
     if unknown:
         raise ConfigError(f"unknown model.attention key(s) {unknown}; valid keys: {valid}")
@@ -98,7 +147,8 @@ def build_attention(
     if name not in ATTENTION_BLOCKS:
         raise ConfigError(f"unknown attention block {name!r}; valid blocks: {available_blocks()}")
     cls = ATTENTION_BLOCKS[name]
-    return cls(dim, spatial_dims, **_accepted(cls, {**_checked_keys(attention_cfg), "grid": grid}))
+    with keyed("model.attention", MODEL_KEYS):
+        return cls(dim, spatial_dims, **_accepted(cls, {**_checked_keys(attention_cfg), "grid": grid}))
 
 
 def build_transformer_block(
@@ -115,7 +165,8 @@ def build_transformer_block(
     """
     cfg = _checked_keys(attention_cfg)
     attention = build_attention(name, dim, spatial_dims, grid=grid, **cfg)
-    return TransformerBlock(attention, checkpointing=checkpointing, **_accepted(TransformerBlock, cfg))
+    with keyed("model.attention", MODEL_KEYS):
+        return TransformerBlock(attention, checkpointing=checkpointing, **_accepted(TransformerBlock, cfg))
 
 
 def block_choices() -> list[str]:

@@ -10,6 +10,7 @@ import torch
 from monai.transforms import Compose
 from torch import nn
 
+from medseg.attention import load_blocks
 from medseg.config import DataConfig, TrainConfig
 from medseg.data.labels import LabelSpec
 from medseg.data.transforms import Window, eval_transforms, window
@@ -74,6 +75,7 @@ def load_model(path: str | Path, device: torch.device | str = "cpu") -> EvalMode
     """
     state = load_checkpoint(path, map_location="cpu")
     try:
+        load_blocks(state["config"]["model"].get("block_modules", []))
         cfg = to_typed(TrainConfig, state["config"])
         spec = LabelSpec.from_dict(state["dataset"])
         channel_names = [str(c) for c in state["dataset"]["channel_names"]]

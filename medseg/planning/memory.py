@@ -41,8 +41,8 @@ from torch import nn
 
 from medseg.attention.block import TransformerBlock
 from medseg.attention.common import FLOAT32_BYTES, dense_bias_bytes
-from medseg.attention.registry import ATTENTION_BLOCKS
-from medseg.config import AttentionConfig, ModelConfig, TrainerConfig
+from medseg.attention.registry import ATTENTION_BLOCKS, attention_config
+from medseg.config import ModelConfig, TrainerConfig
 from medseg.errors import ConfigError
 from medseg.models import SlottedUNet, build_model
 from medseg.models.conv_stages import get_conv_stages
@@ -125,7 +125,7 @@ def _meta_network(model_json: str, in_channels: int, out_channels: int,
                   patch_size: tuple[int, ...] | None) -> SlottedUNet:
     """The slotted U-Net of a model config (JSON of its fields) on the meta device."""
     fields = json.loads(model_json)
-    model = ModelConfig(**{**fields, "attention": AttentionConfig(**fields["attention"])})
+    model = ModelConfig(**{**fields, "attention": attention_config(**fields["attention"])})
     with torch.device("meta"):
         net = build_model(model, in_channels, out_channels, patch_size)
     assert isinstance(net, SlottedUNet)

@@ -19,7 +19,7 @@ import numpy as np
 from medseg.attention.common import check_spatial_dims
 from medseg.data.resampling import ANISO_THRESHOLD
 from medseg.data.transforms import thick_axis
-from medseg.errors import ConfigError, DatasetError
+from medseg.errors import ConfigError, DatasetError, keyed
 from medseg.planning.fingerprint import case_array, dataset_bytes, resampled_shapes
 from medseg.planning.memory import MemoryEstimate
 
@@ -326,7 +326,8 @@ def make_plan(
             the rest is planned around them. In 2D, 3-entry spacing/patch are read in RAS order.
         memory: fit the patch to this training-memory budget instead of ``voxel_budget``.
     """
-    check_spatial_dims(spatial_dims)
+    with keyed("model"):
+        check_spatial_dims(spatial_dims)
     spacing, slice_axis = _target_spacing(fingerprint, spatial_dims, target_spacing)
     axes = axes_in_use(spatial_dims, slice_axis)
     shapes = resampled_shapes(fingerprint, spacing, keep_axis=slice_axis if spatial_dims == 2 else None)

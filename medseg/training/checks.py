@@ -16,12 +16,12 @@ from typing import Any
 from omegaconf import DictConfig, OmegaConf
 
 from medseg.attention.common import check_spatial_dims
-from medseg.attention.registry import block_choices, check_blocks
+from medseg.attention.registry import block_choices, check_blocks, load_blocks
 from medseg.config import DataConfig, InferenceConfig, TrainConfig
 from medseg.data.datalist import DATASET_FORMATS
 from medseg.data.resampling import RESAMPLINGS
 from medseg.data.transforms import AUGMENT_ON, AUGMENTATIONS, check_normalization
-from medseg.errors import ConfigError
+from medseg.errors import ConfigError, keyed
 from medseg.models import check_model, check_patch
 from medseg.optim import OPTIMIZERS, SCHEDULES
 from medseg.runtime.device import PRECISIONS
@@ -52,7 +52,8 @@ def _check_builders(cfg: TrainConfig) -> None:
     both are set with one size per axis, each slot's block and its ``model.attention`` values, the normalisation),
     made at start-up, before any data is read."""
     model = cfg.model
-    check_spatial_dims(model.spatial_dims)
+    with keyed("model"):
+        check_spatial_dims(model.spatial_dims)
     check_model(model)
     if cfg.data.patch_size is not None and len(cfg.data.patch_size) == model.spatial_dims:
         check_patch(model, cfg.data.patch_size)
@@ -140,6 +141,7 @@ def check_config(cfg: TrainConfig | Mapping[str, Any] | DictConfig) -> TrainConf
     if isinstance(cfg, TrainConfig):
         cfg = OmegaConf.structured(cfg)
     node = cfg if isinstance(cfg, DictConfig) else OmegaConf.create(dict(cfg))
+    load_blocks(OmegaConf.select(node, "model.block_modules", default=None) or [])
     _check_block_names(node)
     data_format = OmegaConf.select(node, "data.format", default=None) or DataConfig.format
     typed = to_typed(TrainConfig, node, context=f" for data={data_format}")

@@ -91,7 +91,7 @@ def test_spacing_changes_masa() -> None:
     ("name", "kwargs", "match"),
     [
         ("masa", {"num_heads": 5}, "divisor"),
-        ("cswin", {"num_heads": 2}, "num_heads >= 3"),
+        ("cswin", {"num_heads": 2}, "num_heads=2: cswin needs at least 3"),
         ("mha", {"pe": "rope"}, "sincos"),
         ("masa", {"gamma": 1.5}, r"\[0, 1\]"),
         ("masa", {"spacing": [1.0, 1.0]}, "one entry per spatial axis"),

@@ -25,7 +25,7 @@ from medseg.attention import (
     build_transformer_block,
     register_attention,
 )
-from medseg.config import AttentionConfig
+from medseg.config import attention_schema
 from medseg.training.checks import check_config
 from tests.helpers.configs import REPO, compose_config
 
@@ -56,14 +56,14 @@ def test_unknown_name_lists_valid_blocks() -> None:
 def test_unknown_key_lists_valid_keys() -> None:
     with pytest.raises(ValueError, match=r"unknown model.attention key\(s\) \['gama'\]") as error:
         build_attention("masa", 32, 3, gama=0.8)
-    assert all(key.name in str(error.value) for key in fields(AttentionConfig))
+    assert all(key.name in str(error.value) for key in fields(attention_schema()))
     with pytest.raises(ValueError, match="gama"):
         build_transformer_block("masa", 32, 3, gama=0.8)
 
 
 @pytest.mark.parametrize("name", available_blocks())
 def test_every_config_key_is_accepted_and_unused_ones_ignored(name: str) -> None:
-    cfg = asdict(AttentionConfig())
+    cfg = asdict(attention_schema()())
     cfg.update(spacing=[1.5, 1.0, 1.0], layer_scale=1e-5, drop_path=0.1)
     block = build_transformer_block(name, 32, 3, **cfg)
     x = torch.randn(1, 32, 3, 4, 5)

@@ -14,8 +14,8 @@ import pytest
 import torch
 from torch import nn
 
-from medseg.attention import available_blocks
-from medseg.config import AttentionConfig, ModelConfig
+from medseg.attention import attention_config, available_blocks
+from medseg.config import ModelConfig
 from medseg.models import MODELS
 from medseg.models.compute import META, forward_flops, patch_forward_flops
 
@@ -67,7 +67,7 @@ def test_every_block_runs_on_the_meta_device_and_adds_flops(block: str) -> None:
     guards run on the meta device) and costs more than the pure CNN."""
     def flops(name: str) -> int | None:
         cfg = ModelConfig(channels=[6, 12], strides=[2], bottleneck=name, decoder=name,
-                          attention=AttentionConfig(num_heads=3, split_size=2))
+                          attention=attention_config(num_heads=3, split_size=2))
         return patch_forward_flops(cfg, 1, 2, [8, 8, 8])
 
     cnn, attention = flops("none"), flops(block)

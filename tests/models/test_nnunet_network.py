@@ -15,7 +15,8 @@ import pytest
 import torch
 from torch import nn
 
-from medseg.config import AttentionConfig, ModelConfig
+from medseg.attention import attention_config
+from medseg.config import ModelConfig
 from medseg.errors import CheckpointError, ConfigError
 from medseg.models import SlottedUNet, build_model
 from medseg.models.nnunet_stages import NEGATIVE_SLOPE, BasicBlockD
@@ -162,7 +163,7 @@ def test_conv_weights_map_around_attention_slots() -> None:
     plain = medseg_network(plan)
     load_nnunet_weights(plain, nnunet.state_dict())
     slotted = medseg_network(plan, bottleneck="masa", bottleneck_depth=1, decoder="masa",
-                             attention=AttentionConfig(num_heads=1))
+                             attention=attention_config(num_heads=1))
     slots = {key: value.clone() for key, value in slotted.state_dict().items() if key not in conv_entries(slotted)}
     assert any(key.startswith("bottleneck.") for key in slots) and any("decoder_slots.1." in key for key in slots)
     load_nnunet_weights(slotted, nnunet.state_dict())

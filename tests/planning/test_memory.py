@@ -10,8 +10,9 @@ import torch
 
 from benchmarks.common import MIB
 from benchmarks.models import IN_CHANNELS, NUM_CLASSES, Sizes, prepare
+from medseg.attention import attention_config
 from medseg.attention.common import FLOAT32_BYTES, dense_bias_bytes
-from medseg.config import AttentionConfig, DataConfig, ModelConfig, TrainConfig, TrainerConfig
+from medseg.config import DataConfig, ModelConfig, TrainConfig, TrainerConfig
 from medseg.models import build_model
 from medseg.optim import OPTIMIZERS
 from medseg.planning.memory import (
@@ -71,7 +72,8 @@ def test_autocast_keeps_the_estimate_s_share_of_the_fp32_activations(one_thread:
 
 
 def test_parts_of_the_estimate() -> None:
-    model = ModelConfig(channels=[8, 16, 32], strides=[2, 2], bottleneck="masa", attention=AttentionConfig(num_heads=2))
+    model = ModelConfig(channels=[8, 16, 32], strides=[2, 2], bottleneck="masa",
+                        attention=attention_config(num_heads=2))
     patch = (32, 32, 16)
     two, four = (estimate_training_memory(model, patch, 1, 3, batch) for batch in (2, 4))
     assert four.total - two.total == 2 * two.per_sample, "activations scale with the batch, the rest does not"

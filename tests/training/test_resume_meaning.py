@@ -10,8 +10,9 @@ from typing import Any
 
 import pytest
 
+from medseg.attention import attention_config
 from medseg.cli import one_line_errors
-from medseg.config import AttentionConfig, DataConfig, ModelConfig, TrainConfig
+from medseg.config import DataConfig, ModelConfig, TrainConfig
 from medseg.training.run import train, train_cli
 from medseg.training.trainer import meaning_changes
 from tests.helpers.runs import micro_config
@@ -30,7 +31,7 @@ def test_the_keys_that_change_what_the_weights_mean_are_named_with_both_values()
                           model=ModelConfig(strides=[2, 2, 2]))
     resumed = replace(trained, data=replace(trained.data, spacing=[1.0, 1.0, 2.0], patch_size=[48, 48, 32]),
                       model=replace(trained.model, strides=[[2, 2, 1], 2, 2], checkpointing=True,
-                                    attention=AttentionConfig(gamma=0.5, drop_path=0.1)))
+                                    attention=attention_config(gamma=0.5, drop_path=0.1)))
     other_labels = {**LABELS, "labels": {"background": 0, "liver": 1}}
     assert meaning_changes(_described(resumed, other_labels), _described(trained)) == [
         "model.strides=[[2, 2, 1], 2, 2] (checkpoint: [2, 2, 2])",
