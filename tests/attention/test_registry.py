@@ -117,7 +117,7 @@ def parameters(node_id: str) -> set[str]:
 
 @pytest.mark.full
 def test_a_new_block_needs_no_other_edit(throwaway_block: str, tmp_path: Path) -> None:
-    """docs/attention.md, "Add a new block": registered in its own file, a block is a valid value of both U-Net slots, a
+    """docs/attention.md, "Your own block": registered in its own file, a block is a valid value of both U-Net slots, a
     row of both benchmarks, trains in a U-Net, and every generic test runs it."""
     name, row = throwaway_block, f"unet+{throwaway_block}"
     cfg = check_config(compose_config([f"model.bottleneck={name}", f"model.decoder={name}", "output_dir=x"]))
