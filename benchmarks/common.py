@@ -174,7 +174,7 @@ def cpu_model() -> str:
 
 
 def compose_train_config(overrides: Sequence[str] = ()) -> DictConfig:
-    """``medseg/configs/train.yaml`` with ``overrides``, composed as ``scripts/train.py`` would (no Hydra run
+    """``configs/train.yaml`` with ``overrides``, composed as ``scripts/train.py`` would (no Hydra run
     context)."""
     return compose_config("train", overrides)
 

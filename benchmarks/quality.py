@@ -2,7 +2,7 @@
 
 All three train through medseg's own entry point (:func:`medseg.training.run.train`) on the same data (the demo
 task unless overridden), seed, patch (``[64, 64, 32]``: SwinUNETR needs sizes divisible by 32) and budget,
-from configs composed like ``scripts/train.py``'s (``medseg/configs/train.yaml`` + ``model.bottleneck=masa`` /
+from configs composed like ``scripts/train.py``'s (``configs/train.yaml`` + ``model.bottleneck=masa`` /
 ``model.name=monai_unet`` / ``model.name=monai_swinunetr``). Validation runs once, after the last epoch.
 
 Budget:

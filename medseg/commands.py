@@ -77,7 +77,7 @@ class HydraCommand:
     ``--cfg job`` and ``-m``, checked against its schema (:func:`medseg.cli.run`) before Hydra runs ``job``."""
 
     config: str
-    """The config's name (``medseg/configs/<config>.yaml``), its schema's in :data:`~medseg.config.SCHEMAS`."""
+    """The config's name (``configs/<config>.yaml``), its schema's in :data:`~medseg.config.SCHEMAS`."""
     job: Callable[[DictConfig], object]
     """Run on the composed config: its value is Hydra's (training's best Dice, a sweeper's objective); a non-zero
     int is the exit code."""

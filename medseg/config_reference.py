@@ -21,8 +21,8 @@ REFERENCE_PREAMBLE = """\
 <!-- Generated from medseg/config.py by `python scripts/config_reference.py`; edit the schema, not this file. -->
 
 Every key, with its type, default, valid range and meaning, is defined once: the dataclasses in
-`medseg/config.py`, which Hydra composes the YAML presets onto (`medseg/configs/data/*.yaml`,
-`medseg/configs/experiment/*.yaml` hold only what a preset changes). `python scripts/train.py --help` lists every key
+`medseg/config.py`, which Hydra composes the YAML presets onto (`configs/data/*.yaml`,
+`configs/experiment/*.yaml` hold only what a preset changes). `python scripts/train.py --help` lists every key
 of training with its type, range and meaning (each script's `--help` its own, and `medseg <command> --help` the same
 as its script's: [the command line](cli.md)); `python scripts/train.py --cfg job` prints the whole composed config.
 Every script checks each number it is given against its range before any work starts (a list key such as
@@ -33,12 +33,12 @@ Each command's section below lists its own keys and the nodes it takes; a node t
 `data`, `trainer`, `plan`, `inference`) is described once, in its own section, with the commands that take it.
 
 The defaults below are the schema's. `python scripts/train.py` runs with the demo preset, `data=demo3d`
-([medseg/configs/data/demo3d.yaml](../medseg/configs/data/demo3d.yaml)), which sets the demo's format and folder and
+([configs/data/demo3d.yaml](../configs/data/demo3d.yaml)), which sets the demo's format and folder and
 hand-set preprocessing and pooling on top of them (`data.spacing`, `data.patch_size`, `data.normalization`,
 `data.pos_fraction`, `model.strides`; and `data.num_workers=0`) and trains with the schema's recipe (`recipe=light`);
 `data=msd` and `data=nnunet` keep the schema's preprocessing, so the keys left `null` are planned from the data
 ([data and planning](data.md#what-is-planned-and-how-to-override-it)), and train with nnU-Net's recipe
-(`recipe=nnunet`, [medseg/configs/recipe/nnunet.yaml](../medseg/configs/recipe/nnunet.yaml): its network,
+(`recipe=nnunet`, [configs/recipe/nnunet.yaml](../configs/recipe/nnunet.yaml): its network,
 resampling, augmentation, optimiser, epochs and validation; [recipes](recipe.md)). The config groups are `data`
 (`demo3d`, `demo3d_planned`, `msd`, `nnunet`), `recipe` (`light`, `nnunet`), `experiment` (the presets of
 [sweeps](sweeps.md), and `nnunet`: nnU-Net's recipe on any data), `hparams_search` and `hydra/launcher` (`slurm`, see

@@ -20,9 +20,20 @@ from omegaconf import DictConfig, OmegaConf
 from medseg.config import BLOCK_ENTRY_POINTS, SCHEMAS
 from medseg.config_docs import config_groups_text, extra_config_dirs, help_template
 
-CONFIG_DIR = Path(__file__).resolve().parent / "configs"
-"""The YAML presets and Hydra settings (``train.yaml``, ``data/``, ``experiment/``, ...): package data, so an installed
-wheel has them too."""
+
+def find_config_dir(package: Path) -> Path:
+    """The configs of the medseg ``package`` folder: the package ``medseg.configs`` beside its modules (its
+    ``__init__.py``) when it is installed from a wheel, else the top-level ``configs/`` of the clone that holds it (an
+    editable install, or the clone on ``PYTHONPATH``). Found beside the package, not by importing ``medseg.configs``:
+    with a clone on ``PYTHONPATH``, the import system would find the configs of another checkout installed in the same
+    environment."""
+    installed = package / "configs"
+    return installed if (installed / "__init__.py").is_file() else package.parent / "configs"
+
+
+CONFIG_DIR = find_config_dir(Path(__file__).resolve().parent)
+"""The YAML presets and Hydra settings (``train.yaml``, ``data/``, ``experiment/``, ...): the repository's top-level
+``configs/``, installed as the package ``medseg.configs`` (:func:`find_config_dir`)."""
 
 
 def block_names() -> str:
@@ -85,8 +96,8 @@ def register(argv: Sequence[str] = ()) -> None:
 
 
 def compose_config(name: str, overrides: Sequence[str] = (), return_hydra_config: bool = False) -> DictConfig:
-    """``medseg/configs/<name>.yaml`` with ``overrides``, composed by Hydra's compose API after :func:`register` (of
-    ``overrides``: their ``model.block_modules`` load first), as ``medseg <name>`` composes it (``hydra:``
+    """``<name>.yaml`` of :data:`CONFIG_DIR` with ``overrides``, composed by Hydra's compose API after :func:`register`
+    (of ``overrides``: their ``model.block_modules`` load first), as ``medseg <name>`` composes it (``hydra:``
     interpolations are available only with ``return_hydra_config``)."""
     from hydra import compose, initialize_config_dir
 

@@ -76,6 +76,30 @@ def test_data_presets_hold_no_schema_defaults() -> None:
                 assert value != getattr(schema, key), f"{path.name}: {section}.{key} restates the default"
 
 
+COMMENTED_KEY = re.compile(r"^# ( *[a-z_]+:(?: .*)?)$")
+"""A commented YAML line of a config's block of the keys users change most (``#   bottleneck: none  # ...``)."""
+
+
+def _flat(node: dict[str, Any], prefix: str = "") -> dict[str, Any]:
+    """``{dotted key: value}`` for every leaf of the nested mapping ``node``."""
+    flat: dict[str, Any] = {}
+    for key, value in node.items():
+        flat.update(_flat(value, f"{prefix}{key}.") if isinstance(value, dict) else {f"{prefix}{key}": value})
+    return flat
+
+
+@pytest.mark.parametrize("name", ["train", "predict", "evaluate"])
+def test_the_configs_show_the_keys_users_change_most_with_the_schema_defaults(name: str) -> None:
+    """The commented block of ``configs/<name>.yaml`` names keys of the schema with their defaults, so that it cannot
+    go stale."""
+    lines = [match.group(1) for line in (CONFIG_DIR / f"{name}.yaml").read_text().splitlines()
+             if (match := COMMENTED_KEY.match(line))]
+    shown = _flat(OmegaConf.to_container(OmegaConf.create("\n".join(lines))))
+    defaults = _flat(OmegaConf.to_container(OmegaConf.structured(SCHEMAS[name])))
+    assert len(shown) >= 5, f"{name}.yaml: the block of the keys users change most"
+    assert {key: defaults.get(key, "not a key of the schema") for key in shown} == shown
+
+
 @pytest.mark.parametrize("block", available_blocks())
 def test_every_block_name_is_accepted_in_both_slots(block: str) -> None:
     cfg = _validated(f"model.bottleneck={block}", f"model.decoder={block}", "model.attention.gamma=0.85")

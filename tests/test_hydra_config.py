@@ -1,6 +1,6 @@
 """The schemas reach Hydra only when registered: importing the schema module registers nothing and reads no command
 line; :func:`medseg.hydra_config.register` stores every schema and its ``--help``, with the command line's config
-folders."""
+folders; the configs are the clone's top-level ``configs/``, or the installed package ``medseg.configs``."""
 
 from __future__ import annotations
 
@@ -12,7 +12,7 @@ from pathlib import Path
 from hydra.core.config_store import ConfigStore
 
 from medseg.config import SCHEMAS
-from medseg.hydra_config import register
+from medseg.hydra_config import CONFIG_DIR, find_config_dir, register
 from tests.helpers.configs import REPO
 
 IMPORT_THEN_REGISTER = """
@@ -79,3 +79,12 @@ def test_registered_help_lists_the_config_groups_of_the_command_line(tmp_path: P
     finally:
         register()
     assert ", mine" not in store.load("hydra/help/medseg_train.yaml").node.template
+
+
+def test_the_configs_are_the_clones_top_level_folder_or_the_installed_package(tmp_path: Path) -> None:
+    assert CONFIG_DIR == REPO / "configs" and (CONFIG_DIR / "train.yaml").is_file(), "a clone reads its own configs/"
+    package = tmp_path / "medseg"
+    (package / "configs").mkdir(parents=True)  # no package: a folder left in a clone from before the move
+    assert find_config_dir(package) == tmp_path / "configs"
+    (package / "configs" / "__init__.py").touch()  # the package medseg.configs, as the wheel installs it
+    assert find_config_dir(package) == package / "configs"

@@ -1,9 +1,9 @@
 """Hydra callbacks: refuse an output folder that cannot be written before Hydra makes it; cross-validate and
 summarise a sweep when a multirun ends; report failed jobs to Optuna.
 
-:class:`CheckOutputFolder` and :class:`SummarizeSweep` are registered in ``medseg/configs/train.yaml`` under
+:class:`CheckOutputFolder` and :class:`SummarizeSweep` are registered in ``configs/train.yaml`` under
 ``hydra.callbacks``;
-:class:`FailedJobsFailTrials` only in the Optuna presets (``medseg/configs/hparams_search/``). Hydra instantiates
+:class:`FailedJobsFailTrials` only in the Optuna presets (``configs/hparams_search/``). Hydra instantiates
 callbacks for every run, single or multirun, so this module imports nothing heavy; the cross-validation and summary
 code loads only at the end of a sweep.
 """

@@ -1,5 +1,6 @@
-"""``pip install`` of a wheel gives a working ``medseg`` command: built from the sources, installed into a fresh venv
-(no editable install, no clone on the path) and run from an empty folder, it trains and evaluates."""
+"""``pip install`` of a wheel gives a working ``medseg`` command: the wheel holds the package and the repository's
+top-level ``configs/`` as ``medseg/configs/``, and installed into a fresh venv (no editable install, no clone on the
+path) and run from an empty folder, it trains and evaluates with those configs."""
 
 from __future__ import annotations
 
@@ -21,13 +22,14 @@ TIMEOUT = 600
 
 
 def build_wheel(out: Path) -> Path:
-    """The wheel of the sources (``pyproject.toml``, ``README.md``, ``medseg/``), built offline with this venv's
-    setuptools from a copy, so the build leaves nothing in the repository."""
+    """The wheel of the sources (``pyproject.toml``, ``README.md``, ``medseg/``, ``configs/``), built offline with this
+    venv's setuptools from a copy, so the build leaves nothing in the repository."""
     source = out / "source"
     source.mkdir(parents=True)
     for name in ("pyproject.toml", "README.md"):
         shutil.copy2(REPO / name, source / name)
-    shutil.copytree(REPO / "medseg", source / "medseg", ignore=shutil.ignore_patterns("__pycache__"))
+    for name in ("medseg", "configs"):
+        shutil.copytree(REPO / name, source / name, ignore=shutil.ignore_patterns("__pycache__"))
     check([sys.executable, "-m", "pip", "wheel", "--no-deps", "--no-build-isolation", "--no-index", "-q",
            "-w", str(out / "dist"), str(source)], cwd=out)
     (wheel,) = (out / "dist").glob("medseg-*.whl")
@@ -55,12 +57,20 @@ def check(command: Sequence[str], cwd: Path, env: dict[str, str] | None = None) 
     return result
 
 
+def test_the_wheel_holds_every_module_and_the_top_level_configs(tmp_path: Path) -> None:
+    names = set(zipfile.ZipFile(build_wheel(tmp_path)).namelist())
+    modules = {path.relative_to(REPO).as_posix() for path in (REPO / "medseg").rglob("*.py")}
+    configs = {f"medseg/{path.relative_to(REPO).as_posix()}" for path in (REPO / "configs").rglob("*")
+               if path.suffix in (".yaml", ".py")}
+    assert "medseg/configs/train.yaml" in configs and "medseg/configs/data/demo3d.yaml" in configs
+    assert modules | configs <= names, "pyproject.toml's packages and package-data"
+    assert not [name for name in names if "bench" in name or name.startswith(("tools/", "configs/"))], (
+        "benchmarks stay in the clone; the configs are the package medseg.configs")
+
+
 @pytest.mark.slow
 def test_the_installed_wheel_trains_and_evaluates_from_an_empty_folder(tmp_path: Path) -> None:
     wheel = build_wheel(tmp_path / "build")
-    names = set(zipfile.ZipFile(wheel).namelist())
-    assert {"medseg/configs/train.yaml", "medseg/configs/data/demo3d.yaml"} <= names
-    assert not [name for name in names if "bench" in name or name.startswith("tools/")], "benchmarks stay in the clone"
     bin_dir = fresh_venv(tmp_path / "venv", wheel)
     work = tmp_path / "work"
     work.mkdir()
@@ -69,9 +79,10 @@ def test_the_installed_wheel_trains_and_evaluates_from_an_empty_folder(tmp_path:
     env = {**kept, "PATH": f"{bin_dir}{os.pathsep}{os.environ['PATH']}", "PYTHONNOUSERSITE": "1",
            "PYTHONUNBUFFERED": "1", "OMP_NUM_THREADS": "1"}
 
-    where = check([str(bin_dir / "python"), "-c", "import medseg.commands; print(medseg.commands.__file__)"], work, env)
-    installed = Path(where.stdout.strip())
-    assert installed.is_relative_to(tmp_path / "venv") and not installed.is_relative_to(REPO), installed
+    where = check([str(bin_dir / "python"), "-c", "import medseg.commands, medseg.hydra_config as h; "
+                   "print(medseg.commands.__file__); print(h.CONFIG_DIR)"], work, env)
+    for installed in map(Path, where.stdout.split()):  # the package and its configs, medseg/configs/
+        assert installed.is_relative_to(tmp_path / "venv") and not installed.is_relative_to(REPO), installed
     assert "data: demo3d, demo3d_planned, msd, nnunet" in check(["medseg", "train", "--help"], work, env).stdout
 
     check(["medseg", "train", *MICRO_OVERRIDES, "trainer.max_epochs=1"], work, env)  # the demo into ./data/demo3d
