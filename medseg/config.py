@@ -156,6 +156,11 @@ class AttentionConfig:
     layer_scale: float | None = ranged(None, gt=0)
     """Initial value of the per-channel layer scale; null disables it."""
 
+    def __reduce__(self) -> tuple[Any, tuple[()], dict[str, Any]]:
+        """Pickled as its values, unpickled as the node of the blocks registered then: the node's class is made at run
+        time (:func:`attention_schema`), so no module holds it by name."""
+        return attention_config, (), {item.name: getattr(self, item.name) for item in fields(self)}
+
 
 @dataclass
 class KernelKey:
@@ -273,8 +278,10 @@ def _attention_schema(block_keys: tuple[type, ...]) -> type:
     return schema
 
 
-def _attention_node() -> Any:
-    return attention_schema()()
+def attention_config(**values: Any) -> Any:
+    """A ``model.attention`` node with ``values`` set and every other key at its default: an instance of
+    :func:`attention_schema`, the keys of :class:`AttentionConfig` and of every registered block."""
+    return attention_schema()(**values)
 
 
 def node_schema(item: Field) -> type | None:
@@ -336,7 +343,7 @@ class ModelConfig:
     """Attention block after each of the lowest-resolution decoder stages: none, or a block name."""
     decoder_levels: int = ranged(1, ge=0)
     """How many of the lowest-resolution decoder stages get the decoder block."""
-    attention: AttentionConfig = field(default_factory=_attention_node, metadata={"schema": attention_schema})
+    attention: AttentionConfig = field(default_factory=attention_config, metadata={"schema": attention_schema})
     """Hyperparameters of the attention slots: the keys every block reads, and each registered block's own."""
     block_modules: list[str] = field(default_factory=list)
     """Python modules to import before the slots' blocks are looked up, e.g. [my_lab.blocks]: each registers its

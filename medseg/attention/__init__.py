@@ -17,7 +17,6 @@ from medseg.attention.block import TransformerBlock
 from medseg.attention.common import SpatialAttention
 from medseg.attention.registry import (
     ATTENTION_BLOCKS,
-    attention_config,
     available_blocks,
     build_attention,
     build_transformer_block,
@@ -45,7 +44,6 @@ __all__ = [
     "MultiHeadAttention",
     "SpatialAttention",
     "TransformerBlock",
-    "attention_config",
     "available_blocks",
     "build_attention",
     "build_transformer_block",

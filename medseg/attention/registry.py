@@ -97,13 +97,6 @@ def load_blocks(modules: Sequence[str] = ()) -> None:
                 from err
 
 
-def attention_config(**values: Any) -> Any:
-    """A ``model.attention`` node with ``values`` set and every other key at its default: an instance of
-    :func:`medseg.config.attention_schema`, the keys of :class:`~medseg.config.AttentionConfig` and of every registered
-    block."""
-    return attention_schema()(**values)
-
-
 def available_blocks() -> list[str]:
     """Names accepted by :func:`build_attention`, in registration order."""
     return list(ATTENTION_BLOCKS)

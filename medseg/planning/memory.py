@@ -41,8 +41,8 @@ from torch import nn
 
 from medseg.attention.block import TransformerBlock
 from medseg.attention.common import FLOAT32_BYTES, dense_bias_bytes
-from medseg.attention.registry import ATTENTION_BLOCKS, attention_config
-from medseg.config import ModelConfig, TrainerConfig
+from medseg.attention.registry import ATTENTION_BLOCKS
+from medseg.config import ModelConfig, TrainerConfig, attention_config
 from medseg.errors import ConfigError
 from medseg.models import SlottedUNet, build_model
 from medseg.models.conv_stages import get_conv_stages

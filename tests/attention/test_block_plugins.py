@@ -4,6 +4,7 @@ installed package's entry point (docs/attention.md, "Your own block")."""
 from __future__ import annotations
 
 import os
+import pickle
 import subprocess
 import sys
 import textwrap
@@ -94,6 +95,15 @@ def test_a_blocks_own_keys_join_model_attention(throwaway_block: str) -> None:
             check_config({"model": {"attention": {"temperature": 0.5}}})
     finally:
         throwaway.register()
+
+
+def test_a_node_with_a_blocks_keys_pickles(throwaway_block: str) -> None:
+    """The node's class is made at run time; a config holding it crosses process boundaries (DataLoader workers,
+    spawned ranks) by its values."""
+    cfg = check_config(compose_config([f"model.bottleneck={throwaway_block}", "model.attention.temperature=0.5",
+                                       "model.attention.gamma=0.8", "output_dir=x"]))
+    again = pickle.loads(pickle.dumps(cfg))
+    assert again == cfg and again.model.attention.temperature == 0.5 and again.model.attention.gamma == 0.8
 
 
 @dataclass

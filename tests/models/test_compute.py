@@ -14,8 +14,8 @@ import pytest
 import torch
 from torch import nn
 
-from medseg.attention import attention_config, available_blocks
-from medseg.config import ModelConfig
+from medseg.attention import available_blocks
+from medseg.config import ModelConfig, attention_config
 from medseg.models import MODELS
 from medseg.models.compute import META, forward_flops, patch_forward_flops
 

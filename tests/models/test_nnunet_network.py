@@ -15,8 +15,7 @@ import pytest
 import torch
 from torch import nn
 
-from medseg.attention import attention_config
-from medseg.config import ModelConfig
+from medseg.config import ModelConfig, attention_config
 from medseg.errors import CheckpointError, ConfigError
 from medseg.models import SlottedUNet, build_model
 from medseg.models.nnunet_stages import NEGATIVE_SLOPE, BasicBlockD

@@ -10,9 +10,8 @@ import torch
 
 from benchmarks.common import MIB
 from benchmarks.models import IN_CHANNELS, NUM_CLASSES, Sizes, prepare
-from medseg.attention import attention_config
 from medseg.attention.common import FLOAT32_BYTES, dense_bias_bytes
-from medseg.config import DataConfig, ModelConfig, TrainConfig, TrainerConfig
+from medseg.config import DataConfig, ModelConfig, TrainConfig, TrainerConfig, attention_config
 from medseg.models import build_model
 from medseg.optim import OPTIMIZERS
 from medseg.planning.memory import (

@@ -58,7 +58,7 @@ def test_cfg_job_shows_the_block_as_typed(tmp_path: Path) -> None:
         ("data.root=/does/not/exist", "not found"),
         ("data=msd", "error: data.root is required for data=msd"),
         ("model.bottleneck=masa model.attention.num_heads=3",
-         "model.attention.num_heads=3 must be a positive divisor"),
+         "model.attention.num_heads=3: expected a positive divisor"),
     ],
 )
 @pytest.mark.full

@@ -10,9 +10,8 @@ from typing import Any
 
 import pytest
 
-from medseg.attention import attention_config
 from medseg.cli import one_line_errors
-from medseg.config import DataConfig, ModelConfig, TrainConfig
+from medseg.config import DataConfig, ModelConfig, TrainConfig, attention_config
 from medseg.training.run import train, train_cli
 from medseg.training.trainer import meaning_changes
 from tests.helpers.runs import micro_config
