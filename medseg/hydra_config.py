@@ -19,6 +19,7 @@ from omegaconf import DictConfig, OmegaConf
 
 from medseg.config import BLOCK_ENTRY_POINTS, SCHEMAS
 from medseg.config_docs import config_groups_text, extra_config_dirs, help_template
+from medseg.typed_config import parsed_overrides
 
 
 def find_config_dir(package: Path) -> Path:
@@ -58,15 +59,7 @@ def help_text(name: str, argv: Sequence[str] = ()) -> str:
 
 def block_modules(argv: Sequence[str]) -> list[str]:
     """The modules a command line's ``model.block_modules=[...]`` override names ([] without one)."""
-    from hydra.core.override_parser.overrides_parser import OverridesParser
-    from hydra.errors import OverrideParseException
-
-    parser = OverridesParser.create()
-    for argument in argv:
-        try:
-            (override,) = parser.parse_overrides([argument])
-        except OverrideParseException:
-            continue
+    for override in parsed_overrides(argv):
         if override.key_or_group.lstrip("+") == "model.block_modules" and not override.is_sweep_override():
             value = override.value()
             return [str(module) for module in (value if isinstance(value, list) else [value])]

@@ -11,13 +11,16 @@ from __future__ import annotations
 import difflib
 from collections.abc import Collection, Iterator, Mapping, Sequence
 from dataclasses import fields, is_dataclass
-from typing import Any, TypeVar
+from typing import TYPE_CHECKING, Any, TypeVar
 
 from omegaconf import DictConfig, OmegaConf
 from omegaconf.errors import ConfigKeyError, MissingMandatoryValue, ValidationError
 
 from medseg.config import node_schema, value_ranges, value_text
 from medseg.errors import ConfigError, check_choice
+
+if TYPE_CHECKING:
+    from hydra.core.override_parser.types import Override
 
 Schema = TypeVar("Schema")
 
@@ -43,6 +46,21 @@ def unknown_key_message(schema: type, key: str) -> str:
     return f"unknown config key {key!r}{hint} Valid keys{where}: {', '.join(valid)}"
 
 
+def parsed_overrides(argv: Sequence[str]) -> Iterator[Override]:
+    """The arguments of a command line that are Hydra overrides (``key=value``, ``+key=value``, ``group=option``),
+    parsed; Hydra's flags and their values are skipped."""
+    from hydra.core.override_parser.overrides_parser import OverridesParser
+    from hydra.errors import OverrideParseException
+
+    parser = OverridesParser.create()
+    for argument in argv:
+        try:
+            (override,) = parser.parse_overrides([argument])
+        except OverrideParseException:
+            continue
+        yield override
+
+
 def check_override_keys(argv: Sequence[str], schema: type, groups: Collection[str] = ()) -> None:
     """Refuse command-line overrides whose key is not in ``schema``, naming the nearest valid keys.
 
@@ -53,15 +71,7 @@ def check_override_keys(argv: Sequence[str], schema: type, groups: Collection[st
     Raises:
         ConfigError: the first unknown key.
     """
-    from hydra.core.override_parser.overrides_parser import OverridesParser
-    from hydra.errors import OverrideParseException
-
-    parser = OverridesParser.create()
-    for argument in argv:
-        try:
-            (override,) = parser.parse_overrides([argument])
-        except OverrideParseException:
-            continue
+    for override in parsed_overrides(argv):
         key = override.key_or_group
         if "/" in key or override.package or key.split(".")[0] in ("hydra", *groups):
             continue
