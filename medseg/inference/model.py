@@ -72,10 +72,12 @@ def load_model(path: str | Path, device: torch.device | str = "cpu") -> EvalMode
     Raises:
         CheckpointError: the file is missing, foreign or unsafe, lacks the config and dataset
             description, or its weights do not fit the architecture it describes.
+        ConfigError: a module of its ``model.block_modules`` that cannot be imported.
     """
     state = load_checkpoint(path, map_location="cpu")
+    model_config = state["config"].get("model") if isinstance(state.get("config"), dict) else None
+    load_blocks(model_config.get("block_modules", []) if isinstance(model_config, dict) else [])  # before its keys
     try:
-        load_blocks(state["config"]["model"].get("block_modules", []))
         cfg = to_typed(TrainConfig, state["config"])
         spec = LabelSpec.from_dict(state["dataset"])
         channel_names = [str(c) for c in state["dataset"]["channel_names"]]

@@ -19,8 +19,11 @@ from medseg.attention import ATTENTION_BLOCKS, SpatialAttention, register_attent
 from medseg.config import BLOCK_KEYS, KernelKey
 from medseg.errors import ConfigError
 from medseg.hydra_config import help_text
+from medseg.inference.model import load_model
 from medseg.models import build_model
+from medseg.runs.checkpoint import load_checkpoint, save_checkpoint
 from medseg.training.checks import check_config
+from tests.helpers.checkpoints import save_test_checkpoint
 from tests.helpers.configs import TINY_OVERRIDES, compose_config, run_script
 
 from . import throwaway_block as throwaway
@@ -155,6 +158,15 @@ def test_a_module_named_in_the_config_registers_its_blocks(gated_module: str) ->
 def test_a_module_that_cannot_be_imported_is_named() -> None:
     with pytest.raises(ConfigError, match=r"model.block_modules: cannot import 'no_such_blocks' \(ModuleNotFound"):
         check_config(compose_config(["model.block_modules=[no_such_blocks]"]))
+
+
+def test_a_checkpoint_names_the_block_module_it_cannot_import(tmp_path: Path) -> None:
+    path = save_test_checkpoint(tmp_path / "gated.pt")
+    state = load_checkpoint(path)
+    state["config"]["model"]["block_modules"] = ["no_such_blocks"]
+    save_checkpoint(path, state)
+    with pytest.raises(ConfigError, match=r"^model.block_modules: cannot import 'no_such_blocks'"):
+        load_model(path)
 
 
 def install_gated_package(folder: Path) -> Path:
