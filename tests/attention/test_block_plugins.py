@@ -24,38 +24,19 @@ from medseg.models import build_model
 from medseg.runs.checkpoint import load_checkpoint, save_checkpoint
 from medseg.training.checks import check_config
 from tests.helpers.checkpoints import save_test_checkpoint
-from tests.helpers.configs import TINY_OVERRIDES, compose_config, run_script
+from tests.helpers.configs import REPO, TINY_OVERRIDES, compose_config, run_script
 
 from . import throwaway_block as throwaway
 
-GATED = '''
-"""A user's block: attention whose output is mixed with its values by a gate, with its own key."""
-from dataclasses import dataclass
 
-import torch
-import torch.nn.functional as F
-
-from medseg.attention import SpatialAttention, register_attention
-from medseg.attention.common import merge_heads, split_heads
-from medseg.config import ranged
+def documented_block() -> str:
+    """The complete user block of docs/attention.md, "Your own block" (the ``gated`` block): its first Python code
+    block, run here as the user would run it, so the page cannot go stale."""
+    section = (REPO / "docs" / "attention.md").read_text().split("## Your own block", 1)[1]
+    return section.split("```python\n", 1)[1].split("```", 1)[0]
 
 
-@dataclass
-class GatedKeys:
-    gate: float = ranged(0.5, ge=0, le=1)
-    """gated: the share of the attended tokens in the output (the rest is the values)."""
-
-
-@register_attention("gated", GatedKeys)
-class GatedAttention(SpatialAttention):
-    def __init__(self, dim: int, spatial_dims: int, num_heads: int = 4, gate: float = 0.5) -> None:
-        super().__init__(dim, spatial_dims, num_heads)
-        self.gate = gate
-
-    def mix(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, spatial_shape: tuple[int, ...]) -> torch.Tensor:
-        heads = (split_heads(t, self.num_heads) for t in (q, k, v))
-        return self.gate * merge_heads(F.scaled_dot_product_attention(*heads)) + (1 - self.gate) * v
-'''
+GATED = documented_block()
 
 
 def forget(name: str) -> None:
