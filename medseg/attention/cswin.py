@@ -21,7 +21,6 @@ from medseg.attention.common import (
     to_tokens,
 )
 from medseg.attention.registry import register_attention
-from medseg.config import CSWinKeys
 from medseg.errors import ParameterError, check_parameter
 
 LEPE_KERNEL = 3
@@ -57,7 +56,7 @@ def heads_per_axis(num_heads: int, spatial_dims: int) -> list[int]:
     return split
 
 
-@register_attention("cswin", CSWinKeys)
+@register_attention("cswin")
 class CSWinAttention(SpatialAttention):
     """Stripe attention in parallel head groups, one group per spatial axis, plus LePE.
 

@@ -13,11 +13,10 @@ from medseg.attention import functional
 from medseg.attention.common import AttentionRow, SpatialAttention, TokenDepthwiseConv, to_tokens
 from medseg.attention.position import resize_grid
 from medseg.attention.registry import register_attention
-from medseg.config import FocusedLinearKeys
 from medseg.errors import ParameterError
 
 
-@register_attention("focused_linear", FocusedLinearKeys)
+@register_attention("focused_linear")
 class FocusedLinearAttention(SpatialAttention):
     """Focused linear attention with a learned positional term on k and depthwise-conv rank restoration.
 

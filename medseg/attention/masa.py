@@ -16,7 +16,6 @@ from medseg.attention.common import (
 )
 from medseg.attention.position import axis_scales, check_rope, rotated_heads
 from medseg.attention.registry import register_attention
-from medseg.config import MaSAKeys
 
 
 def head_gammas(gamma: float, heads_range: float, num_heads: int) -> float | tuple[float, ...]:
@@ -31,7 +30,7 @@ def head_gammas(gamma: float, heads_range: float, num_heads: int) -> float | tup
     return tuple(1.0 - (1.0 - gamma) * 2.0 ** (-heads_range * h / num_heads) for h in range(num_heads))
 
 
-@register_attention("masa", MaSAKeys)
+@register_attention("masa")
 class MaSA(SpatialAttention):
     """Full Manhattan self-attention with the local context enhancement (LCE) of RMT.
 
@@ -102,7 +101,7 @@ class MaSA(SpatialAttention):
                 f"rope={self.rope!r}")
 
 
-@register_attention("masa_decomposed", MaSAKeys)
+@register_attention("masa_decomposed")
 class MaSADecomposed(MaSA):
     """Decomposed MaSA: axial attention along W, then H (then D) with 1-D decays, plus LCE.
 

@@ -16,7 +16,6 @@ from medseg.attention.position import (
     sincos_embedding,
 )
 from medseg.attention.registry import register_attention
-from medseg.config import MHAKeys
 from medseg.errors import check_parameter
 
 POSITION_ENCODINGS = ("sincos", "relative", "none")
@@ -27,7 +26,7 @@ DEFAULT_RELATIVE_SIZE = 16
 axis (cropped to the actual grid); larger grids interpolate it."""
 
 
-@register_attention("mha", MHAKeys)
+@register_attention("mha")
 class MultiHeadAttention(SpatialAttention):
     """Global multi-head attention with a selectable position encoding.
 

@@ -22,7 +22,7 @@ from omegaconf import OmegaConf
 
 from medseg.attention.block import TransformerBlock
 from medseg.attention.common import SpatialAttention
-from medseg.config import BLOCK_ENTRY_POINTS, add_block_keys, attention_schema
+from medseg.config import BLOCK_ENTRY_POINTS, BLOCK_KEYS, add_block_keys, attention_schema
 from medseg.errors import ConfigError, check_choice, keyed, one_line
 
 ATTENTION_BLOCKS: dict[str, type[SpatialAttention]] = {}
@@ -41,10 +41,11 @@ def register_attention(name: str, keys: type | None = None) -> Callable[[Block],
     """Class decorator adding an attention block to the registry under ``name``.
 
     The class must subclass :class:`~medseg.attention.common.SpatialAttention` and take ``(dim, spatial_dims,
-    **params)``. ``keys`` is the dataclass of its own hyperparameters: each field a parameter of its ``__init__``,
-    with a default, documented by the docstring under it (``--help`` and docs/configuration.md show it) and
-    range-checked by :func:`medseg.config.ranged`. They join the ``model.attention`` node beside the keys every block
-    takes (:class:`~medseg.config.AttentionConfig`: ``num_heads`` is passed where ``__init__`` names it).
+    **params)``. ``keys`` is the dataclass of its own hyperparameters (None: the one :data:`medseg.config.BLOCK_KEYS`
+    holds under ``name``, as it does for medseg's blocks; none for a block without any): each field a parameter of its
+    ``__init__``, with a default, documented by the docstring under it (``--help`` and docs/configuration.md show
+    it) and range-checked by :func:`medseg.config.ranged`. They join the ``model.attention`` node beside the keys
+    every block takes (:class:`~medseg.config.AttentionConfig`: ``num_heads`` is passed where ``__init__`` names it).
 
     Raises:
         ValueError: ``name`` is taken; ``keys`` is no dataclass, lacks a default, declares a key another block
@@ -57,11 +58,12 @@ def register_attention(name: str, keys: type | None = None) -> Callable[[Block],
             raise ValueError(f"attention block name {name!r} is already taken")
         if not issubclass(cls, SpatialAttention):
             raise TypeError(f"{cls.__name__} must subclass SpatialAttention")
-        if keys is not None:
-            untaken = [item.name for item in fields(keys) if item.name not in inspect.signature(cls).parameters]
+        own = keys or BLOCK_KEYS.get(name)
+        if own is not None:
+            untaken = [item.name for item in fields(own) if item.name not in inspect.signature(cls).parameters]
             if untaken:
                 raise ValueError(f"attention block {name!r}: {cls.__name__} takes no parameter {untaken}")
-            add_block_keys(name, keys)
+            add_block_keys(name, own)
         ATTENTION_BLOCKS[name] = cls
         return cls
 
